@@ -1,0 +1,117 @@
+"""Generate learner stubs in ``exercises/`` from the reference answers in ``solutions/``.
+
+``solutions/exNN_topic.py`` is the single source. Inside it, a region
+
+    # BEGIN SOLUTION ch02.ex1
+    # STUB: return -1          <- optional starter lines (without the "# STUB: " prefix)
+    ...reference code...
+    # END SOLUTION
+
+becomes, in ``exercises/exNN_topic.py``, the STUB lines when there are any, else
+``raise NotImplementedError("ch02.ex1: <hint>")`` where the hint is the text after the id on the
+BEGIN line (``# BEGIN SOLUTION ch02.ex1 -- hint text``). Indentation is kept. The generator rejects
+unbalanced, nested or duplicate markers, checks that the output parses, and is idempotent.
+``--check`` exits 1 when ``exercises/`` differs from what it would write (CI runs it).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<id>ch\d\d\.ex\d+[a-z]?)(?:\s+--\s+(?P<hint>.*))?\s*$")
+END = re.compile(r"^\s*# END SOLUTION\s*$")
+STUB = re.compile(r"^(?P<indent>\s*)# STUB: ?(?P<code>.*)$")
+HEADER = ('# Generated from solutions/{name} by `python -m paged course sync`. Edit the marked regions;\n'
+          '# do not edit solutions/ copies by hand. Grade with `python -m paged grade`.\n')
+
+
+class MarkerError(ValueError):
+    """A solution file's markers are unbalanced, nested, duplicated or malformed."""
+
+
+def exercise_ids(source: str) -> list[str]:
+    """Ids of the marked regions in a solutions file, in order."""
+    return [m["id"] for line in source.splitlines() if (m := BEGIN.match(line))]
+
+
+def make_stub(source: str, name: str = "<solutions>") -> str:
+    """Return the exercise text for one solutions file (see module docstring)."""
+    out: list[str] = [HEADER.format(name=name)]
+    seen: set[str] = set()
+    region: dict | None = None
+    for lineno, line in enumerate(source.splitlines(), 1):
+        begin, end = BEGIN.match(line), END.match(line)
+        if begin:
+            if region is not None:
+                raise MarkerError(f"{name}:{lineno}: BEGIN SOLUTION {begin['id']} inside region "
+                                  f"{region['id']} opened at line {region['line']}")
+            if begin["id"] in seen:
+                raise MarkerError(f"{name}:{lineno}: duplicate exercise id {begin['id']}")
+            seen.add(begin["id"])
+            region = {"id": begin["id"], "line": lineno, "indent": begin["indent"],
+                      "hint": (begin["hint"] or "implement this part").strip(), "stub": []}
+        elif end:
+            if region is None:
+                raise MarkerError(f"{name}:{lineno}: END SOLUTION without a BEGIN")
+            if region["stub"]:
+                out.extend(region["stub"])
+            else:
+                msg = f"{region['id']}: {region['hint']}".replace('"', "'")
+                out.append(f'{region["indent"]}raise NotImplementedError("{msg}")')
+            region = None
+        elif region is not None:
+            stub = STUB.match(line)
+            if stub:
+                region["stub"].append(stub["indent"] + stub["code"])
+        elif "# STUB:" in line:
+            raise MarkerError(f"{name}:{lineno}: '# STUB:' outside a solution region")
+        else:
+            out.append(line)
+    if region is not None:
+        raise MarkerError(f"{name}: region {region['id']} opened at line {region['line']} is never closed")
+    text = "\n".join(out).rstrip("\n") + "\n"
+    try:
+        ast.parse(text)
+    except SyntaxError as err:
+        raise MarkerError(f"{name}: the generated stub does not parse: {err}") from err
+    return text
+
+
+def sync(root: Path, check: bool = False) -> list[str]:
+    """Write (or with ``check`` only compare) every ``exercises/exNN_*.py``; return the stale names."""
+    solutions, exercises = root / "solutions", root / "exercises"
+    exercises.mkdir(exist_ok=True)
+    stale = []
+    wanted = {"__init__.py": '"""Learner stubs (generated from solutions/; edit the marked regions)."""\n'}
+    for path in sorted(solutions.glob("ex*.py")):
+        wanted[path.name] = make_stub(path.read_text(), f"solutions/{path.name}")
+    for name, text in wanted.items():
+        target = exercises / name
+        if not target.exists() or target.read_text() != text:
+            stale.append(name)
+            if not check:
+                target.write_text(text)
+    for path in sorted(exercises.glob("ex*.py")):
+        if path.name not in wanted:
+            stale.append(path.name)
+            if not check:
+                path.unlink()
+    return stale
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m paged course sync", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report stale files; exit 1 if any")
+    parser.add_argument("--root", type=Path, default=Path.cwd())
+    args = parser.parse_args(argv)
+    stale = sync(args.root, check=args.check)
+    if args.check and stale:
+        print("exercises/ is out of date with solutions/: " + ", ".join(stale))
+        print("run: python -m paged course sync")
+        return 1
+    print(("would update: " if args.check else "updated: ") + (", ".join(stale) or "nothing"))
+    return 0

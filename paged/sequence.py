@@ -1,0 +1,225 @@
+"""Requests and their sequences: the token-level state every other module reads.
+
+A *request* (``SequenceGroup``) holds one prompt and its ``SamplingParams``. It owns one ``Sequence``
+while the prompt is prefilled; with ``n > 1`` the engine forks it into ``n`` sequences after the first
+sampled token (parallel sampling, PagedAttention paper §4.4), and the forks share the prompt's KV
+blocks until one of them writes into a shared block (copy-on-write, ``block_manager.py``).
+
+The scheduler gang-schedules a request: all its unfinished sequences run, wait, swap or are preempted
+together (paper §4.5). Source of the design: vLLM v0 ``vllm/sequence.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life: queued, running on the GPU pool, swapped to CPU, or finished."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "stop"  # EOS or a stop token was sampled
+    FINISHED_LENGTH = "length"  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = "abort"  # abort_request()
+    FINISHED_IGNORED = "ignored"  # can never run: prompt over max_model_len or over the whole cache
+    FINISHED_KV_EXHAUSTED = "kv_cache_exhausted"  # alone in the pool and no block left to grow into
+
+    @property
+    def is_finished(self) -> bool:
+        return self.value not in ("waiting", "running", "swapped")
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The vLLM-style ``finish_reason`` string, or None while unfinished."""
+        return self.value if self.is_finished else None
+
+
+class Sequence:
+    """The token ids of one generated continuation and how many of them already have KV in the pool.
+
+    Args:
+        seq_id: unique integer id (the block manager's key for this sequence's block table).
+        prompt_token_ids: the prompt, a non-empty list of int token ids.
+        block_size: tokens per KV block (> 0); used to count the logical blocks of the sequence.
+
+    ``num_computed_tokens`` counts the leading tokens whose K/V are already written (by an earlier
+    step or found in the prefix cache); the next forward pass computes ``token_ids[num_computed_tokens:]``.
+
+    Raises:
+        ValueError: empty prompt, non-integer token ids, or ``block_size <= 0``.
+    """
+
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
+        prompt = list(prompt_token_ids)
+        if not prompt:
+            raise ValueError(f"sequence {seq_id}: the prompt is empty; at least one token id is needed")
+        if not all(isinstance(t, int) and t >= 0 for t in prompt):
+            raise ValueError(f"sequence {seq_id}: prompt token ids must be non-negative ints")
+        self.seq_id = seq_id
+        self.block_size = block_size
+        self.token_ids: list[int] = prompt
+        self.num_prompt_tokens = len(prompt)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # tokens served from the prefix cache at the last allocation
+        self.status = SequenceStatus.WAITING
+        self.finish_message: str | None = None  # human-readable reason for ignored / exhausted
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, tokens={len(self)}, computed={self.num_computed_tokens}, "
+                f"status={self.status.value})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def num_blocks(self) -> int:
+        """Logical blocks needed to hold every token: ceil(num_tokens / block_size)."""
+        return math.ceil(len(self.token_ids) / self.block_size)
+
+    def block_token_ids(self, logical_block: int) -> list[int]:
+        """Token ids stored in logical block ``logical_block`` (the last one may be partial)."""
+        start = logical_block * self.block_size
+        return self.token_ids[start : start + self.block_size]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_token_id(self, token_id: int) -> None:
+        """Append one sampled token; its K/V are written by the next forward pass."""
+        self.token_ids.append(int(token_id))
+
+    def fork(self, new_seq_id: int) -> Sequence:
+        """A copy with the same tokens and computed count (its blocks are shared by ``BlockSpaceManager.fork``)."""
+        child = Sequence.__new__(Sequence)
+        child.__dict__.update(self.__dict__)
+        child.seq_id = new_seq_id
+        child.token_ids = list(self.token_ids)
+        return child
+
+    def reset_for_recompute(self) -> None:
+        """Preemption by recompute: drop all KV; the next prefill recomputes every token so far."""
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.status = SequenceStatus.WAITING
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens for one request (names and defaults as vLLM's ``SamplingParams``).
+
+    ``temperature == 0`` is greedy. ``top_k = -1`` disables top-k; ``top_p = 1`` disables top-p.
+    ``seed`` makes a request's random sampling reproducible whatever else is in the batch.
+    ``max_tokens`` counts generated tokens. With ``n > 1`` the request returns ``n`` continuations.
+
+    Raises:
+        ValueError: ``n < 1``, ``temperature < 0``, ``top_p`` outside (0, 1], ``top_k`` = 0 or < -1,
+        ``max_tokens < 1``.
+    """
+
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SequenceGroup:
+    """One request: a prompt, its sampling parameters and its sequences (1 before the fork, then n).
+
+    The scheduler's unit: every unfinished sequence of a group is scheduled together.
+    """
+
+    def __init__(self, request_id: str, seqs: list[Sequence], sampling_params: SamplingParams,
+                 arrival_time: float = 0.0, prompt: str | None = None):
+        if not seqs:
+            raise ValueError(f"request {request_id!r} has no sequence")
+        self.request_id = request_id
+        self.seqs = list(seqs)
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.prompt = prompt
+        self.prompt_token_ids = list(seqs[0].prompt_token_ids)
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup({self.request_id!r}, seqs={self.seqs})"
+
+    def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
+        return list(self.seqs) if status is None else [s for s in self.seqs if s.status is status]
+
+    def unfinished_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished]
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while some unfinished sequence still has more than one token to compute."""
+        return any(len(s) - s.num_computed_tokens > 1 for s in self.unfinished_seqs())
+
+
+@dataclass
+class CompletionOutput:
+    """One continuation of a request: ``token_ids`` generated, ``text`` decoded when a tokenizer exists."""
+
+    index: int
+    token_ids: list[int]
+    text: str = ""
+    finish_reason: str | None = None
+    finish_message: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns per prompt, in input order (vLLM's ``RequestOutput``)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    num_cached_tokens: int = 0

@@ -1,0 +1,1 @@
+"""Learner stubs (generated from solutions/; edit the marked regions)."""

@@ -1,0 +1,1 @@
+"""Triton kernels for paged attention, imported as ``paged.kernels``."""

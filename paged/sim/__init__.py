@@ -1,0 +1,1 @@
+"""Trace-driven simulators (no model): fragmentation and scheduling at any scale."""

@@ -1,0 +1,77 @@
+"""Triton availability and mode, decided once, before any kernel in this package is defined.
+
+* A CUDA GPU and Triton: kernels compile for the GPU.
+* No CUDA GPU (this course's CPU setting): ``TRITON_INTERPRET=1`` is set *before* any ``@triton.jit``
+  runs, because Triton reads the variable when a kernel is decorated, not when it is launched. Every
+  program of the grid then runs one after another in Python/NumPy: slow, tiny shapes only, but the
+  same kernel source. Autotuning and ``triton.testing.do_bench`` need a GPU and are never used here.
+* No Triton at all (macOS and Windows have no wheels): ``HAS_TRITON`` is False, the kernel modules
+  still import, and every entry point raises :class:`TritonUnavailableError` naming the reason.
+
+Every kernel module does ``from ._triton import triton, tl, HAS_TRITON`` first.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+HAS_CUDA: bool = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first @triton.jit in this process
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+    REASON = ""
+except ImportError as err:  # pragma: no cover - Linux CI always has triton
+    class _Missing:
+        """Stands in for ``triton`` / ``triton.language`` so kernel modules still import."""
+
+        def __getattr__(self, name):
+            return None
+
+    triton = _Missing()
+    tl = _Missing()
+    HAS_TRITON = False
+    REASON = (f"Triton is not installed ({err}); it ships wheels for Linux only, so on "
+              f"{platform.system() or 'this OS'} the Triton kernels are unavailable. The PyTorch references "
+              "in paged.attention compute the same results.")
+
+INTERPRET: bool = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+MODE: str = "unavailable" if not HAS_TRITON else ("interpreter (CPU)" if INTERPRET else "compiled (GPU)")
+
+
+class TritonUnavailableError(RuntimeError):
+    """Raised by every kernel entry point when Triton cannot run on this machine."""
+
+
+def require_triton() -> None:
+    """Raise :class:`TritonUnavailableError` with the reason when Triton is missing."""
+    if not HAS_TRITON:
+        raise TritonUnavailableError(REASON)
+
+
+def jit(fn):
+    """``triton.jit`` when Triton is present; otherwise keep the plain function (never launched)."""
+    return triton.jit(fn) if HAS_TRITON else fn
+
+
+def kernel_device(*tensors: torch.Tensor) -> torch.device:
+    """Check that the tensors share one device Triton can use here, and return it.
+
+    Compiled mode needs CUDA tensors; the interpreter needs CPU tensors.
+    """
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+    device = devices.pop()
+    if INTERPRET and device.type != "cpu":
+        raise ValueError(f"Triton runs in interpreter mode here, so tensors must be on the CPU, got {device}")
+    if not INTERPRET and device.type != "cuda":
+        raise ValueError(f"compiled Triton kernels need CUDA tensors, got {device}")
+    return device

@@ -1,0 +1,167 @@
+"""The built-in default model and tiny transformers models for tests.
+
+``default_model_path()`` returns a folder holding a small Llama-architecture model (4 layers, hidden
+256, 8 query heads over 2 KV heads (GQA), 2048 positions) with random weights from a fixed seed, and
+a byte-level tokenizer (token id = byte value, plus ``<bos>``, ``<eos>``, ``<pad>``) made offline with
+the ``tokenizers`` library. The folder is written once with ``save_pretrained`` and loaded back with
+``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``: exactly the path a hub
+model takes, so the engine never has a special case for it.
+
+Random weights produce babble. To keep it readable, the LM head rows of every byte outside
+printable ASCII (and of the special tokens) are zeroed: their logit is exactly 0 while printable
+bytes get random logits of both signs, so greedy and sampled text stays printable and EOS is never
+chosen greedily (lengths are set by ``max_tokens``). Babble often repeats itself under greedy
+decoding; that is the model, not the engine.
+
+``tiny_config(arch)`` / ``tiny_model(arch)`` build 2-layer, 64-hidden Llama, Qwen2, Mistral and GPT-2
+models for tests (fixed seed, fp32, eval mode).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL_VERSION = 1
+SPECIAL_TOKENS = ["<bos>", "<eos>", "<pad>"]
+BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
+VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # 259: one token per byte, then the specials
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The byte -> printable character table of byte-level BPE (GPT-2): bytes that are printable keep
+    their character, the others are shifted past 255 so every byte has a visible, unique symbol."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def build_byte_tokenizer():
+    """A ``PreTrainedTokenizerFast`` with token id = byte value (0-255) and ids 256-258 for
+    ``<bos>``, ``<eos>``, ``<pad>``. No merges: every UTF-8 byte is one token. Prepends ``<bos>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    for i, tok in enumerate(SPECIAL_TOKENS):
+        vocab[tok] = 256 + i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS_ID)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", model_max_length=2048)
+
+
+def default_config():
+    """The built-in model's ``LlamaConfig``: 4 layers, hidden 256, 8 heads / 2 KV heads, head_dim 32."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
+                       bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+                       tie_word_embeddings=False, initializer_range=0.05)
+
+
+def _readable_lm_head(model) -> None:
+    printable = set(range(32, 127)) | {10}
+    with torch.no_grad():
+        weight = model.get_output_embeddings().weight
+        for token in range(weight.shape[0]):
+            if token not in printable:
+                weight[token].zero_()
+
+
+def build_default_model(seed: int = 0):
+    """The built-in model object (random weights from ``seed``), before saving."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(default_config())
+    _readable_lm_head(model)
+    return model.eval()
+
+
+def cache_root() -> Path:
+    """``$PAGED_CACHE`` if set, else ``~/.cache/paged``."""
+    return Path(os.environ.get("PAGED_CACHE") or Path.home() / ".cache" / "paged")
+
+
+def default_model_path() -> Path:
+    """Folder of the built-in model and tokenizer; built and saved on first use (atomic rename), so
+    several processes may race safely. Rebuilt when missing or incomplete."""
+    target = cache_root() / f"default-model-v{DEFAULT_MODEL_VERSION}"
+    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".default-model-", dir=target.parent))
+    try:
+        build_default_model().save_pretrained(tmp)
+        build_byte_tokenizer().save_pretrained(tmp)
+        if target.exists():  # incomplete leftover
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_default(dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)`` of the built-in model, loaded through the Auto classes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.eval(), AutoTokenizer.from_pretrained(path)
+
+
+# --------------------------------------------------------------------------------- tiny test models
+TINY_ARCHS = ("llama", "qwen2", "mistral", "gpt2")
+
+
+def tiny_config(arch: str = "llama", *, vocab_size: int = 128, hidden_size: int = 64, num_layers: int = 2,
+                num_heads: int = 4, num_kv_heads: int = 2, max_positions: int = 512):
+    """A small transformers config of architecture ``arch`` (one of ``TINY_ARCHS``).
+
+    GPT-2 has no GQA (its KV heads equal its heads). eos is the last vocab id.
+
+    Raises:
+        ValueError: unknown ``arch``.
+    """
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, eos_token_id=vocab_size - 1, bos_token_id=0)
+    if arch == "gpt2":
+        return tf.GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=num_heads, n_positions=max_positions,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+    classes = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}
+    if arch not in classes:
+        raise ValueError(f"arch must be one of {TINY_ARCHS}, got {arch!r}")
+    return classes[arch](hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                         max_position_embeddings=max_positions, tie_word_embeddings=False,
+                         initializer_range=0.1, **common)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, **kwargs):
+    """A fp32 eval-mode ``AutoModelForCausalLM`` of ``tiny_config(arch, **kwargs)`` built from ``seed``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **kwargs))
+    return model.float().eval()

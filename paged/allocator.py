@@ -1,0 +1,153 @@
+"""Physical KV blocks: a free queue and one reference count per block.
+
+The KV cache pool is cut into ``num_blocks`` fixed-size blocks, numbered ``0 .. num_blocks - 1``. The
+allocator only hands out and takes back these *numbers*; it never touches tensor memory (that is
+``kv_cache.py``). A block is in use while its reference count is above zero: one reference per block
+table holding it. Forked sequences (parallel sampling) and prefix-cache hits share a block by raising
+its count instead of copying it; the block returns to the free queue when the last holder frees it.
+
+The free queue is first-in first-out: blocks come out in id order at first, and a freed block goes to
+the back, so the block freed longest ago is reused first. Chapter 05 relies on that order: a freed
+block keeps its prefix-cache entry until it is reused, and reusing the least recently freed one first
+is LRU eviction. The queue is an ``OrderedDict`` (a dict remembers insertion order) so that a cache hit
+can also pull one given free block out of the middle in O(1) (``take``).
+
+Sources: vLLM v0 ``vllm/core/block/naive_block.py`` (``NaiveBlockAllocator``: free ids and a
+ref counter) and v1 ``vllm/v1/core/block_pool.py`` (``BlockPool``: ``ref_cnt`` per block and a queue of
+free blocks ordered by free time, ``FreeKVCacheBlockQueue`` in ``vllm/v1/core/kv_cache_utils.py``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class NoFreeBlocksError(RuntimeError):
+    """The pool has fewer free blocks than a request for new blocks asked for.
+
+    Attributes:
+        requested: blocks asked for.
+        available: free blocks at the time of the request.
+    """
+
+    def __init__(self, requested: int, available: int, what: str = "KV cache"):
+        self.requested = requested
+        self.available = available
+        super().__init__(f"no free blocks in the {what}: requested {requested}, available {available}")
+
+
+class BlockAllocator:
+    """Hands out block ids ``0 .. num_blocks - 1`` and counts the references to each.
+
+    Args:
+        num_blocks: size of the pool in blocks (>= 0; an empty pool is legal, e.g. no CPU swap space).
+
+    ``allocate()`` takes the block at the front of the free queue and sets its count to 1;
+    ``incref(b)`` adds a holder; ``free(b)`` removes one and, at zero, appends the block to the back
+    of the free queue. Invariant: ``num_free_blocks + (blocks with count > 0) == num_blocks``.
+
+    Raises:
+        ValueError: ``num_blocks < 0``; freeing / increfing an unknown id or a block that is free.
+        NoFreeBlocksError: ``allocate`` on an empty free queue (requested and available counts).
+    """
+
+    def __init__(self, num_blocks: int):
+        if not isinstance(num_blocks, int) or num_blocks < 0:
+            raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self._ref_counts = [0] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def allocate(self) -> int:
+        """Take the front block of the free queue; its reference count becomes 1. Returns its id."""
+        try:
+            block_id = self._free.popitem(False)[0]  # False: the front (oldest) entry
+        except KeyError:
+            raise NoFreeBlocksError(1, 0) from None
+        self._ref_counts[block_id] = 1
+        return block_id
+
+    def allocate_many(self, n: int) -> list[int]:
+        """Allocate ``n`` blocks at once, all or nothing (raises before taking any if fewer are free)."""
+        free = self._free
+        if n > len(free):
+            raise NoFreeBlocksError(n, len(free))
+        block_ids = [free.popitem(False)[0] for _ in range(n)]
+        refs = self._ref_counts
+        for block_id in block_ids:
+            refs[block_id] = 1
+        return block_ids
+
+    def free(self, block_id: int) -> None:
+        """Drop one reference; at zero the block goes to the back of the free queue."""
+        refs = self._ref_counts
+        count = refs[block_id] if type(block_id) is int and 0 <= block_id < self.num_blocks else -1
+        if count == 1:  # the common case first: the last holder lets go
+            refs[block_id] = 0
+            self._free[block_id] = None
+        elif count > 1:
+            refs[block_id] = count - 1
+        else:
+            self._checked_count(block_id, "free")  # raises the right ValueError
+
+    def free_many(self, block_ids: list[int]) -> None:
+        """``free`` each id in order (a sequence frees its tail first: pass the ids reversed)."""
+        for block_id in block_ids:
+            self.free(block_id)
+
+    def incref(self, block_id: int) -> None:
+        """Add one reference to a block in use (a fork or a prefix-cache hit shares it)."""
+        self._ref_counts[block_id] = self._checked_count(block_id, "incref") + 1
+
+    def take(self, block_id: int) -> None:
+        """Pull one *given* free block out of the free queue (count 0 -> 1): a hit on a free cached block."""
+        if not (isinstance(block_id, int) and 0 <= block_id < self.num_blocks):
+            raise ValueError(f"take: block id {block_id!r} is not in 0..{self.num_blocks - 1}")
+        if block_id not in self._free:
+            raise ValueError(f"take: block {block_id} is in use (ref count {self._ref_counts[block_id]})")
+        del self._free[block_id]
+        self._ref_counts[block_id] = 1
+
+    def ref_count(self, block_id: int) -> int:
+        """Number of holders of ``block_id`` (0 when free)."""
+        if not (isinstance(block_id, int) and 0 <= block_id < self.num_blocks):
+            raise ValueError(f"block id {block_id!r} is not in 0..{self.num_blocks - 1}")
+        return self._ref_counts[block_id]
+
+    def is_free(self, block_id: int) -> bool:
+        return self.ref_count(block_id) == 0
+
+    def free_queue(self) -> list[int]:
+        """The free block ids in the order ``allocate`` will hand them out (front first)."""
+        return list(self._free)
+
+    def peek_free(self, n: int) -> list[int]:
+        """The first ``n`` free ids ``allocate`` would return, without taking them."""
+        out = []
+        for block_id in self._free:
+            if len(out) == n:
+                break
+            out.append(block_id)
+        return out
+
+    def _checked_count(self, block_id: int, op: str) -> int:
+        try:
+            count = self._ref_counts[block_id] if block_id >= 0 else -1
+        except (IndexError, TypeError):
+            count = -1
+        if count <= 0:
+            if count < 0:
+                raise ValueError(f"{op}: block id {block_id!r} is not in 0..{self.num_blocks - 1}")
+            raise ValueError(f"{op}: block {block_id} is already free (ref count 0)")
+        return count
+
+    def __repr__(self) -> str:
+        return f"BlockAllocator(num_blocks={self.num_blocks}, free={len(self._free)})"

@@ -172,7 +172,7 @@ def validate_decode_inputs(query, key_cache, value_cache, block_tables, context_
     if block_tables.shape[0] != num_seqs or context_lens.shape[0] != num_seqs:
         raise ValueError(f"num_seqs differs: query {num_seqs}, block_tables {block_tables.shape[0]}, "
                          f"context_lens {context_lens.shape[0]}")
-    if not isinstance(num_splits, int) or num_splits < 1:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
     if scale is not None and not math.isfinite(float(scale)):
         raise ValueError(f"scale must be finite, got {scale}")

@@ -156,10 +156,13 @@ def slot_explorer(block_table: list[int], num_tokens: int, block_size: int, num_
     slider = widgets.IntSlider(value=num_tokens - 1, min=0, max=num_tokens - 1, description="token")
 
     def draw(change=None):
+        from IPython.display import display
+
         with out:
             out.clear_output(wait=True)
             fig = plot_slot_mapping(block_table, num_tokens, block_size, num_blocks, highlight=slider.value)
-            plt.show(fig)
+            display(fig)
+            plt.close(fig)
 
     slider.observe(draw, names="value")
     draw()

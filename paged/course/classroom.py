@@ -218,6 +218,71 @@ def write(root: Path, hidden: bool = False, workflow: bool = False, check: bool 
     return stale
 
 
+def exercise_sizes(root: Path) -> dict[str, dict]:
+    """Per chapter, from ``solutions/ex*.py``: ``{"ch01": {"file", "exercises": {id: (lines, hint)}, "lines"}}``.
+
+    ``lines`` counts the non-blank, non-comment lines inside each ``BEGIN/END SOLUTION`` region: the
+    code a learner writes (the workshop plan sizes its exercise slots from it).
+    """
+    from paged.course.sync import BEGIN, END
+
+    table: dict[str, dict] = {}
+    for path in sorted((Path(root) / "solutions").glob("ex*.py")):
+        current = None
+        for line in path.read_text().splitlines():
+            if (m := BEGIN.match(line)) is not None:
+                current = m["id"]
+                row = table.setdefault(current.split(".")[0], {"file": path.name, "exercises": {}, "lines": 0})
+                row["exercises"][current] = [0, (m["hint"] or "").strip()]
+            elif END.match(line):
+                current = None
+            elif current and line.strip() and not line.strip().startswith("#"):
+                row = table[current.split(".")[0]]
+                row["exercises"][current][0] += 1
+                row["lines"] += 1
+    return table
+
+
+def failure_messages(root: Path) -> dict[str, list[str]]:
+    """Per exercise id, the assertion messages of its graded tests (placeholders shown as ``{...}``).
+
+    They name the invariant a wrong answer breaks, so they list the mistakes learners make.
+    """
+    out: dict[str, list[str]] = {}
+    for path in sorted((Path(root) / "tests" / "exercises").rglob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            mark = next((m for d in node.decorator_list if (m := _mark(d, "exercise"))), None)
+            if mark is None:
+                continue
+            ex_id = next((k.value.value for k in mark.keywords if k.arg == "id"), None) or mark.args[0].value
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Assert) and sub.msg is not None:
+                    text = "".join(v.value if isinstance(v, ast.Constant) else "{...}"
+                                   for v in (sub.msg.values if isinstance(sub.msg, ast.JoinedStr) else [sub.msg]))
+                    if text not in out.setdefault(ex_id, []):
+                        out[ex_id].append(text)
+    return out
+
+
+def plan_main(argv: list[str]) -> int:
+    """``plan``: print, per chapter, graded points, exercise sizes and the tests' failure messages."""
+    root = Path(argv[0]) if argv else Path.cwd()
+    points, sizes, messages = chapter_points(collect(root)), exercise_sizes(root), failure_messages(root)
+    print("| chapter | file | exercises | solution lines | graded tests | points |\n|---|---|---|---|---|---|")
+    for chapter in sorted(set(points) | set(sizes)):
+        size, pts = sizes.get(chapter, {}), points.get(chapter, {})
+        print(f"| {chapter} | {size.get('file', '-')} | {len(size.get('exercises', {}))} | {size.get('lines', 0)} "
+              f"| {pts.get('tests', 0)} | {pts.get('points', 0)} |")
+    for _chapter, size in sorted(sizes.items()):
+        for ex_id, (lines, hint) in size["exercises"].items():
+            print(f"\n{ex_id} ({lines} lines): {hint}")
+            for msg in messages.get(ex_id, []):
+                print(f"  - {msg}")
+    return 0
+
+
 def grade_main(argv: list[str]) -> int:
     """``grade chNN``: grade one chapter's exercises; exit 0 only when every graded test passed."""
     import argparse
@@ -244,6 +309,8 @@ def main(argv: list[str]) -> int:
 
     if argv[:1] == ["grade"]:
         return grade_main(argv[1:])
+    if argv[:1] == ["plan"]:
+        return plan_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m paged.course.classroom", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the file is stale")
     parser.add_argument("--root", type=Path, default=Path.cwd())

@@ -18,6 +18,7 @@ from paged.course import classroom
 from paged.course.autograder import build_bundle, find_submission_files
 from paged.course.release import ROOT
 from paged.course.sync import exercise_ids
+from tests.unit.test_release import write_hidden_tests
 
 
 def _chapter_files() -> dict[str, str]:
@@ -33,7 +34,8 @@ def _chapter_files() -> dict[str, str]:
 def bundle(tmp_path_factory):
     """The bundle unpacked the way Gradescope does it: ``<root>/source/{setup.sh,run_autograder,course/}``."""
     tmp = tmp_path_factory.mktemp("gradescope")
-    zip_path = build_bundle(tmp / "autograder.zip", timeout=30)
+    write_hidden_tests(tmp / "private")
+    zip_path = build_bundle(tmp / "autograder.zip", hidden_tests=tmp / "private", timeout=30)
     source = tmp / "autograder" / "source"
     with zipfile.ZipFile(zip_path) as zf:
         zf.extractall(source)
@@ -106,6 +108,9 @@ def test_run_autograder_full_and_zero_on_two_chapters(bundle, tmp_path):
     for ch in chapters[1:]:
         assert per_chapter[ch][0] == 0 < per_chapter[ch][1], f"{ch} not submitted must score 0"
     assert data["score"] == possible and f"graded: {full_file}" in data["output"]
+    hidden = [t for t in data["tests"] if "no_region_left_unfilled" in t["name"]]
+    assert [(t["score"], t.get("visibility")) for t in hidden] == [(1, "after_published")], \
+        "the bundle's hidden test runs, counts, and stays hidden until grades are published"
 
 
 @pytest.mark.slow

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from paged.course import classroom
 from paged.course.release import (
+    HIDDEN_CONFTEST,
     ROOT,
     ReleaseError,
     build_release,
@@ -29,6 +31,23 @@ def _impl_default(conftest: str) -> str:
         if isinstance(node, ast.Call) and node.args and getattr(node.args[0], "value", None) == "--impl":
             return next(k.value.value for k in node.keywords if k.arg == "default")
     raise AssertionError("no --impl option in tests/conftest.py")
+
+
+def write_hidden_tests(folder: Path) -> tuple[str, int]:
+    """An instructor's hidden-test folder for the first chapter with exercises; returns (chapter, points)."""
+    from paged.course.sync import exercise_ids
+
+    path = sorted(p for p in (ROOT / "solutions").glob("ex*.py") if exercise_ids(p.read_text()))[0]
+    chapter = exercise_ids(path.read_text())[0].split(".")[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "test_extra.py").write_text(
+        "import inspect\n\nimport pytest\n\n\n"
+        f"@pytest.mark.exercise({chapter + '.ex1'!r}, points=1)\n"
+        "def test_no_region_left_unfilled(impl):\n"
+        f"    source = inspect.getsource(impl({path.stem!r}))\n"
+        f"    assert 'NotImplementedError(\"{chapter}.' not in source, 'a marked region is still the stub'\n")
+    (folder / "notes.txt").write_text("data files travel with the tests\n")
+    return chapter, 1
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +135,20 @@ def test_hidden_tests_folder_checks(tmp_path):
         build_release(tmp_path / "c", hidden_tests=tmp_path / "missing")
 
 
+def test_hidden_tests_are_copied_renamed_and_off_by_default(tmp_path):
+    chapter, points = write_hidden_tests(tmp_path / "private")
+    release = build_release(tmp_path / "out", with_solutions=False, hidden_tests=tmp_path / "private")
+    hidden = release.out / "tests" / "exercises" / "hidden"
+    assert release.hidden == ["tests/exercises/hidden/test_hidden_extra.py"], "renamed so no module name clashes"
+    assert (hidden / "notes.txt").is_file() and (hidden / "conftest.py").read_text() == HIDDEN_CONFTEST
+    assert json.loads((release.out / ".paged-release").read_text())["hidden_tests"] == release.hidden
+    assert "PAGED_HIDDEN=1" in (release.out / "README.md").read_text()
+    public = sum(row["points"] for row in classroom.chapter_points(classroom.collect(ROOT)).values())
+    counted = json.loads((release.out / ".github" / "classroom" / "autograding.json").read_text())["tests"]
+    assert sum(t["points"] for t in counted) == public + points, "the hidden tests' points count in the classroom"
+    assert all(t["run"].startswith("PAGED_HIDDEN=1 ") for t in counted), "classroom grading includes hidden tests"
+
+
 CONFTEST = '''def pytest_addoption(parser):
     parser.addoption("--other", default="solutions")
     parser.addoption("--impl", choices=["solutions", "exercises"], default="solutions",
@@ -152,7 +185,8 @@ def test_references_solutions(source, imports, reads):
 @pytest.mark.slow
 def test_release_installs_runs_a_chapter_and_grades_by_itself(tmp_path):
     """Build a student release, install it into a fresh venv, run a chapter, grade stubs (0) and solutions (full)."""
-    tree = build_release(tmp_path / "student", with_solutions=False).out
+    chapter, hidden_points = write_hidden_tests(tmp_path / "private")
+    tree = build_release(tmp_path / "student", with_solutions=False, hidden_tests=tmp_path / "private").out
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
@@ -183,3 +217,9 @@ def test_release_installs_runs_a_chapter_and_grades_by_itself(tmp_path):
     full = json.loads((tmp_path / "full" / "results.json").read_text())
     assert full["score"] == full["max_score"] == stubs["max_score"] > 0, \
         f"the solutions must score full marks in the release: {res.stdout[-3000:]}"
+    env["PAGED_HIDDEN"] = "1"
+    res = run("-m", "paged", "grade", chapter, "--report", str(tmp_path / "hidden"))
+    hidden = json.loads((tmp_path / "hidden" / "results.json").read_text())
+    assert any("no_region_left_unfilled" in t["name"] for t in hidden["tests"]), "PAGED_HIDDEN=1 runs hidden tests"
+    assert hidden["score"] == hidden["max_score"] == sum(
+        t["max_score"] for t in full["tests"] if t["name"].startswith(chapter + ".")) + hidden_points, res.stdout

@@ -32,7 +32,8 @@ class SchedulerConfig:
             ``"swap"`` (move its blocks to the CPU pool; needs ``CacheConfig.num_cpu_blocks > 0``).
 
     Raises:
-        ValueError: a non-positive size, ``max_num_batched_tokens < max_model_len``, or an unknown
+        ValueError: a non-positive size, ``max_num_batched_tokens`` below ``max_model_len`` or
+            ``max_num_seqs``, or an unknown
             ``preemption_mode`` (the message names the parameter and the valid values).
     """
 
@@ -51,6 +52,9 @@ class SchedulerConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len}): prefills are not chunked, so a whole prompt must fit in one step")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({self.max_num_seqs}): a step decoding every running sequence needs one token each")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
 

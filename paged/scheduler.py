@@ -57,8 +57,7 @@ class Scheduler:
             ``BlockSpaceManager`` (``self.block_manager``), its only view of memory.
 
     Raises:
-        ValueError: ``cache_config.num_gpu_blocks`` unset, swap mode without CPU blocks, or
-            ``max_num_batched_tokens < max_num_seqs`` (a full decode step would not fit).
+        ValueError: ``cache_config.num_gpu_blocks`` unset, or swap mode without CPU blocks.
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
@@ -67,9 +66,6 @@ class Scheduler:
         if scheduler_config.preemption_mode == "swap" and cache_config.num_cpu_blocks <= 0:
             raise ValueError("preemption_mode='swap' needs cache_config.num_cpu_blocks > 0, "
                              f"got {cache_config.num_cpu_blocks}; use 'recompute' or give CPU blocks")
-        if scheduler_config.max_num_batched_tokens < scheduler_config.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({scheduler_config.max_num_batched_tokens}) must be >= "
-                             f"max_num_seqs ({scheduler_config.max_num_seqs}): each decode needs one token")
         self.config = scheduler_config
         self.cache_config = cache_config
         self.block_manager = BlockSpaceManager(
@@ -158,8 +154,17 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutputs:
-        """Build the next step (module docstring: running, then swapped, then waiting). See ``SchedulerOutputs``."""
+        """Build the next step (module docstring: running, then swapped, then waiting). See ``SchedulerOutputs``.
+
+        Raises:
+            RuntimeError: a running sequence got no new token since its last step (engine bug); nothing changes.
+        """
         self.free_finished()
+        for group in self.running:  # check the engine's side of the contract before changing anything
+            for seq in group.seqs:
+                if seq.status is RUNNING and len(seq) <= seq.num_computed_tokens:
+                    raise RuntimeError(f"sequence {seq.seq_id} of request {group.request_id!r} has no new token: "
+                                       "append the sampled token (or finish the sequence) before schedule()")
         out = SchedulerOutputs(block_manager=self.block_manager)
         budget = {"tokens": 0, "seqs": 0}
         recomputed: list[SequenceGroup] = []
@@ -239,7 +244,14 @@ class Scheduler:
             if not alone and budget["tokens"] + cost > cfg.max_num_batched_tokens:
                 break
             if not self._allocate(seqs, alone):
-                break
+                if not alone:
+                    break  # FCFS: wait for memory, nobody overtakes
+                bs, total = self.cache_config.block_size, self.cache_config.num_gpu_blocks
+                need = sum(-(-len(x) // bs) for x in seqs)
+                self.waiting.popleft()  # even an empty pool cannot hold all its sequences at once
+                self._finish(group, f"its {len(seqs)} sequences need {need} blocks of {bs} tokens together; "
+                             f"the KV cache has {total} blocks", out)
+                continue
             self.waiting.popleft()
             for seq in seqs:
                 seq.status = RUNNING
@@ -253,13 +265,10 @@ class Scheduler:
         entries = []
         for seq in seqs:
             n = len(seq) - seq.num_computed_tokens
-            if n < 1:
-                raise RuntimeError(f"sequence {seq.seq_id} of request {group.request_id!r} has no token to "
-                                   "compute: append the sampled token (or finish it) before schedule()")
             entries.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
             seq.num_computed_tokens = len(seq)
             budget["tokens"] += n
-        budget["seqs"] += len(seqs)
+        budget["seqs"] += self._num_seqs(group)  # n before the fork: room for the samples to come
         return ScheduledGroup(group, entries, is_prefill)
 
     def _prefill_cost(self, seq: Sequence) -> int:

@@ -15,12 +15,34 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 
 import torch
 
 HAS_CUDA: bool = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first @triton.jit in this process
+
+
+def _reimport_triton_for_interpreter() -> None:
+    """Triton decorates its own helpers (``tl.zeros``, ``tl.sum``, ``tl.cdiv``...) when it is imported; if
+    that happened before ``TRITON_INTERPRET=1`` was set, they are compiled-mode objects that the
+    interpreter cannot call. Drop the Python modules of triton (not its native extension) so that the
+    next import re-decorates them in interpreter mode. CPU-only processes only."""
+    try:
+        from triton.language import standard
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return
+    if isinstance(getattr(standard, "zeros", None), InterpretedFunction):
+        return  # imported in interpreter mode already
+    for name in [n for n in sys.modules if (n == "triton" or n.startswith("triton.")) and
+                 not n.startswith("triton._C")]:
+        del sys.modules[name]
+
+
+if not HAS_CUDA and "triton" in sys.modules:
+    _reimport_triton_for_interpreter()
 
 try:
     import triton

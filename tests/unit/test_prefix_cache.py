@@ -1,0 +1,135 @@
+"""Prefix caching: chained keys, exact hits, eviction order, hit rate; CASES.md cases 1, 2 and 4 at the
+block-manager level (the engine-level versions with outputs live with the engine tests)."""
+
+from __future__ import annotations
+
+from paged.block_manager import BlockSpaceManager
+from paged.prefix_cache import ROOT_KEY, BlockHasher, PrefixCache
+from paged.sequence import Sequence
+
+
+def weak_hash(parent, tokens, extra):
+    return (parent * 7 + sum(tokens)) % 5
+
+
+def run_to_completion(m: BlockSpaceManager, seq_id: int, prompt: list[int], new_tokens: list[int]) -> Sequence:
+    seq = Sequence(seq_id, prompt, m.block_size)
+    m.allocate(seq)
+    for t in new_tokens:
+        seq.append_token_id(t)
+        m.append_slots(seq)
+    m.free(seq)
+    return seq
+
+
+def test_keys_chain_their_parent_and_skip_the_partial_block():
+    hasher = BlockHasher()
+    keys = hasher.keys([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+    assert len(keys) == 2, "9 tokens with block 4: two full blocks, the partial one gets no key"
+    assert keys[0] == hasher(ROOT_KEY, [1, 2, 3, 4]) and keys[1] == hasher(keys[0], [5, 6, 7, 8])
+    assert hasher.keys([9, 9, 9, 9, 5, 6, 7, 8], 4)[1] != keys[1], "same tokens, other parent: other key"
+    assert hasher.keys([1, 2, 3, 4], 4, extra="lora-1") != hasher.keys([1, 2, 3, 4], 4), "extra key counts"
+
+
+def test_case1_weak_hash_collision_is_a_miss():
+    m = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True, hash_fn=weak_hash)
+    assert weak_hash(ROOT_KEY, (1, 2, 3, 4), None) == weak_hash(ROOT_KEY, (4, 3, 2, 1), None), "keys collide"
+    run_to_completion(m, 0, [1, 2, 3, 4, 9], [])
+    second = Sequence(1, [4, 3, 2, 1, 9], 4)
+    m.allocate(second)
+    assert second.num_cached_tokens == 0 and second.num_computed_tokens == 0, "a collision must be a miss"
+    m.free(second)
+    third = Sequence(2, [1, 2, 3, 4, 9], 4)
+    m.allocate(third)
+    assert third.num_cached_tokens == 4, "both colliding blocks stay cached and the right one is found"
+
+
+def test_case2_keys_chain_the_parent():
+    m = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
+    run_to_completion(m, 0, [1, 2, 3, 4, 5, 6, 7, 8], [20, 21])
+    other_parent = Sequence(1, [9, 9, 9, 9, 5, 6, 7, 8], 4)
+    m.allocate(other_parent)
+    assert other_parent.num_cached_tokens == 0, "equal tokens after a different parent: 0 blocks hit"
+    m.free(other_parent)
+    repeat_head = Sequence(2, [1, 2, 3, 4, 1, 2, 3, 4], 4)
+    m.allocate(repeat_head)
+    assert repeat_head.num_cached_tokens == 4, "exactly 1 block hits"
+
+
+def test_case4_a_fully_cached_prompt_still_computes_its_last_token():
+    m = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
+    first = run_to_completion(m, 0, list(range(1, 9)), [30, 31, 32])
+    again = Sequence(1, list(range(1, 9)), 4)
+    m.allocate(again)
+    assert len(again) - again.num_computed_tokens >= 1, "at least 1 token is computed"
+    assert again.num_cached_tokens == 4 and again.num_cached_tokens <= 7, "at most 7 from cache (here 1 block)"
+    assert m.get_block_table(again)[0] == 0, "the cached first block of the first run is reused"
+    m.free(again)
+    control = Sequence(2, list(range(1, 8)), 4)  # 7 tokens: 1 full block + 3
+    m.allocate(control)
+    assert control.num_cached_tokens == 4 and control.num_computed_tokens == 4
+    assert first.output_token_ids == [30, 31, 32]
+
+
+def test_hits_on_in_use_blocks_cost_no_free_block_and_free_hits_leave_the_queue():
+    m = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
+    a = Sequence(0, list(range(1, 10)), 4)  # 3 blocks, 2 full cached
+    m.allocate(a)
+    assert m.get_num_free_gpu_blocks() == 5
+    b = Sequence(1, list(range(1, 10)), 4)
+    m.allocate(b)
+    assert m.get_block_table(b)[:2] == [0, 1] and m.gpu_allocator.ref_count(0) == 2
+    assert m.get_num_free_gpu_blocks() == 4, "two in-use hits cost nothing; only the tail block is new"
+    m.free(a)
+    m.free(b)
+    assert m.gpu_allocator.free_queue() == [4, 5, 6, 7, 2, 3, 1, 0], "each sequence tail first; shared head last"
+    c = Sequence(2, list(range(1, 10)), 4)
+    m.allocate(c)
+    assert m.get_block_table(c) == [0, 1, 4] and 0 not in m.gpu_allocator.free_queue(), "hits taken from queue"
+    assert m.prefix_cache_hit_rate == (0 + 8 + 8) / 27
+
+
+def test_eviction_takes_never_used_blocks_first_then_least_recently_freed_tail_first():
+    m = BlockSpaceManager(2, 6, watermark=0.0, enable_prefix_caching=True)
+    run_to_completion(m, 0, [1, 2, 3, 4, 5], [])  # blocks 0, 1 cached, 2 partial
+    run_to_completion(m, 1, [7, 7, 8, 8, 9], [])  # blocks 3, 4 cached, 5 partial
+    assert m.prefix_cache.evictable(m.gpu_allocator.free_queue()) == [1, 0, 4, 3]
+    filler = Sequence(2, [5, 5, 5], 2)  # needs 2 blocks: evicts 2 (partial, uncached) then 1 (tail of seq 0)
+    m.allocate(filler)
+    assert m.get_block_table(filler) == [2, 1]
+    assert 1 not in m.prefix_cache and 0 in m.prefix_cache, "the tail is evicted before the head"
+    m.free(filler)
+    again = Sequence(3, [1, 2, 3, 4, 5], 2)
+    m.allocate(again)
+    assert again.num_cached_tokens == 2, "the head block survived; its evicted child is a miss"
+
+
+def test_reset_prefix_cache_only_when_nothing_is_in_use():
+    m = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
+    s = Sequence(0, list(range(1, 10)), 4)
+    m.allocate(s)
+    assert m.reset_prefix_cache() is False and len(m.prefix_cache) == 2, "in use: nothing changes"
+    m.free(s)
+    assert m.reset_prefix_cache() is True and len(m.prefix_cache) == 0
+    again = Sequence(1, list(range(1, 10)), 4)
+    m.allocate(again)
+    assert again.num_cached_tokens == 0
+
+
+def test_decode_blocks_are_cached_when_they_fill():
+    m = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
+    run_to_completion(m, 0, [1, 2, 3, 4, 5, 6], [7, 8, 9])  # decode filled block 1: [5, 6, 7, 8]
+    s = Sequence(1, [1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+    m.allocate(s)
+    assert s.num_cached_tokens == 8, "a block completed by decode tokens is a hit"
+
+
+def test_prefix_cache_register_rules():
+    cache = PrefixCache(4)
+    assert cache.register(0, None, [1, 2, 3]) is None, "partial blocks are never cached"
+    assert cache.register(1, 0, [1, 2, 3, 4]) is None, "a block whose parent is not cached is not cached"
+    assert cache.register(0, None, [1, 2, 3, 4]) is not None
+    assert cache.register(5, None, [1, 2, 3, 4]) is not None, "a duplicate block is kept as well"
+    assert cache.lookup([1, 2, 3, 4, 9], 1) in ([0], [5])
+    assert cache.evict(0) and not cache.evict(0)
+    assert cache.lookup([1, 2, 3, 4, 9], 1) == [5]

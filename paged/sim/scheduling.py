@@ -95,7 +95,8 @@ class SimResult:
 
     ``timelines[request_id]`` is a list of ``(start, end, state)`` with state in ``STATES``;
     ``steps`` has one dict per step: ``time`` (start), ``seconds``, ``tokens``, ``prefill_tokens``,
-    ``running`` (sequences), ``used_blocks``, ``swapped_blocks`` (moved in + out).
+    ``running`` (sequences), ``used_blocks``, ``used_slots`` (KV token slots held: blocks x block size,
+    or for static batching the slots reserved up front), ``swapped_blocks`` (moved in + out).
     """
 
     name: str
@@ -104,6 +105,7 @@ class SimResult:
     timelines: dict[str, list[tuple[float, float, str]]] = field(default_factory=dict)
     requests: dict[str, dict] = field(default_factory=dict)
     num_blocks: int = 0
+    num_slots: int = 0
     free_blocks_at_end: int = 0
     num_preemptions: int = 0
     recomputed_tokens: int = 0
@@ -149,7 +151,7 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
     cost = cost or CostModel()
     sched = Scheduler(scheduler_config, cache_config)
     bm, bs = sched.block_manager, cache_config.block_size
-    res = SimResult(name, num_blocks=cache_config.num_gpu_blocks)
+    res = SimResult(name, num_blocks=cache_config.num_gpu_blocks, num_slots=cache_config.num_gpu_blocks * bs)
     pending = sorted(workload, key=lambda r: r.arrival_s)
     by_id = {r.request_id: r for r in workload}
     active: dict[str, SequenceGroup] = {}
@@ -179,10 +181,10 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
         res.num_preemptions += len(out.preempted)
         prefill_tokens = sum(g.num_tokens for g in out.prefills)
         res.recomputed_tokens += sum(g.num_tokens for g in out.prefills if g.seq_group.request_id in ran)
+        used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
         res.steps.append({"time": now, "seconds": seconds, "tokens": out.num_batched_tokens,
-                          "prefill_tokens": prefill_tokens, "running": out.num_seqs,
-                          "used_blocks": bm.num_gpu_blocks - bm.get_num_free_gpu_blocks(),
-                          "swapped_blocks": moved})
+                          "prefill_tokens": prefill_tokens, "running": out.num_seqs, "used_blocks": used,
+                          "used_slots": used * bs, "swapped_blocks": moved})
         end = now + seconds
         scheduled = {g.seq_group.request_id for g in out.scheduled}
         for rid, group in list(active.items()):  # timelines: the state of every active request this step
@@ -229,7 +231,7 @@ def simulate_static(workload: list[Request], batch_size: int, cost: CostModel | 
     longest possible request), so ``batch_size`` is what the KV cache can hold at the maximum length.
     """
     cost = cost or CostModel()
-    res = SimResult(name)
+    res = SimResult(name, num_slots=batch_size * max_model_len if max_model_len else 0)
     now = 0.0
     ordered = sorted(workload, key=lambda r: r.arrival_s)
     for i in range(0, len(ordered), batch_size):
@@ -239,12 +241,13 @@ def simulate_static(workload: list[Request], batch_size: int, cost: CostModel | 
         longest_out = max(r.output_len for r in batch)
         rows = len(batch)
         t = start + cost.step_seconds(rows * longest_prompt)  # padded prefill: also yields token 1
+        reserved = rows * (max_model_len or longest_prompt + longest_out)
         steps = [{"time": start, "seconds": t - start, "tokens": rows * longest_prompt,
-                  "prefill_tokens": rows * longest_prompt, "running": rows,
-                  "used_blocks": rows * (max_model_len or longest_prompt + longest_out), "swapped_blocks": 0}]
+                  "prefill_tokens": rows * longest_prompt, "running": rows, "used_blocks": None,
+                  "used_slots": reserved, "swapped_blocks": 0}]
         for _ in range(longest_out - 1):  # padded decodes: every row computes until the longest is done
             steps.append({"time": t, "seconds": cost.step_seconds(rows), "tokens": rows, "prefill_tokens": 0,
-                          "running": rows, "used_blocks": steps[0]["used_blocks"], "swapped_blocks": 0})
+                          "running": rows, "used_blocks": None, "used_slots": reserved, "swapped_blocks": 0})
             t += steps[-1]["seconds"]
         res.steps += steps
         for r in batch:

@@ -38,6 +38,7 @@ for long-context inference" (2023); vLLM v1 ``vllm/attention/ops/triton_decode_a
 decode with split-K stages). Written from the math above, not copied.
 """
 
+# ruff: noqa: E741 -- `l` is the running denominator of the online-softmax literature (and O the output)
 from __future__ import annotations
 
 import math
@@ -53,7 +54,7 @@ MAX_HEAD_DIM = 256
 
 @jit
 def _paged_decode_kernel(
-    Q, K, V, BT, CL, O, LSE, scale, blocks_per_split,  # noqa: E741
+    Q, K, V, BT, CL, O, LSE, scale, blocks_per_split,
     stride_q_seq, stride_q_head,
     stride_k_block, stride_k_tok, stride_k_head,
     stride_v_block, stride_v_tok, stride_v_head,
@@ -77,7 +78,7 @@ def _paged_decode_kernel(
     q = q * scale  # fold the softmax scale into q once
 
     m = tl.full([GROUP_P2], float("-inf"), tl.float32)  # running max of scores
-    l = tl.zeros([GROUP_P2], tl.float32)  # running denominator, relative to m  # noqa: E741
+    l = tl.zeros([GROUP_P2], tl.float32)  # running denominator, relative to m
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)  # running sum of p * v, relative to m
 
     num_blocks = tl.cdiv(context_len, BLOCK_SIZE)
@@ -98,7 +99,7 @@ def _paged_decode_kernel(
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: token 0 of every visited block is real
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])  # masked slots: exp(-inf) = 0
-        l = l * alpha + tl.sum(p, axis=1)  # noqa: E741
+        l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
 
@@ -114,7 +115,7 @@ def _paged_decode_kernel(
 
 @jit
 def _merge_splits_kernel(
-    O_PART, LSE, O, num_splits,  # noqa: E741
+    O_PART, LSE, O, num_splits,
     stride_p_seq, stride_p_head, stride_p_split, stride_lse_seq, stride_lse_head, stride_o_seq, stride_o_head,
     SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr,
 ):

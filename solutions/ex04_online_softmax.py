@@ -19,6 +19,7 @@ and after the last block the output is ``acc / l``. (Seed error E1 forgot to car
 Check your answers with ``python -m paged grade ch04``.
 """
 
+# ruff: noqa: E741 -- `l` is the running denominator of the online-softmax literature (and O the output)
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ import torch
 from paged.kernels._triton import jit, kernel_device, require_triton, tl, triton
 
 
-def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,  # noqa: E741
+def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
                           values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one block into the running state; return the new ``(m, l, acc)`` (inputs not modified).
 
@@ -54,17 +55,16 @@ def attend_blockwise(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     num, dim = query.shape
     scale = 1 / math.sqrt(dim) if scale is None else scale
     m = torch.full((num,), float("-inf"))
-    l = torch.zeros(num)  # noqa: E741
+    l = torch.zeros(num)
     acc = torch.zeros(num, values.shape[1])
     for start in range(0, keys.shape[0], block):
         scores = query.float() @ keys[start:start + block].float().T * scale
-        m, l, acc = online_softmax_update(  # noqa: E741
-            m, l, acc, scores, values[start:start + block].float())
+        m, l, acc = online_softmax_update(m, l, acc, scores, values[start:start + block].float())
     return acc / l[:, None]
 
 
 @jit
-def _decode_kernel(Q, K, V, BT, CL, O, scale,  # noqa: E741
+def _decode_kernel(Q, K, V, BT, CL, O, scale,
                    stride_q_seq, stride_q_head, stride_k_block, stride_k_tok, stride_k_head,
                    stride_bt_seq, stride_o_seq, stride_o_head,
                    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
@@ -78,7 +78,7 @@ def _decode_kernel(Q, K, V, BT, CL, O, scale,  # noqa: E741
     context_len = tl.load(CL + seq)
     q = tl.load(Q + seq * stride_q_seq + head * stride_q_head + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     m = float("-inf")  # running max
-    l = 0.0  # running denominator  # noqa: E741
+    l = 0.0  # running denominator
     acc = tl.zeros([HEAD_DIM_P2], tl.float32)  # running sum of p * v
     for b in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
         physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)
@@ -95,7 +95,7 @@ def _decode_kernel(Q, K, V, BT, CL, O, scale,  # noqa: E741
         m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: token 0 of every visited block is real
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new)
-        l = l * alpha + tl.sum(p, axis=0)  # noqa: E741
+        l = l * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m = m_new
         # END SOLUTION

@@ -2,7 +2,9 @@
 
 The tree holds what a learner needs and nothing else: the chapters, the package (``paged/`` and
 ``kernels/``), the exercise stubs, the public tests, ``pyproject.toml``, ``environment.yml``, a README
-and a CI script. Built caches (``__pycache__``, ``*.egg-info``, checkpoints) are left out.
+and a CI script. Built caches (``__pycache__``, ``*.egg-info``, checkpoints) are left out. The stubs in
+``exercises/`` are generated afresh from ``solutions/`` (``paged/course/sync.py``), so an instructor's
+filled-in local copy never ships.
 
 ``--without-solutions`` leaves out ``solutions/`` and everything that needs it, and makes the tree
 grade the learner by default:
@@ -180,6 +182,17 @@ def _copy(src: Path, dst: Path) -> int:
     return count
 
 
+def _write_stubs(root: Path, out: Path) -> None:
+    """``exercises/`` of the tree, generated afresh from ``root/solutions`` (a filled-in local copy never ships)."""
+    from paged.course.sync import make_stub
+
+    target = out / "exercises"
+    for path in target.glob("ex*.py"):
+        path.unlink()
+    for path in sorted((root / "solutions").glob("ex*.py")):
+        (target / path.name).write_text(make_stub(path.read_text(), f"solutions/{path.name}"))
+
+
 def _git_commit(root: Path) -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
@@ -243,6 +256,7 @@ def build_release(out: Path, root: Path = ROOT, with_solutions: bool = True,
         for rel in INCLUDE + (("solutions",) if with_solutions else ()):
             if (root / rel).exists():
                 release.files += _copy(root / rel, out / rel)
+        _write_stubs(root, out)
         if not with_solutions:
             _strip_solutions(out, release)
         if hidden_tests is not None:

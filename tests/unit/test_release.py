@@ -23,6 +23,7 @@ from paged.course.release import (
     references_solutions,
     set_default_impl,
 )
+from paged.course.sync import make_stub
 
 
 def _impl_default(conftest: str) -> str:
@@ -72,8 +73,9 @@ def test_student_tree_holds_every_exercise_and_the_package(student):
     got = sorted(p.name for p in (out / "exercises").glob("ex*.py"))
     assert got == want and want, f"one exercise stub per solutions file: want {want}, got {got}"
     for name in want:
-        assert (out / "exercises" / name).read_text() == (ROOT / "exercises" / name).read_text(), \
-            f"exercises/{name} must be the generated stub, unchanged"
+        assert (out / "exercises" / name).read_text() == make_stub((ROOT / "solutions" / name).read_text(),
+                                                                     f"solutions/{name}"), \
+            f"exercises/{name} must be the stub generated from solutions/{name}"
     for rel in ("pyproject.toml", "environment.yml", "paged/__init__.py", "kernels/__init__.py",
                 "tests/exercises/conftest.py", "paged/grading.py"):
         assert (out / rel).is_file(), f"the release misses {rel}"
@@ -98,6 +100,20 @@ def test_student_tree_grades_exercises_by_default(student):
     assert os.access(out / ".ci" / "run", os.X_OK)
     if (ROOT / ".github" / "classroom" / "autograding.json").exists():
         assert (out / ".github" / "workflows" / "classroom.yml").is_file(), "the classroom workflow ships"
+
+
+def test_a_filled_in_local_exercise_never_ships(tmp_path):
+    course = tmp_path / "course"
+    for rel in ("solutions", "exercises", "tests", "pyproject.toml"):
+        shutil.copytree(ROOT / rel, course / rel) if (ROOT / rel).is_dir() else shutil.copy(ROOT / rel, course / rel)
+    name = sorted(p.name for p in (course / "solutions").glob("ex*.py"))[0]
+    shutil.copyfile(course / "solutions" / name, course / "exercises" / name)  # the instructor tried the answers
+    (course / "exercises" / "ex99_scratch.py").write_text("x = 1\n")
+    out = build_release(tmp_path / "out", root=course, with_solutions=False).out
+    assert "BEGIN SOLUTION" not in (out / "exercises" / name).read_text()
+    assert (out / "exercises" / name).read_text() == make_stub((course / "solutions" / name).read_text(),
+                                                                 f"solutions/{name}"), "stubs regenerated"
+    assert not (out / "exercises" / "ex99_scratch.py").exists(), "only exercises generated from solutions/ ship"
 
 
 def test_release_with_solutions_keeps_them(tmp_path):

@@ -98,10 +98,27 @@ class BlockAllocator:
         else:
             self._checked_count(block_id, "free")  # raises the right ValueError
 
-    def free_many(self, block_ids: list[int]) -> None:
-        """``free`` each id in order (a sequence frees its tail first: pass the ids reversed)."""
+    def free_many(self, block_ids) -> None:
+        """``free`` each id in order (a sequence frees its tail first: pass its ids reversed).
+
+        All or nothing: on a bad id the ids before it are restored and the queue is as before.
+        """
+        refs, free, n = self._ref_counts, self._free, self.num_blocks
+        done = []
         for block_id in block_ids:
-            self.free(block_id)
+            count = refs[block_id] if type(block_id) is int and 0 <= block_id < n else -1
+            if count == 1:
+                refs[block_id] = 0
+                free[block_id] = None
+            elif count > 1:
+                refs[block_id] = count - 1
+            else:
+                for b in reversed(done):  # undo: the blocks freed to zero sit at the back of the queue
+                    if refs[b] == 0:
+                        del free[b]
+                    refs[b] += 1
+                self._checked_count(block_id, "free")  # raises the right ValueError
+            done.append(block_id)
 
     def incref(self, block_id: int) -> None:
         """Add one reference to a block in use (a fork or a prefix-cache hit shares it)."""
@@ -115,6 +132,25 @@ class BlockAllocator:
             raise ValueError(f"take: block {block_id} is in use (ref count {self._ref_counts[block_id]})")
         del self._free[block_id]
         self._ref_counts[block_id] = 1
+
+    def share(self, block_ids: list[int]) -> None:
+        """Add a holder to each block: a free one leaves the free queue (``take``), one in use gets +1.
+
+        Used for prefix-cache hits. Raises ``ValueError`` on an unknown id before changing anything.
+        """
+        refs, free, n = self._ref_counts, self._free, self.num_blocks
+        for block_id in block_ids:
+            if not (type(block_id) is int and 0 <= block_id < n):
+                raise ValueError(f"share: block id {block_id!r} is not in 0..{n - 1}")
+        for block_id in block_ids:
+            if refs[block_id] == 0:
+                del free[block_id]
+            refs[block_id] += 1
+
+    def num_free_among(self, block_ids: list[int]) -> int:
+        """How many of ``block_ids`` are free (reference count 0)."""
+        refs = self._ref_counts
+        return sum(1 for b in block_ids if refs[b] == 0)
 
     def ref_count(self, block_id: int) -> int:
         """Number of holders of ``block_id`` (0 when free)."""

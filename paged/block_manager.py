@@ -126,7 +126,8 @@ class BlockSpaceManager:
         if self.num_gpu_blocks - needed < self.watermark_blocks:
             return AllocStatus.NEVER
         gpu = self.gpu_allocator
-        needed -= sum(1 for b in self._cached_prefix(seq) if gpu.ref_count(b) > 0)
+        hits = self._cached_prefix(seq)
+        needed -= len(hits) - gpu.num_free_among(hits)
         return AllocStatus.OK if gpu.num_free_blocks - needed >= self.watermark_blocks else AllocStatus.LATER
 
     def allocate(self, seq: Sequence) -> None:
@@ -141,13 +142,16 @@ class BlockSpaceManager:
             raise ValueError(f"sequence {seq.seq_id} already has blocks; free it before allocating again")
         gpu, bs = self.gpu_allocator, self.block_size
         hits = self._cached_prefix(seq)
-        free_hits = [b for b in hits if gpu.ref_count(b) == 0]
+        num_free_hits = gpu.num_free_among(hits)
         num_new = blocks_needed(len(seq), bs) - len(hits)
-        if num_new > gpu.num_free_blocks - len(free_hits):
-            raise NoFreeBlocksError(num_new + len(free_hits), gpu.num_free_blocks)
-        for b in hits:  # take the hits before allocating, so that allocation cannot evict them
-            gpu.take(b) if gpu.ref_count(b) == 0 else gpu.incref(b)
-        table = BlockTable(bs, hits + [self._new_gpu_block() for _ in range(num_new)], len(seq))
+        if num_new > gpu.num_free_blocks - num_free_hits:
+            raise NoFreeBlocksError(num_new + num_free_hits, gpu.num_free_blocks)
+        gpu.share(hits)  # take the hits before allocating, so that allocation cannot evict them
+        new = gpu.allocate_many(num_new)
+        if self.prefix_cache is not None:
+            for b in new:  # the free queue may hand out cached blocks: forget their keys
+                self.prefix_cache.evict(b)
+        table = BlockTable(bs, hits + new, len(seq))
         self.block_tables[seq.seq_id] = table
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * bs
         if self.prefix_cache is not None:
@@ -162,11 +166,7 @@ class BlockSpaceManager:
 
     def _cache_full_blocks(self, seq: Sequence, table: BlockTable, first: int) -> None:
         """Register logical blocks ``first ..`` that are full (their K/V are computed this step)."""
-        for i in range(first, table.num_tokens // self.block_size):
-            parent = table[i - 1] if i > 0 else None
-            if self.prefix_cache.register(table[i], parent, seq.block_token_ids(i)) is None \
-                    and table[i] not in self.prefix_cache:
-                break  # its parent is not cached: no later block can chain to it
+        self.prefix_cache.register_blocks(table.block_ids, seq.token_ids, first, table.num_tokens // self.block_size)
 
     # ---- decode --------------------------------------------------------------------------------
     def _append_needs(self, seq: Sequence, table: BlockTable) -> tuple[int, bool]:
@@ -223,15 +223,19 @@ class BlockSpaceManager:
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks, tail first (a no-op for a sequence without blocks, as in vLLM)."""
         table = self.block_tables.pop(seq.seq_id, None)
-        for b in reversed(table.block_ids if table else []):
-            self.gpu_allocator.free(b)
-            if self.gpu_allocator.ref_count(b) == 0:
-                self.swaps.forget_gpu(b)
+        if table is not None:
+            self._release(table, self.gpu_allocator, self.swaps.forget_gpu)
         cpu_table = self.cpu_block_tables.pop(seq.seq_id, None)
-        for c in reversed(cpu_table.block_ids if cpu_table else []):
-            self.cpu_allocator.free(c)
-            if self.cpu_allocator.ref_count(c) == 0:
-                self.swaps.forget_cpu(c)
+        if cpu_table is not None:
+            self._release(cpu_table, self.cpu_allocator, self.swaps.forget_cpu)
+
+    def _release(self, table: BlockTable, allocator: BlockAllocator, forget) -> None:
+        """Drop one reference to each block of ``table``, tail first; forget swap copies of freed blocks."""
+        allocator.free_many(reversed(table.block_ids))
+        if self.swaps.out or self.swaps.in_:
+            for b in table:
+                if allocator.ref_count(b) == 0:
+                    forget(b)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block. Returns False (and changes nothing) while any GPU block is in use."""
@@ -252,10 +256,7 @@ class BlockSpaceManager:
         """Move ``seq`` to CPU; returns ``(gpu_block, cpu_block)`` pairs to copy (shared blocks once)."""
         table = self._table(seq)
         pairs, cpu_ids = self.swaps.move(table, self.cpu_allocator, self.cpu_allocator.allocate, out=True)
-        for b in reversed(table.block_ids):
-            self.gpu_allocator.free(b)
-            if self.gpu_allocator.ref_count(b) == 0:
-                self.swaps.forget_gpu(b)
+        self._release(table, self.gpu_allocator, self.swaps.forget_gpu)
         del self.block_tables[seq.seq_id]
         self.cpu_block_tables[seq.seq_id] = BlockTable(self.block_size, cpu_ids, table.num_tokens)
         return pairs
@@ -277,10 +278,7 @@ class BlockSpaceManager:
         if cpu_table is None:
             raise ValueError(f"sequence {seq.seq_id} is not swapped out")
         pairs, gpu_ids = self.swaps.move(cpu_table, self.gpu_allocator, self._new_gpu_block, out=False)
-        for c in reversed(cpu_table.block_ids):
-            self.cpu_allocator.free(c)
-            if self.cpu_allocator.ref_count(c) == 0:
-                self.swaps.forget_cpu(c)
+        self._release(cpu_table, self.cpu_allocator, self.swaps.forget_cpu)
         del self.cpu_block_tables[seq.seq_id]
         self.block_tables[seq.seq_id] = BlockTable(self.block_size, gpu_ids, cpu_table.num_tokens)
         return pairs

@@ -29,7 +29,6 @@ Sources: vLLM v1 ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``, ``Fr
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 ROOT_KEY = 0  # the "parent key" of a sequence's first block (vLLM v1 uses a random NONE_HASH)
@@ -63,16 +62,22 @@ class BlockHasher:
         return keys
 
 
-@dataclass(frozen=True)
 class CachedBlock:
-    """What the cache knows about one full physical block: enough to verify a hit exactly."""
+    """What the cache knows about one full physical block: enough to verify a hit exactly.
 
-    block_id: int
-    key: int
-    uid: int  # unique per registration
-    parent_uid: int  # uid of the entry of the block before it (0 for a first block)
-    token_ids: tuple
-    extra: Any = None
+    ``uid`` is unique per registration; ``parent_uid`` is the uid of the entry of the block before it
+    (0 for a sequence's first block).
+    """
+
+    __slots__ = ("block_id", "key", "uid", "parent_uid", "token_ids", "extra")
+
+    def __init__(self, block_id: int, key: int, uid: int, parent_uid: int, token_ids: tuple, extra: Any = None):
+        self.block_id, self.key, self.uid, self.parent_uid = block_id, key, uid, parent_uid
+        self.token_ids, self.extra = token_ids, extra
+
+    def __repr__(self) -> str:
+        return (f"CachedBlock(block={self.block_id}, uid={self.uid}, parent_uid={self.parent_uid}, "
+                f"tokens={self.token_ids})")
 
 
 class PrefixCache:
@@ -112,13 +117,17 @@ class PrefixCache:
 
         Pure: changes nothing (the caller takes the blocks, then ``record_query``).
         """
-        bs, hits = self.block_size, []
+        bs, hits, hash_fn, by_key = self.block_size, [], self.hasher.hash_fn, self._by_key
+        tokens = tuple(token_ids)
         parent_key, parent_uid = ROOT_KEY, 0
-        for i in range(min(max_blocks, len(token_ids) // bs)):
-            block = tuple(token_ids[i * bs:(i + 1) * bs])
-            key = self.hasher.hash_fn(parent_key, block, extra)
+        for i in range(min(max_blocks, len(tokens) // bs)):
+            block = tokens[i * bs:(i + 1) * bs]
+            key = hash_fn(parent_key, block, extra)
+            candidates = by_key.get(key)
+            if candidates is None:
+                break
             match = None
-            for entry in self._by_key.get(key, {}).values():
+            for entry in candidates.values():
                 if entry.parent_uid == parent_uid and entry.token_ids == block and entry.extra == extra:
                     match = entry
                     break
@@ -161,6 +170,21 @@ class PrefixCache:
         self._by_key.setdefault(key, {})[block_id] = entry
         self._by_block[block_id] = entry
         return entry
+
+    def register_blocks(self, block_ids: list[int], token_ids: Sequence[int], first: int, stop: int,
+                        extra: Any = None) -> int:
+        """Register logical blocks ``first .. stop - 1`` of one sequence (``block_ids`` is its block table,
+        ``token_ids`` its tokens). Blocks already cached are kept; the chain stops at the first block
+        that cannot be cached. Returns the number of new entries."""
+        bs, tokens, added = self.block_size, tuple(token_ids), 0
+        for i in range(first, stop):
+            block_id = block_ids[i]
+            if block_id in self._by_block:
+                continue
+            if self.register(block_id, block_ids[i - 1] if i else None, tokens[i * bs:(i + 1) * bs], extra) is None:
+                break
+            added += 1
+        return added
 
     def evict(self, block_id: int) -> bool:
         """Forget a block that is being reused for other data. Returns whether it was cached."""

@@ -21,7 +21,8 @@ grade the learner by default:
 ``--hidden-tests DIR`` copies an instructor's extra graded tests into ``tests/exercises/hidden/``
 (files renamed ``test_hidden_*.py`` so their module names cannot clash with the public tests) with a
 ``conftest.py`` that ignores them unless ``PAGED_HIDDEN=1`` and marks them ``hidden``. A release also
-ships ``.github/workflows/classroom.yml`` (GitHub Classroom) built from ``.github/classroom/autograding.json``.
+ships ``.github/classroom/autograding.json`` and ``.github/workflows/classroom.yml`` (GitHub Classroom),
+recounted from the tree's own graded tests.
 """
 
 from __future__ import annotations
@@ -273,12 +274,8 @@ def _write_readme_and_classroom(out: Path, release: Release, commit: str | None)
         hidden=README_HIDDEN if release.hidden else "")
     readme = out / "README.md"
     readme.write_text(note + (readme.read_text() if readme.exists() else "# paged\n"))
-    if release.hidden:  # the hidden tests carry points: recount them in the tree
-        classroom.write(out, hidden=True, workflow=True)
-    elif (out / classroom.CONFIG).exists():
-        config = json.loads((out / classroom.CONFIG).read_text())
-        (out / classroom.WORKFLOW).parent.mkdir(parents=True, exist_ok=True)
-        (out / classroom.WORKFLOW).write_text(classroom.workflow_yaml(config))
+    # recount the points from the tree's own graded tests (hidden ones included): never a stale copy
+    classroom.write(out, hidden=bool(release.hidden), workflow=True)
     (out / MARKER_FILE).write_text(json.dumps({
         "solutions": release.with_solutions, "default_impl": "solutions" if release.with_solutions else "exercises",
         "hidden_tests": release.hidden, "dropped_tests": release.dropped, "source_commit": commit,

@@ -98,8 +98,10 @@ def test_student_tree_grades_exercises_by_default(student):
     ci = (out / ".ci" / "run").read_text()
     assert "course sync" not in ci and "python -m paged grade --report grading" in ci, "learner CI, no sync check"
     assert os.access(out / ".ci" / "run", os.X_OK)
-    if (ROOT / ".github" / "classroom" / "autograding.json").exists():
-        assert (out / ".github" / "workflows" / "classroom.yml").is_file(), "the classroom workflow ships"
+    assert (out / ".github" / "workflows" / "classroom.yml").is_file(), "the classroom workflow ships"
+    shipped = json.loads((out / ".github" / "classroom" / "autograding.json").read_text())
+    assert shipped == classroom.autograding_config(classroom.chapter_points(classroom.collect(ROOT))), \
+        "the release's classroom config is recounted from its graded tests"
 
 
 def test_a_filled_in_local_exercise_never_ships(tmp_path):

@@ -247,6 +247,9 @@ def capacity_at_scale(trace: Trace, spec: KVSpec, budget_bytes: float, block_siz
     ``ceil(final_len / block_size)`` blocks; for every start ``i`` we count how many consecutive requests
     ``i, i+1, ...`` fit in the budget at their final length (cumulative sums + ``searchsorted``, no loop),
     and report the mean, 5th and 95th percentile. Also: the real-token share of memory tied up by each.
+
+    Raises:
+        ValueError: the whole trace fits in the budget at once (no window to measure).
     """
     static_len = static_len or trace.max_seq_len
     static = int(budget_bytes // spec.bytes_per_sequence(static_len))
@@ -255,6 +258,9 @@ def capacity_at_scale(trace: Trace, spec: KVSpec, budget_bytes: float, block_siz
     cum = np.concatenate([[0], np.cumsum(blocks)])
     fit = np.searchsorted(cum, cum[:-1] + budget_blocks, side="right") - 1 - np.arange(trace.n)
     full = fit[cum[:-1] + budget_blocks <= cum[-1]]  # windows that did not run off the end of the trace
+    if len(full) == 0:
+        raise ValueError(f"trace too short: all {trace.n} requests ({int(cum[-1])} blocks) fit in the budget of "
+                         f"{budget_blocks} blocks at once; use a longer trace")
     tokens = float(trace.final_len.sum())
     return {"requests": trace.n, "budget_bytes": float(budget_bytes), "budget_blocks": budget_blocks,
             "static": static, "paged_mean": float(full.mean()), "paged_p5": float(np.percentile(full, 5)),

@@ -1,0 +1,92 @@
+"""The seed claims ledger (paged.ledger): each measurement's exact value on a fixed input, and a full table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from paged import ledger
+from paged.memory import KNOWN_MODELS
+from paged.sim.workload import Trace, chat_trace
+
+
+def test_every_claim_and_error_has_a_row():
+    assert list(ledger.CLAIMS) == [f"C{i}" for i in range(1, 8)] + [f"E{i}" for i in range(1, 12)], \
+        "the ledger must list C1-C7 and E1-E11 in order"
+    rows = ledger.build_rows(ledger.measure_all())
+    assert ledger.missing_rows(rows) == [], "every claim needs a measured value or a sourced correction"
+    table = ledger.ledger_markdown(rows)
+    assert table.count("\n") == 2 + 18 - 1, "header, separator and 18 rows"
+    assert "no GPU in this run" in table, "without kernel JSON, E2 must say so rather than invent a number"
+
+
+def test_memory_numbers_c4_e7_e8():
+    mem = ledger.measure_memory()
+    assert mem["per_sequence"]["llama-2-7b"] == 2**30, "Llama-2-7B: 0.5 MiB per token x 2048 = 1 GiB"
+    assert mem["per_sequence"]["llama-2-13b"] == 1_677_721_600
+    assert mem["per_sequence"]["llama-2-70b"] == 671_088_640, "Llama-2-70B has 8 KV heads (GQA)"
+    assert mem["block_bytes"] == 8 * 2**20 and mem["seed_block_bytes"] // mem["block_bytes"] == 128
+
+
+@pytest.mark.parametrize("prefix_len, without, with_", [(9, 1100, 1100), (100, 1700, 1106), (500, 4200, 1131)])
+def test_prefix_sharing_counts_blocks(prefix_len, without, with_):
+    # 100 prompts of prefix + 161 private tokens, block 16: without caching each holds ceil(len / 16)
+    # blocks; with caching the prefix's full blocks (prefix_len // 16) are held once.
+    r = ledger.measure_prefix_sharing(prefix_len)
+    assert r["blocks_without"] == without == 100 * -(-(prefix_len + 161) // 16)
+    assert r["blocks_with"] == with_ == prefix_len // 16 + 100 * (-(-(prefix_len + 161) // 16) - prefix_len // 16)
+    assert r["prefill_hit_rate"] == pytest.approx(99 * (prefix_len // 16) * 16 / (100 * (prefix_len + 161)))
+
+
+def test_chained_keys_and_cow_and_block_tables():
+    keys = ledger.measure_chained_keys()
+    assert keys["shared_blocks"] == 2 and keys["whole_prompt_hash_shares"] == 0
+    assert keys["same_block_other_prefix"] is False, "equal tokens after another prefix must get another key"
+    assert ledger.measure_cow(20) == 1, "fork + append into a shared partial block copies it once"
+    assert ledger.measure_cow(32) == 0, "a full last block is never written again: no copy"
+    assert ledger.measure_block_tables(3, 4)["block_tables"] == 3, "one block table per sequence, all layers"
+
+
+def test_watermark_admission_answers():
+    trace = chat_trace(300, seed=0, max_seq_len=2048)
+    r = ledger.measure_watermark(trace, pool_slots=8192, watermarks=(0.0, 0.05))
+    assert r["free_blocks"] == 12 and r["can_allocate"] == {10: "later", 7: "ok", 96: "never"}
+    assert r["preemptions"][0.05] <= r["preemptions"][0.0], "a watermark must not add preemptions here"
+
+
+def test_online_softmax_seed_sketch_is_wrong_and_ours_exact():
+    r = ledger.measure_online_softmax()
+    assert r["blockwise_err"] < 1e-5, "the corrected online softmax equals exact attention"
+    assert r["seed_err"] > 0.05, "the seed's normalization by output.sum() is not attention"
+    q, k, v = torch.ones(4, dtype=torch.float64), torch.zeros(8, 4, dtype=torch.float64), torch.eye(8, 4).double()
+    # equal scores: exact attention is the mean of v's rows, [0.125]*4; the sketch divides by its own sum
+    assert torch.allclose(ledger.seed_online_softmax(q, k, v, 3), torch.full((4,), 0.25, dtype=torch.float64))
+
+
+def test_block_size_study_on_a_hand_trace():
+    trace = Trace.from_lengths([10, 10], [7, 7])  # final length 17 each, both fit at once
+    rows = ledger.block_size_study(trace, pool_slots=1024, block_sizes=(1, 16, 32))
+    util = {r["block_size"]: r["utilization"] for r in rows}
+    assert util[1] == 1.0, "block 1: no slack"
+    assert [r["steps"] for r in rows] == [8, 8, 8] and all(r["preemptions"] == 0 for r in rows)
+    assert util[32] < util[16] < 1.0, "a larger block leaves more of its last block empty"
+
+
+def test_capacity_at_scale_static_and_paged():
+    spec = KNOWN_MODELS["llama-2-7b"]  # 0.5 MiB per token, 8 MiB per 16-token block
+    trace = Trace.from_lengths([100] * 100, [28] * 100, max_seq_len=4096)  # 128 tokens = 8 blocks each
+    cap = ledger.capacity_at_scale(trace, spec, budget_bytes=4 * 2**30 + 10, block_size=16)
+    assert cap["static"] == 2, "4 GiB / (4096 tokens x 0.5 MiB)"
+    assert cap["budget_blocks"] == 512 and cap["paged_mean"] == 64 == cap["paged_p5"], "512 blocks / 8 per request"
+    assert cap["paged_token_share"] == 1.0 and cap["static_token_share"] == pytest.approx(128 / 4096)
+    with pytest.raises(ValueError, match="trace too short"):
+        ledger.capacity_at_scale(Trace.from_lengths([100] * 10, [28] * 10, max_seq_len=4096), spec, 4 * 2**30)
+
+
+def test_capacity_is_vectorized_for_a_million_requests():
+    trace = chat_trace(1_000_000, seed=0, max_seq_len=4096)
+    cap = ledger.capacity_at_scale(trace, KNOWN_MODELS["llama-2-7b"], 60 * 2**30)
+    assert cap["static"] == 30 and 200 < cap["paged_mean"] < 400
+    assert cap["paged_p5"] <= cap["paged_mean"] <= cap["paged_p95"]
+    assert np.isclose(cap["mean_final_len"], trace.final_len.mean())

@@ -326,7 +326,7 @@ else:
 # are loaded with the last block but masked. Move the slider (in Jupyter) to split the sequences (section 7).
 
 # %%
-tables_demo = [[5, 2, 7], [0, 3, 6], [1, 4, 0]]
+tables_demo = [[5, 2, 7], [0, -1, -1], [1, 4, 3]]  # -1: padding past the context, never read
 lens_demo = [9, 4, 12]
 program_reads_explorer(tables_demo, lens_demo, block_size=4, num_blocks=8)
 
@@ -432,7 +432,7 @@ plt.show()
 
 # %% [markdown]
 # The kernel cuts the block-table width into `num_splits` equal ranges of logical blocks. With the three
-# sequences of section 5 and 3 splits, the short sequence's third split is empty:
+# sequences of section 5 and 3 splits, the short sequence's second and third splits hold no token:
 
 # %%
 fig = plot_program_reads(tables_demo, lens_demo, block_size=4, num_blocks=8, num_splits=3)

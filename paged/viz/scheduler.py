@@ -28,7 +28,7 @@ def plot_timelines(res, ax=None, max_requests: int | None = 40, title: str | Non
     rids = sorted(res.timelines, key=lambda r: (res.requests[r]["arrival_s"], int(r.lstrip("r") or 0)
                                                  if r.lstrip("r").isdigit() else 0))[:max_requests]
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.16 * len(rids) + 1.2))
+        _, ax = plt.subplots(figsize=(9, min(0.16 * len(rids), 6) + 1.2))
     for row, rid in enumerate(rids):
         for state in STATE_COLORS:
             spans = [(a, b - a) for a, b, s in res.timelines[rid] if s == state]
@@ -39,8 +39,7 @@ def plot_timelines(res, ax=None, max_requests: int | None = 40, title: str | Non
     ax.set_ylabel(f"requests ({len(rids)})")
     ax.set_xlabel("time (s, cost model)")
     ax.set_title(title or f"{res.name}: {res.total_s:.1f} s, {res.throughput:.0f} tokens/s", fontsize=9, loc="left")
-    ax.legend([Patch(color=c) for c in STATE_COLORS.values()], list(STATE_COLORS), fontsize=7, ncol=4,
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.legend([Patch(color=c) for c in STATE_COLORS.values()], list(STATE_COLORS), fontsize=7, loc="upper right")
     return ax.figure
 
 

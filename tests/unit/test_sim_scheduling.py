@@ -84,3 +84,15 @@ def test_swap_overhead_falls_with_block_size_recompute_does_not_depend_on_it():
     assert small["swap_overhead_s"] > 5 * small["recompute_overhead_s"], "block 1: swap pays per-transfer latency"
     assert large["swap_overhead_s"] < large["recompute_overhead_s"], "block 64: swap is cheaper than recompute"
     assert small["swap_preemptions"] > 0 and large["recompute_preemptions"] > 0
+
+
+def test_stepper_tiny_memory_preempts_newest_first():
+    from paged.viz.scheduler import Stepper
+
+    s = Stepper([("A", 6, 6, 0), ("B", 5, 6, 0), ("C", 3, 3, 1)], block_size=4, num_gpu_blocks=5)
+    for _ in range(8):
+        s.step()
+    assert s.log == ["step 1: prefill A(6), B(5)", "step 2: prefill C(3) decode A, B", "step 3: decode A, B, C",
+                     "step 4: decode A, B preempted C", "step 5: decode A preempted B", "step 6: decode A",
+                     "step 7: prefill B(9), C(5)", "step 8: decode B"]
+    assert s.queues()["finished"] == ["A", "B", "C"] and not s.sched.has_unfinished_requests()

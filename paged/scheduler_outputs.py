@@ -68,15 +68,26 @@ class SchedulerOutputs:
         blocks_to_copy: ``(src, dst)`` GPU block pairs (copy-on-write of a shared last block).
         num_batched_tokens: tokens computed in this step (sum of ``num_tokens`` of every scheduled sequence).
 
-    Engine contract, in this order: (1) report ``ignored`` and ``exhausted`` as finished; (2) copy
-    ``blocks_to_swap_out`` *first* (their GPU blocks may be handed to another sequence in this very
-    step), then ``blocks_to_swap_in``, then ``blocks_to_copy``; (3) run the model on every scheduled
-    sequence's ``token_ids`` at ``positions``, writing K/V to ``slot = table[p // bs] * bs + p % bs``
-    with the tables of ``seq_block_tables()``; (4) sample one token per scheduled sequence from its last
-    position and ``seq.append_token_id(t)``; for ``n > 1`` fork after the prefill (``child = seq.fork(id)``,
-    ``group.seqs.append(child)``, ``scheduler.fork_seq(seq, child)``); (5) set ``seq.status`` to a
-    ``FINISHED_*`` value when a stop condition holds (the engine stops a sequence at ``max_model_len``);
-    the next ``schedule()`` (or ``free_finished()``) frees its blocks. Never touch ``num_computed_tokens``.
+    Engine contract, in this order:
+
+    1. Report ``ignored`` and ``exhausted`` as finished (their blocks are already free).
+    2. Move KV: ``blocks_to_swap_out`` *first* (those GPU blocks are free again and may be handed to
+       another sequence in this very step), then ``blocks_to_swap_in``, then ``blocks_to_copy``.
+    3. Run the model once on every scheduled sequence's ``token_ids`` at ``positions`` (prefills and
+       decodes may share the step), writing K/V to ``slot = table[p // bs] * bs + p % bs`` with the tables
+       of ``seq_block_tables()``. In each layer, write the K/V of *all* scheduled tokens before any
+       attention reads: a prefill's prefix-cache hit may name blocks another prefill of the same step fills.
+    4. Sample one token per scheduled sequence from its last position; ``seq.append_token_id(t)``. For
+       ``n > 1``, at the request's first prefill (``is_prefill and len(seq_group.seqs) < n``) fork the
+       other samples: ``child = seq.fork(new_id)``, ``seq_group.seqs.append(child)``,
+       ``scheduler.fork_seq(seq, child)``, then append each one's own token.
+    5. Set ``seq.status`` to a ``FINISHED_*`` value when a stop condition holds (stop token, ``max_tokens``,
+       or ``len(seq) >= max_model_len``: the scheduler never grows a sequence past what the engine allows);
+       ``free_finished()`` (or the next ``schedule()``) frees its blocks.
+
+    The scheduler has already set ``num_computed_tokens = len(seq)`` for every scheduled sequence; the
+    engine never changes it. Before the next ``schedule()`` every running sequence must have a new
+    (sampled) token, normally exactly one, or be finished; else ``schedule()`` raises ``RuntimeError``.
     """
 
     prefills: list[ScheduledGroup] = field(default_factory=list)

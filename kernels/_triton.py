@@ -60,9 +60,9 @@ except ImportError as err:  # pragma: no cover - Linux CI always has triton
     triton = _Missing()
     tl = _Missing()
     HAS_TRITON = False
-    REASON = (f"Triton is not installed ({err}); it ships wheels for Linux only, so on "
-              f"{platform.system() or 'this OS'} the Triton kernels are unavailable. The PyTorch references "
-              "in paged.attention compute the same results.")
+    REASON = (f"Triton is not installed ({err}). Triton publishes wheels for Linux only (this machine runs "
+              f"{platform.system() or 'an unknown OS'}); without it the Triton kernels cannot run. The PyTorch "
+              "references in paged.attention compute the same results.")
 
 INTERPRET: bool = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 MODE: str = "unavailable" if not HAS_TRITON else ("interpreter (CPU)" if INTERPRET else "compiled (GPU)")

@@ -70,9 +70,9 @@ def plot_capacity(cap: dict, label: str = "", ax=None):
         _, ax = plt.subplots(figsize=(5, 3))
     values = [cap["static"], cap["paged_mean"]]
     err = np.array([[0, cap["paged_mean"] - cap["paged_p5"]], [0, cap["paged_p95"] - cap["paged_mean"]]])
-    ax.bar(["static (max_seq_len each)", "paged (blocks for real length)"], values, yerr=err, capsize=6,
-           color=["#8d99ae", "#2a9d8f"])
+    ax.bar(["static\n(max_seq_len slots each)", "paged\n(blocks for the real length)"], values, yerr=err,
+           capsize=6, color=["#8d99ae", "#2a9d8f"])
     for i, v in enumerate(values):
-        ax.text(i, v, f"{v:.0f}", ha="center", va="bottom")
+        ax.text(i + 0.3, v, f"{v:.0f}", ha="center", va="bottom")
     ax.set(ylabel="requests at once", title=label or "maximum concurrency in one KV budget")
     return ax

@@ -221,6 +221,9 @@ def test_release_installs_runs_a_chapter_and_grades_by_itself(tmp_path):
     assert res.returncode == 0, res.stderr
     assert all(line.startswith(str(tree)) for line in res.stdout.split()), f"imports the release: {res.stdout}"
 
+    res = run("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "not exercise")
+    assert res.returncode == 0, f"the release's own test suite does not even collect:\n{res.stdout[-3000:]}"
+
     chapters = sorted((tree / "chapters").glob("[0-9][0-9]_*.ipynb"))
     if chapters:
         res = run("-m", "pytest", str(chapters[0].relative_to(tree)), "-q", "-p", "no:cacheprovider")

@@ -368,8 +368,9 @@ else:
     print("skipped:", REASON)
 
 # %%
-print(f"interpreter time per call: {', '.join(f'{s:.2f} s' for s in interp_seconds)} "
-      "(Python executing every program one by one; a GPU runs the same kernel in microseconds)")
+if interp_seconds:
+    print(f"{MODE}: {', '.join(f'{s:.2f} s' for s in interp_seconds)} per call (in the interpreter, Python "
+          "executes every program one after another; a GPU runs them in parallel, in microseconds)")
 
 # %% [markdown]
 # **fp16 scores must not overflow** (CASES 12). With `q` and every key all 32.0 and head dim 64, the raw dot

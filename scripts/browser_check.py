@@ -141,6 +141,20 @@ def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
             continue
 
 
+def kill_kernels_of(tmp: Path) -> None:
+    """SIGKILL kernels left by this server (kernels run in their own session; their connection file is in ``tmp``)."""
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc_dir / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "ipykernel" in cmdline and str(tmp) in cmdline:
+            try:
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def server_env(tmp: Path) -> dict[str, str]:
     """The server's (and so the kernels') environment: throwaway Jupyter folders, CPU-friendly defaults."""
     env = dict(os.environ)
@@ -179,6 +193,8 @@ class Lab:
     def shutdown_kernels(self) -> None:
         for session in self.api("GET", "/api/sessions") or []:
             self.api("DELETE", f"/api/sessions/{session['id']}")
+        for kernel in self.api("GET", "/api/kernels") or []:
+            self.api("DELETE", f"/api/kernels/{kernel['id']}")
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -220,7 +236,12 @@ def jupyter_lab(root: Path, tmp: Path, start_timeout: float = 90.0):
                 time.sleep(0.3)
         yield lab
     finally:
+        try:
+            lab.shutdown_kernels()
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
         kill_group(proc)
+        kill_kernels_of(tmp)
 
 
 @contextmanager
@@ -573,9 +594,13 @@ def check_notebook(driver, lab: Lab, notebook: Path, root: Path, out: Path, time
             lab.shutdown_kernels()
         except Exception:  # noqa: BLE001
             pass
+        saved = f"Saving file at /{rel}" in lab.log.read_text(errors="replace")
+        if saved:
+            result.failures.append(f"JupyterLab saved {rel} during the check (restore it with git)")
         changed = [p.name for p, stamp in _fingerprint(files).items() if before.get(p) != stamp]
-        if changed:
-            result.failures.append(f"the check modified {', '.join(changed)} (restore them with git)")
+        if changed and not saved:
+            result.notes.append(f"{', '.join(changed)} changed on disk during the check (not saved by JupyterLab: "
+                                "someone edited or re-executed it; the check ran the version it opened)")
     if result.seconds > timeout:
         result.failures.append(f"took {result.seconds:.0f} s, over the {timeout:.0f} s budget")
     return result

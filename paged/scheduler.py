@@ -159,12 +159,12 @@ class Scheduler:
         Raises:
             RuntimeError: a running sequence got no new token since its last step (engine bug); nothing changes.
         """
-        self.free_finished()
         for group in self.running:  # check the engine's side of the contract before changing anything
             for seq in group.seqs:
                 if seq.status is RUNNING and len(seq) <= seq.num_computed_tokens:
                     raise RuntimeError(f"sequence {seq.seq_id} of request {group.request_id!r} has no new token: "
                                        "append the sampled token (or finish the sequence) before schedule()")
+        self.free_finished()
         out = SchedulerOutputs(block_manager=self.block_manager)
         budget = {"tokens": 0, "seqs": 0}
         recomputed: list[SequenceGroup] = []
@@ -231,6 +231,10 @@ class Scheduler:
         while self.waiting:
             group = self.waiting[0]
             seqs = group.get_seqs(WAITING)
+            if not seqs:  # nothing left to run (every sequence finished): drop it
+                self.waiting.popleft()
+                self._release(group)
+                continue
             reason = self._never_reason(group, seqs)
             if reason is not None:
                 self.waiting.popleft()

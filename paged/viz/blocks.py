@@ -62,9 +62,16 @@ def draw_pool(manager_or_allocator, rows: dict[str, tuple[list[int], list[list]]
         for i, b in enumerate(block_ids):
             x = i * 1.15
             ax.add_patch(Rectangle((x, y), 1.0, 0.8, facecolor="#f0f0f0", edgecolor="black"))
-            toks = tokens[i] if i < len(tokens) else []
-            text = " ".join(str(t) for t in toks) + " _" * (bs - len(toks))
-            ax.text(x + 0.5, y + 0.4, text.strip(), ha="center", va="center", fontsize=7)
+            toks = list(tokens[i]) if i < len(tokens) else []
+            if bs <= 8:  # one cell per slot, token id inside ("" = empty slot)
+                for j in range(bs):
+                    ax.add_patch(Rectangle((x + j / bs, y), 1.0 / bs, 0.8, fill=False, edgecolor="#bdbdbd",
+                                           linewidth=0.5))
+                    if j < len(toks):
+                        ax.text(x + (j + 0.5) / bs, y + 0.4, str(toks[j]), ha="center", va="center",
+                                fontsize=6 if bs <= 4 else 5, rotation=90 if len(str(toks[j])) > 2 else 0)
+            else:
+                ax.text(x + 0.5, y + 0.4, f"{len(toks)}/{bs}", ha="center", va="center", fontsize=7)
             ax.add_patch(FancyArrowPatch((x + 0.5, y), (b + 0.45, 0.8), arrowstyle="->", mutation_scale=8,
                                          color="#636363", linewidth=0.8))
     width = max(n, 1.15 * max((len(v[0]) for v in rows.values()), default=0))

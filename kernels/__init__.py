@@ -2,6 +2,7 @@
 
 * :func:`paged_attention_decode` -- decode attention through block tables, GQA, split-K
   (``kernels/paged_attention.py``); same signature as the PyTorch reference in ``paged.attention``.
+  :func:`launch_decode` is the same without input validation (no host sync), for hot loops.
 * :func:`reshape_and_cache` -- write new keys/values into the KV pool by slot mapping (``cache_ops.py``).
 * :func:`softmax`, :func:`online_softmax` -- the warm-up row-softmax kernels (``row_softmax.py``).
 
@@ -12,10 +13,11 @@ Without a CUDA GPU the package sets ``TRITON_INTERPRET=1`` before defining any k
 
 from ._triton import HAS_CUDA, HAS_TRITON, INTERPRET, MODE, REASON, TritonUnavailableError, require_triton
 from .cache_ops import reshape_and_cache
-from .paged_attention import paged_attention_decode, validate_decode_inputs
+from .paged_attention import launch_decode, paged_attention_decode, validate_decode_inputs
 from .row_softmax import online_softmax, softmax
 
 __all__ = [
     "HAS_CUDA", "HAS_TRITON", "INTERPRET", "MODE", "REASON", "TritonUnavailableError", "require_triton",
-    "paged_attention_decode", "validate_decode_inputs", "reshape_and_cache", "softmax", "online_softmax",
+    "paged_attention_decode", "launch_decode", "validate_decode_inputs", "reshape_and_cache",
+    "softmax", "online_softmax",
 ]

@@ -110,11 +110,11 @@ def _flashinfer_fn(inp: dict, context: int):
 
 def _kernel_fn(inp: dict, num_splits: int, contiguous: bool = False):
     """Our kernel without input validation (no host syncs inside the timed region)."""
-    from paged.kernels.paged_attention import _launch
+    from paged.kernels.paged_attention import launch_decode
 
     key, value, table = ((inp["contig_key"], inp["contig_value"], inp["identity"]) if contiguous else
                          (inp["key_cache"], inp["value_cache"], inp["block_tables"]))
-    return lambda: _launch(inp["query"], key, value, table, inp["context_lens"], None, num_splits)
+    return lambda: launch_decode(inp["query"], key, value, table, inp["context_lens"], None, num_splits)
 
 
 SWEEP = {"batch": [1, 8, 32, 64], "context": [1024, 4096, 8192], "block_size": [8, 16, 32],

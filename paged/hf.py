@@ -18,10 +18,11 @@ tables, the context lengths and the ``KVCache``; the layer is ``module.layer_idx
 Trap: ``set_attn_implementation`` writes into the model's config object, shared by every module and by
 any other model built from the same object. Deep-copy a config before building a reference model from it.
 
-Backends: ``"torch"`` (CPU, or any device): one vectorized gather + ``scaled_dot_product_attention``
-for all decode tokens and one for all prefill tokens, with a padded boolean mask, no per-sequence
-loop. ``"triton"`` (CUDA): decode tokens go to the chapter 04 kernel
-``paged.kernels.paged_attention_decode``; prefill keeps the gather + SDPA path. The idea is vLLM's
+Backends: ``"torch"`` (CPU, or any device): all decode tokens at once (one gather of their context
+blocks, two batched matmuls, a padded additive mask; no per-sequence loop); prefills one sequence at a
+time (a causal SDPA over its own new tokens, or over its gathered context after a prefix-cache hit),
+which spends nothing on padding ragged prompt lengths. ``"triton"`` (CUDA): decode tokens go to the
+chapter 04 kernel ``paged.kernels.paged_attention_decode``; prefills as above. The idea is vLLM's
 attention backend split (``vllm/attention/backends/``): a metadata object built once per step, read by
 every layer.
 """
@@ -39,38 +40,53 @@ _registered = False
 
 @dataclass
 class _Group:
-    """Padded views of one group of sequences (all prefills, or all decodes), built once per step.
+    """The decode sequences of a step (one new token each), built once per step for every layer.
 
-    token_index [N] int64: packed positions of the group's real query tokens.
-    q_index     [G, Qmax] int64: packed token of each padded query (padding repeats the last one).
-    q_valid     [G, Qmax] bool: which padded queries are real.
-    kv_slots    [G, Cmax] int64: pool slot of each context position (padding repeats the last one).
-    mask        [G, 1, Qmax, Cmax] bool: key position <= query position (causal within the context).
+    seq_index   [G] int64: which sequences of the batch decode.
+    token_index [G] int64: packed position of each one's token.
+    block_index [G * B] int64: the first ``B = ceil(max context / block_size)`` entries of each block
+                table, flattened: gathering these blocks gives every context, padded to ``B`` blocks.
+    bias        [G, 1, 1, B * block_size] float: 0 for positions < context length, -inf after.
     """
 
     seq_index: torch.Tensor
     token_index: torch.Tensor
-    q_index: torch.Tensor
-    q_valid: torch.Tensor
-    kv_slots: torch.Tensor
-    mask: torch.Tensor
+    block_index: torch.Tensor
+    bias: torch.Tensor
 
 
-def _build_group(seqs: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor, block_size: int) -> _Group:
-    device = starts.device
-    q_max, c_max = int(query_lens.max()), int(context_lens.max())
-    j = torch.arange(q_max, device=device)
-    last_q = (query_lens - 1)[:, None]
-    q_index = starts[:, None] + torch.minimum(j[None, :], last_q)
-    q_valid = j[None, :] < query_lens[:, None]
-    q_pos = (context_lens - query_lens)[:, None] + torch.minimum(j[None, :], last_q)  # position in the sequence
-    k_pos = torch.minimum(torch.arange(c_max, device=device)[None, :], (context_lens - 1)[:, None])
-    tables = block_tables[seqs].long()
-    # the slot formula: block_table[p // block_size] * block_size + p % block_size
-    kv_slots = tables.gather(1, k_pos // block_size) * block_size + k_pos % block_size
-    mask = (torch.arange(c_max, device=device)[None, None, :] <= q_pos[:, :, None]).unsqueeze(1)
-    return _Group(seqs, q_index[q_valid], q_index, q_valid, kv_slots, mask)
+def _build_group(seqs: torch.Tensor, token_index: torch.Tensor, context_lens: torch.Tensor,
+                 block_tables: torch.Tensor, block_size: int, dtype: torch.dtype) -> _Group:
+    device = token_index.device
+    num_blocks = -(-int(context_lens.max()) // block_size)
+    block_index = block_tables[seqs, :num_blocks].long().reshape(-1)
+    # context position p of a sequence sits at gathered row p: block p // block_size, offset p % block_size
+    visible = torch.arange(num_blocks * block_size, device=device)[None, :] < context_lens[:, None]
+    bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
+    return _Group(seqs, token_index, block_index, bias[:, None, None, :])
+
+
+@dataclass
+class _Prefill:
+    """One prefill sequence: packed tokens ``start:end``. Without a cached prefix (``block_index`` None)
+    it attends causally to its own new K/V; after a prefix-cache hit it gathers its context blocks
+    (``block_index`` [B]) and masks with ``bias`` [1, 1, q, B * block_size]."""
+
+    start: int
+    end: int
+    block_index: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+
+def _build_prefill(start: int, query_len: int, context_len: int, table: torch.Tensor, block_size: int,
+                   dtype: torch.dtype) -> _Prefill:
+    if query_len == context_len:
+        return _Prefill(start, start + query_len)
+    num_blocks = -(-context_len // block_size)
+    q_pos = torch.arange(context_len - query_len, context_len, device=table.device)
+    visible = torch.arange(num_blocks * block_size, device=table.device)[None, :] <= q_pos[:, None]
+    bias = torch.zeros(visible.shape, dtype=dtype, device=table.device).masked_fill_(~visible, float("-inf"))
+    return _Prefill(start, start + query_len, table[:num_blocks].long(), bias[None, None])
 
 
 @dataclass
@@ -101,7 +117,7 @@ class AttentionMetadata:
     last_token_index: torch.Tensor
     num_prefills: int
     backend: str
-    prefill: _Group | None = None
+    prefills: list[_Prefill] | None = None
     decode: _Group | None = None
 
     @classmethod
@@ -136,23 +152,56 @@ class AttentionMetadata:
         slots = (tables.long()[seq_of_token, positions // block_size] * block_size + positions % block_size)
         meta = cls(kv_cache, positions, slots, tables, ctx_t.int(),
                    torch.cat([starts, q_t.sum().view(1)]).int(), starts + q_t - 1, num_prefills, backend)
-        groups = [(slice(0, num_prefills), "prefill"), (slice(num_prefills, num_seqs), "decode")]
-        for part, name in groups:
-            seqs = torch.arange(num_seqs, device=device)[part]
-            if len(seqs):
-                setattr(meta, name, _build_group(seqs, starts[part], q_t[part], ctx_t[part], tables, block_size))
+        starts_list = [0]
+        for q in query_lens:
+            starts_list.append(starts_list[-1] + q)
+        meta.prefills = [_build_prefill(starts_list[s], query_lens[s], context_lens[s], tables[s], block_size,
+                                        kv_cache.dtype) for s in range(num_prefills)]
+        if num_prefills < num_seqs:
+            part = slice(num_prefills, num_seqs)
+            meta.decode = _build_group(torch.arange(num_seqs, device=device)[part], starts[part], ctx_t[part],
+                                       tables, block_size, kv_cache.dtype)
         return meta
 
 
-def _attend_group(group: _Group, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
-                  scale: float) -> torch.Tensor:
-    """Padded gather + SDPA for one group; returns ``[N, H, D]`` for ``group.token_index``."""
-    qg = q[group.q_index].transpose(1, 2)  # [G, H, Qmax, D]
-    kg = k_flat[group.kv_slots].transpose(1, 2)  # [G, KVH, Cmax, D]
-    vg = v_flat[group.kv_slots].transpose(1, 2)
-    out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=group.mask, scale=scale,
-                                         enable_gqa=qg.shape[1] != kg.shape[1])
-    return out.transpose(1, 2)[group.q_valid]  # [N, H, D]
+def _gather(cache: torch.Tensor, block_index: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """``[num_seqs, KVH, B * block_size, D]``: each sequence's context blocks, read through its block table.
+
+    One ``index_select`` of whole blocks (contiguous ``block_size x KVH x D`` chunks), then one copy
+    into the head-major layout the matmuls want. Rows past a sequence's context hold whatever those
+    slots hold (zeros or stale, finite K/V); the bias masks them.
+    """
+    blocks = cache.index_select(0, block_index)  # [num_seqs * B, block_size, KVH, D]
+    return blocks.view(num_seqs, -1, *cache.shape[2:]).transpose(1, 2).contiguous()
+
+
+def _attend_decodes(group: _Group, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """All decode tokens at once: ``[G, H, D]``. Two batched matmuls, the query heads of one KV head
+    stacked (GQA without copying K/V); faster on CPU than SDPA for one query per sequence."""
+    num_seqs = group.token_index.shape[0]
+    kg = _gather(key_cache, group.block_index, num_seqs)  # [G, KVH, C, D]
+    vg = _gather(value_cache, group.block_index, num_seqs)
+    num_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], kg.shape[1]
+    q_stacked = q[group.token_index].view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(q_stacked, kg.transpose(-1, -2)) * scale + group.bias  # [G, KVH, g, C]
+    return torch.matmul(scores.softmax(dim=-1), vg).view(num_seqs, num_heads, head_dim)
+
+
+def _attend_prefill(p: _Prefill, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                    key_cache: torch.Tensor, value_cache: torch.Tensor, scale: float) -> torch.Tensor:
+    """One prefill sequence: ``[q, H, D]`` for its packed tokens ``p.start:p.end``."""
+    qs = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+    if p.block_index is None:  # nothing cached: its own new K/V, causal
+        ks = k_new[p.start:p.end].transpose(0, 1).unsqueeze(0)
+        vs = v_new[p.start:p.end].transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                             enable_gqa=qs.shape[1] != ks.shape[1])
+    else:  # cached prefix + new tokens, all read from the pool
+        ks, vs = _gather(key_cache, p.block_index, 1), _gather(value_cache, p.block_index, 1)
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.bias, scale=scale,
+                                             enable_gqa=qs.shape[1] != ks.shape[1])
+    return out[0].transpose(0, 1)
 
 
 def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -174,14 +223,15 @@ def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, KVH, D]
-    cache = meta.kv_cache
-    cache.write(layer, k_new, v_new, meta.slot_mapping)
-    key_cache, value_cache = cache.key_cache[layer], cache.value_cache[layer]
-    k_flat = key_cache.view(-1, *key_cache.shape[2:])  # [num_blocks * block_size, KVH, D]
+    key_cache, value_cache = meta.kv_cache.key_cache[layer], meta.kv_cache.value_cache[layer]
+    k_flat = key_cache.view(-1, *key_cache.shape[2:])  # [num_blocks * block_size, KVH, D]: one row per slot
     v_flat = value_cache.view(-1, *value_cache.shape[2:])
+    # KVCache.write without its per-call checks: the slots were built from block tables in build()
+    k_flat.index_copy_(0, meta.slot_mapping, k_new.to(k_flat.dtype))
+    v_flat.index_copy_(0, meta.slot_mapping, v_new.to(v_flat.dtype))
     out = torch.empty_like(q)
-    if meta.prefill is not None:
-        out[meta.prefill.token_index] = _attend_group(meta.prefill, q, k_flat, v_flat, scale).to(q.dtype)
+    for p in meta.prefills:
+        out[p.start:p.end] = _attend_prefill(p, q, k_new, v_new, key_cache, value_cache, scale).to(q.dtype)
     if meta.decode is not None:
         group = meta.decode
         if meta.backend == "triton":
@@ -192,7 +242,7 @@ def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
                 q[group.token_index].contiguous(), key_cache, value_cache, meta.block_tables[seqs].contiguous(),
                 meta.context_lens[seqs].contiguous(), scale=scale)
         else:
-            out[group.token_index] = _attend_group(group, q, k_flat, v_flat, scale).to(q.dtype)
+            out[group.token_index] = _attend_decodes(group, q, key_cache, value_cache, scale).to(q.dtype)
     return out.unsqueeze(0), None
 
 

@@ -22,6 +22,9 @@ _EXPORTS = {
     "AllocStatus": "paged.block_manager",
     "KVCache": "paged.kv_cache",
     "Scheduler": "paged.scheduler",
+    "SchedulerOutputs": "paged.scheduler",
+    "SchedulerConfig": "paged.config",
+    "CacheConfig": "paged.config",
 }
 
 __all__ = sorted(_EXPORTS)

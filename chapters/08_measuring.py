@@ -267,8 +267,9 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 # Reading the ledger:
 #
 # - **Holds**: C1 (real tokens fill 20% and 30% of the memory tied up by static and contiguous reservation, 98%
-#   with paging), C3 (at most 15 empty slots per request with block 16), C4 (1.07 GB and 1.68 GB), C5 (73-91%
-#   fewer blocks for 500- to 2000-token shared prefixes, with a 161-token private part per request).
+#   with paging), C3 (at most 15 empty slots per request with block 16), C4 (1.07 GB and 1.68 GB), C5 (88-96%
+#   fewer blocks for 500- to 2000-token shared prefixes with a 50-token question per request; the saving is the
+#   shared part's share of the prompt, so a longer private part lowers it).
 # - **Depends**: C2 (the split between reserved, internal and external waste changes with the trace and the
 #   reservation rule), C6 (both systems gain from concurrency on a CPU; the seed's A100 ratios are not ours to
 #   confirm), C7 (16 is a sound default; the paper's reason is the trade-off above).

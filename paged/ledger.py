@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from paged.bench.prefix import shared_prompt_savings
 from paged.block_manager import BlockSpaceManager
 from paged.memory import KNOWN_MODELS, KVSpec
 from paged.prefix_cache import BlockHasher
@@ -102,30 +103,6 @@ def measure_memory() -> dict:
     seq["70b-without-gqa"] = KVSpec(80, 64, 128).bytes_per_sequence(2048)
     block = KNOWN_MODELS["llama-2-7b"].bytes_per_block(16)
     return {"per_sequence": seq, "block_bytes": block, "seed_block_bytes": 16 * 2 * 4096 * 32 * 128 * 2}
-
-
-def measure_prefix_sharing(prefix_len: int, num_requests: int = 100, suffix_len: int = 161,
-                           block_size: int = 16, seed: int = 0) -> dict:
-    """C5, E4: ``num_requests`` prompts = one shared prefix + a private suffix, admitted one by one.
-
-    Counts GPU blocks held by all prompts with prefix caching off and on (``BlockSpaceManager``) and
-    the share of prompt tokens served from the cache (prefill work skipped). ``suffix_len`` defaults to
-    161 tokens, the mean ShareGPT prompt (paper Fig. 11).
-    """
-    rng = np.random.default_rng(seed)
-    prefix = rng.integers(2, 30000, prefix_len).tolist()
-    prompts = [prefix + rng.integers(2, 30000, suffix_len).tolist() for _ in range(num_requests)]
-    used, hit = {}, 0.0
-    for caching in (False, True):
-        total = num_requests * (-(-(prefix_len + suffix_len) // block_size)) + 1
-        bm = BlockSpaceManager(block_size, total, watermark=0.0, enable_prefix_caching=caching)
-        for i, prompt in enumerate(prompts):
-            bm.allocate(Sequence(i, prompt, block_size))
-        used[caching] = total - bm.get_num_free_gpu_blocks()
-        hit = bm.prefix_cache_hit_rate
-    return {"prefix_len": prefix_len, "blocks_without": used[False], "blocks_with": used[True],
-            "block_saving": 1 - used[True] / used[False], "prefill_hit_rate": hit,
-            "prefill_speedup_bound": 1 / (1 - hit)}
 
 
 def measure_chained_keys(block_size: int = 16) -> dict:
@@ -271,7 +248,7 @@ def capacity_at_scale(trace: Trace, spec: KVSpec, budget_bytes: float, block_siz
 
 __all__ = ["CLAIMS", "Claim", "Row", "block_size_study", "capacity_at_scale", "ledger_markdown",
            "measure_block_tables", "measure_chained_keys", "measure_cow", "measure_fragmentation",
-           "measure_memory", "measure_online_softmax", "measure_prefix_sharing", "measure_watermark",
+           "measure_memory", "measure_online_softmax", "measure_watermark",
            "missing_rows", "seed_online_softmax"]
 
 
@@ -286,7 +263,7 @@ def measure_all(quick: bool = True) -> dict:
     chat = chat_trace(2000, seed=0, max_seq_len=2048)
     short = chat_trace(2000, seed=0, max_seq_len=2048, mean_prompt=19.3, mean_output=58.5)
     return {"fragmentation": measure_fragmentation(chat), "memory": measure_memory(),
-            "prefix": [measure_prefix_sharing(n) for n in PREFIX_LENS], "chained": measure_chained_keys(),
+            "prefix": [shared_prompt_savings(n) for n in PREFIX_LENS], "chained": measure_chained_keys(),
             "cow": {20: measure_cow(20), 32: measure_cow(32)}, "watermark": measure_watermark(chat),
             "softmax": measure_online_softmax(), "block_tables": measure_block_tables(),
             "block_size": {"chat": block_size_study(chat, 32768), "short": block_size_study(short, 32768)}}
@@ -302,7 +279,7 @@ def build_rows(m: dict) -> list[Row]:
     """One ``Row`` per claim from ``measure_all()`` output plus optional ``m["concurrency"]`` (rows of
     ``paged.bench.engine.concurrency_sweep``, each may carry ``same_tokens``) and ``m["kernel"]`` (the
     ``results`` of a GPU ``bench kernel`` run). Missing optional parts become sourced corrections."""
-    f, mem, pre = m["fragmentation"], m["memory"], {p["prefix_len"]: p for p in m["prefix"]}
+    f, mem, pre = m["fragmentation"], m["memory"], {p["system_len"]: p for p in m["prefix"]}
     gb = {k: v / 1e9 for k, v in mem["per_sequence"].items()}
     share = {k: f[k]["token_share"] for k in ("static", "contiguous", "paged")}
     split = {k: f[k] for k in ("static", "contiguous")}
@@ -320,14 +297,15 @@ def build_rows(m: dict) -> list[Row]:
         "C3": (f"largest empty tail {f['paged_max_tail']} slots (block 16)", "holds"),
         "C4": (f"Llama-2-7B {gb['llama-2-7b']:.2f} GB, 13B {gb['llama-2-13b']:.2f} GB", "holds"),
         "C5": ("block saving " + ", ".join(f"{n}: {pre[n]['block_saving']:.0%}" for n in (500, 1000, 2000))
-               + " (prefix tokens; +161-token private suffix)", "holds (depends on the private suffix)"),
+               + f" (100 requests, + {m['prefix'][0]['question_len']}-token question each)",
+               "holds (the shared share of each prompt)"),
         "E1": (f"relative error: corrected online softmax {sm['blockwise_err']:.0e}, "
                f"seed's sketch {sm['seed_err']:.2f}",
                "corrected"),
         "E3": (f"chained per-block keys share {ch['shared_tokens']} of 40 common tokens; whole-prompt hash shares "
                f"{ch['whole_prompt_hash_shares']}", "corrected"),
         "E4": (f"9-token prefix saves {pre[9]['block_saving']:.0%} of blocks; prefill speed-up bound "
-               f"{pre[1000]['prefill_speedup_bound']:.1f}x at 1000 tokens", "corrected"),
+               f"{pre[1000]['speedup_bound']:.1f}x at 1000 tokens", "corrected"),
         "E5": (f"COW copies after fork + append: partial last block {m['cow'][20]}, full last block {m['cow'][32]}",
                "corrected"),
         "E6": (f"{bt['block_tables']} block tables for {bt['sequences']} sequences x {bt['layers']} layers",

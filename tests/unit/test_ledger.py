@@ -29,14 +29,15 @@ def test_memory_numbers_c4_e7_e8():
     assert mem["block_bytes"] == 8 * 2**20 and mem["seed_block_bytes"] // mem["block_bytes"] == 128
 
 
-@pytest.mark.parametrize("prefix_len, without, with_", [(9, 1100, 1100), (100, 1700, 1106), (500, 4200, 1131)])
-def test_prefix_sharing_counts_blocks(prefix_len, without, with_):
-    # 100 prompts of prefix + 161 private tokens, block 16: without caching each holds ceil(len / 16)
-    # blocks; with caching the prefix's full blocks (prefix_len // 16) are held once.
-    r = ledger.measure_prefix_sharing(prefix_len)
-    assert r["blocks_without"] == without == 100 * -(-(prefix_len + 161) // 16)
-    assert r["blocks_with"] == with_ == prefix_len // 16 + 100 * (-(-(prefix_len + 161) // 16) - prefix_len // 16)
-    assert r["prefill_hit_rate"] == pytest.approx(99 * (prefix_len // 16) * 16 / (100 * (prefix_len + 161)))
+def test_prefix_rows_use_the_prefix_benchmark():
+    # C5/E4 come from paged.bench.prefix.shared_prompt_savings: 100 prompts = system prompt + 50-token
+    # question, block 16; the system prompt's full blocks are held once with caching.
+    rows = {r["system_len"]: r for r in ledger.measure_all()["prefix"]}
+    assert sorted(rows) == list(ledger.PREFIX_LENS)
+    for n, r in rows.items():
+        assert r["blocks_without"] == 100 * -(-(n + 50) // 16)
+        assert r["blocks_with"] == n // 16 + 100 * (-(-(n + 50) // 16) - n // 16)
+    assert rows[9]["block_saving"] == 0.0, "E4: a 9-token prefix fills no block of 16 and saves nothing"
 
 
 def test_chained_keys_and_cow_and_block_tables():

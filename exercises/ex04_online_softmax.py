@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from paged.kernels._triton import jit, kernel_device, require_triton, tl, triton
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from paged.kernels._triton import jit, kernel_device, require_triton, tl, triton
 
 

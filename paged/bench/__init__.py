@@ -12,7 +12,7 @@ import argparse
 import json
 import platform
 import time
-from importlib import import_module
+from importlib import import_module, metadata
 from pathlib import Path
 
 BENCHMARKS = ["sim", "allocator", "prefix", "scheduler", "kernel", "engine"]
@@ -28,11 +28,9 @@ def environment() -> dict:
            "machine": platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
+    try:  # metadata only: importing triton before paged.kernels would fix it in compiled mode
+        env["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
         env["triton"] = None
     return env
 

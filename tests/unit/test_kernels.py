@@ -15,10 +15,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from paged.kernels import online_softmax, paged_attention_decode, reshape_and_cache, softmax
 
 from paged import kernels
 from paged.attention import paged_attention_gather
+from paged.kernels import online_softmax, paged_attention_decode, reshape_and_cache, softmax
 
 if not kernels.HAS_TRITON:  # pragma: no cover - Linux always has triton
     pytest.skip(kernels.REASON, allow_module_level=True)

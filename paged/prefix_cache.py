@@ -176,12 +176,13 @@ class PrefixCache:
         """Register logical blocks ``first .. stop - 1`` of one sequence (``block_ids`` is its block table,
         ``token_ids`` its tokens). Blocks already cached are kept; the chain stops at the first block
         that cannot be cached. Returns the number of new entries."""
-        bs, tokens, added = self.block_size, tuple(token_ids), 0
+        bs, added = self.block_size, 0
         for i in range(first, stop):
             block_id = block_ids[i]
             if block_id in self._by_block:
                 continue
-            if self.register(block_id, block_ids[i - 1] if i else None, tokens[i * bs:(i + 1) * bs], extra) is None:
+            parent = block_ids[i - 1] if i else None
+            if self.register(block_id, parent, token_ids[i * bs:(i + 1) * bs], extra) is None:
                 break
             added += 1
         return added

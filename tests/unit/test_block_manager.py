@@ -263,7 +263,7 @@ def run_random(data, m: BlockSpaceManager, steps: int):
 
 @pytest.mark.parametrize("caching,hash_fn", [(False, None), (True, None), (True, weak_hash)],
                          ids=["no-cache", "cache", "cache-weak-hash"])
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_random_operations_keep_invariants(caching, hash_fn, data):
     m = BlockSpaceManager(4, num_gpu_blocks=12, num_cpu_blocks=6, watermark=0.0,

@@ -1,0 +1,88 @@
+"""paged/course/sync.py: exercises/ generated from solutions/ (stubs, STUB lines, bad markers, idempotence, --check)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from paged.course.sync import MarkerError, exercise_ids, main, make_stub, sync
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SOLUTION = '''"""A tiny exercise."""
+
+
+def add(a, b):
+    total = 0
+    # BEGIN SOLUTION ch09.ex1 -- add the "two" numbers
+    total = a + b
+    # END SOLUTION
+    return total
+
+
+def kernel_like(x):
+    if x:
+        # BEGIN SOLUTION ch09.ex2
+        # STUB: y = x  # starter code kept in the stub
+        # STUB: pass
+        y = x * 2
+        # END SOLUTION
+        return y
+'''
+
+
+def test_stub_replaces_regions_and_keeps_indentation():
+    stub = make_stub(SOLUTION, "solutions/ex09_demo.py")
+    assert "total = a + b" not in stub and "y = x * 2" not in stub, "solution code must not leak"
+    assert "    raise NotImplementedError(\"ch09.ex1: add the 'two' numbers\")" in stub
+    assert "        y = x  # starter code kept in the stub\n        pass\n" in stub, "STUB lines become starter code"
+    assert stub.startswith("# Generated from solutions/") and "Edit the marked regions" in stub
+    ast.parse(stub)
+    assert exercise_ids(SOLUTION) == ["ch09.ex1", "ch09.ex2"]
+
+
+def test_stub_of_stub_is_idempotent_and_sync_is_idempotent(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "ex09_demo.py").write_text(SOLUTION)
+    assert sync(tmp_path) == ["__init__.py", "ex09_demo.py"]
+    first = (tmp_path / "exercises" / "ex09_demo.py").read_text()
+    assert sync(tmp_path) == [], "a second sync changes nothing"
+    assert (tmp_path / "exercises" / "ex09_demo.py").read_text() == first
+    namespace: dict = {}
+    exec(compile(first, "ex09_demo.py", "exec"), namespace)
+    with pytest.raises(NotImplementedError, match="ch09.ex1"):
+        namespace["add"](1, 2)
+    assert namespace["kernel_like"](3) == 3, "starter code runs"
+
+
+@pytest.mark.parametrize("source, message", [
+    ("# BEGIN SOLUTION ch01.ex1\nx = 1\n", "never closed"),
+    ("x = 1\n# END SOLUTION\n", "without a BEGIN"),
+    ("# BEGIN SOLUTION ch01.ex1\n# BEGIN SOLUTION ch01.ex2\n# END SOLUTION\n# END SOLUTION\n", "inside region"),
+    ("# BEGIN SOLUTION ch01.ex1\n# END SOLUTION\n# BEGIN SOLUTION ch01.ex1\n# END SOLUTION\n", "duplicate"),
+    ("# STUB: x = 1\n", "outside a solution region"),
+    ("def f():\n    # BEGIN SOLUTION ch01.ex1\n    # STUB: return (\n    return 1\n    # END SOLUTION\n",
+     "does not parse"),
+])
+def test_bad_markers_are_rejected(source, message):
+    with pytest.raises(MarkerError, match=message):
+        make_stub(source, "solutions/ex01_bad.py")
+
+
+def test_check_mode_reports_stale_files_without_writing(tmp_path, capsys):
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "ex09_demo.py").write_text(SOLUTION)
+    assert main(["--check", "--root", str(tmp_path)]) == 1
+    assert not (tmp_path / "exercises" / "ex09_demo.py").exists(), "--check writes nothing"
+    assert main(["--root", str(tmp_path)]) == 0
+    (tmp_path / "exercises" / "ex99_orphan.py").write_text("x = 1\n")
+    assert main(["--check", "--root", str(tmp_path)]) == 1, "an exercise without a solution is stale"
+    assert "ex99_orphan.py" in capsys.readouterr().out
+    assert main(["--root", str(tmp_path)]) == 0 and main(["--check", "--root", str(tmp_path)]) == 0
+    assert not (tmp_path / "exercises" / "ex99_orphan.py").exists()
+
+
+def test_repository_exercises_are_in_sync():
+    assert sync(ROOT, check=True) == [], "run: python -m paged course sync"

@@ -298,9 +298,10 @@ print("a new request with the shared prefix reuses", e.num_cached_tokens, "token
 #
 # **Seed error E5.** The seed places copy-on-write in "variable-length attention or speculative
 # decoding". In vLLM v0 it happens exactly here: forked sequences (parallel sampling, beam search)
-# appending to a shared, partially filled last block (`vllm/core/block/cpu_gpu_block_allocator.py`,
-# `cow_block_if_not_appendable`). vLLM v1 has no fork: its `n > 1` requests run as separate sequences
-# that share full prompt blocks through the prefix cache and each compute their own partial block.
+# appending to a shared, partially filled last block (`CopyOnWriteTracker.cow_block_if_not_appendable`
+# in `vllm/core/block/common.py`, called when a block of `naive_block.py` is appended to). vLLM v1 has
+# no fork: its `n > 1` requests run as separate sequences that share full prompt blocks through the
+# prefix cache and each compute their own partial block.
 #
 # CASES.md case 3: block size 4, prompt `[10..15]` (one full block and a 2-token tail), two samples
 # forced to the tokens 100 and 200. A tiny `KVCache` (1 layer, 1 head, head dim 1) stores each token's

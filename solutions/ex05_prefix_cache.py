@@ -14,8 +14,8 @@
    ``"in place"``.
 
 Sources: vLLM v1 ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``), ``block_pool.py``
-(``get_cached_block``); v0 ``vllm/core/block/cpu_gpu_block_allocator.py`` / ``prefix_caching_block.py``
-(copy-on-write of a shared partial block, ``cow_block_if_not_appendable``). Check with
+(``get_cached_block``); v0 ``vllm/core/block/common.py`` (``CopyOnWriteTracker.cow_block_if_not_appendable``:
+copy-on-write of a shared partial block). Check with
 ``python -m paged grade ch05``.
 """
 

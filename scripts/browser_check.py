@@ -380,7 +380,10 @@ let sig = '';
 panel.content.node.querySelectorAll('.jp-Cell-outputArea').forEach(area => {
   const walk = document.createTreeWalker(area, NodeFilter.SHOW_TEXT | NodeFilter.SHOW_ELEMENT);
   for (let n = walk.nextNode(); n; n = walk.nextNode()) {
-    if (n.nodeType === 1) { if (n.tagName === 'IMG') sig += '[img ' + hash(n.src) + ']'; }
+    if (n.nodeType === 1) {
+      if (n.tagName === 'IMG') sig += '[img ' + hash(n.src) + ']';
+      if (n.tagName === 'TEXTAREA') sig += '[textarea ' + n.value + ']';  // ipywidgets Textarea logs
+    }
     else if (!n.parentElement.closest('.widget-readout')) sig += n.nodeValue;
   }
 });
@@ -431,10 +434,10 @@ def _wait_for_run(driver, rel: str, deadline: float) -> dict:
     return state
 
 
-def _inspect(driver, rel: str, result: Result) -> dict:
+def _inspect(driver, rel: str, result: Result, timed_out: bool = False) -> dict:
     report = driver.execute_script(JS_INSPECT, rel)
     not_run = [c for c in report["cells"] if not c["executed"] and not c["empty"]]
-    if not_run:
+    if not_run and not timed_out:  # after a timeout the pending cells are already reported
         result.failures.append(f"{len(not_run)} code cell(s) never ran, first: cell {not_run[0]['index']} "
                                f"`{not_run[0]['head']}`")
     for c in report["cells"]:
@@ -578,7 +581,7 @@ def check_notebook(driver, lab: Lab, notebook: Path, root: Path, out: Path, time
             result.failures.append(state["error"])
         elif state["run"].get("error"):
             result.failures.append(f"notebook:run-all-cells failed: {state['run']['error']}")
-        _inspect(driver, rel, result)
+        _inspect(driver, rel, result, timed_out=bool(state.get("timed_out")))
         if not state.get("timed_out"):
             _poke_first_widget(driver, rel, deadline, result)
     except CheckTimeout:

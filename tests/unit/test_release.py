@@ -232,12 +232,16 @@ def test_release_installs_runs_a_chapter_and_grades_by_itself(tmp_path):
     res = run("-m", "paged", "grade", "--report", str(tmp_path / "stubs"))
     stubs = json.loads((tmp_path / "stubs" / "results.json").read_text())
     assert stubs["tests"] and stubs["score"] == 0, f"the stubs must score 0: {res.stdout[-2000:]}"
+    res = run("-m", "paged.course.classroom", "grade", chapter)
+    assert res.returncode == 1, f"a GitHub Classroom entry must fail below full marks:\n{res.stdout[-2000:]}"
     for path in (ROOT / "solutions").glob("ex*.py"):
         shutil.copyfile(path, tree / "exercises" / path.name)
     res = run("-m", "paged", "grade", "--report", str(tmp_path / "full"))
     full = json.loads((tmp_path / "full" / "results.json").read_text())
     assert full["score"] == full["max_score"] == stubs["max_score"] > 0, \
         f"the solutions must score full marks in the release: {res.stdout[-3000:]}"
+    res = run("-m", "paged.course.classroom", "grade", chapter)
+    assert res.returncode == 0, f"a GitHub Classroom entry must pass at full marks:\n{res.stdout[-2000:]}"
     env["PAGED_HIDDEN"] = "1"
     res = run("-m", "paged", "grade", chapter, "--report", str(tmp_path / "hidden"))
     hidden = json.loads((tmp_path / "hidden" / "results.json").read_text())

@@ -108,7 +108,7 @@ def _simulate_reserving(trace: Trace, pool: int, manager: str):
     n, msl = trace.n, trace.max_seq_len
     free_slots = list(range(pool // msl - 1, -1, -1))  # static: slot indices, lowest on top of the stack
     # contiguous: holes are hi[k] - lo[k] for k <= count, with lo = [0, end_1, ..] and hi = [start_1, .., pool]
-    lo, hi, count = np.zeros(n + 1, np.int64), np.full(n + 1, pool, np.int64), 0
+    lo, hi, count = np.zeros(n + 2, np.int64), np.full(n + 2, pool, np.int64), 0
     finishing: list[tuple[int, int, int]] = []  # heap of (end step, req, offset)
     waiting: deque[int] = deque()
     seg, intervals, rejected = [], [], []

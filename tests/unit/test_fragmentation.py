@@ -153,3 +153,19 @@ def test_max_concurrency():
     assert max_concurrency(32768, 500, "paged", block_size=16) == 2048 // 32 == 64
     with pytest.raises(ValueError, match="manager"):
         max_concurrency(10, 1, "buddy")
+
+
+def test_pool_snapshot_matches_the_per_step_counts():
+    from paged.viz.fragmentation import pool_snapshot
+
+    trace = chat_trace(120, seed=2, max_seq_len=512, mean_prompt=60, mean_output=80)
+    for manager, res in compare(trace, 4096, block_size=8).items():
+        for step in (0, res.num_steps // 3, res.num_steps // 2):
+            owner, kind = pool_snapshot(res, step)
+            counts = np.bincount(kind, minlength=5)
+            assert counts[0] == res.real[step] and counts[1] == res.reserved[step], (manager, step)
+            assert counts[2] == res.internal[step], (manager, step)
+            assert (owner >= 0).sum() == res.allocated[step], f"{manager}: owned slots are the allocated slots"
+            if manager == "paged":  # whole blocks, never shared between requests
+                blocks = owner.reshape(-1, 8)
+                assert (blocks == blocks[:, :1]).all(), "a block belongs to one request"

@@ -9,6 +9,7 @@ reference count), orange outline = cached (holds a full block's key).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence as Seq
 
 import matplotlib.pyplot as plt
@@ -115,7 +116,8 @@ def allocator_trace(num_blocks: int, ops: Seq[str]) -> list[dict]:
     An operation that raises records the error message and leaves the state as it was.
     """
     alloc = BlockAllocator(num_blocks)
-    frames = [{"op": "start", "result": "", "refs": [0] * num_blocks, "free": alloc.free_queue()}]
+    frames = [{"op": "start", "result": "", "refs": [0] * num_blocks, "free": alloc.free_queue(),
+               "allocator": copy.deepcopy(alloc)}]
     for op in ops:
         name, *arg = op.split()
         try:
@@ -124,7 +126,7 @@ def allocator_trace(num_blocks: int, ops: Seq[str]) -> list[dict]:
         except Exception as err:  # noqa: BLE001 - shown to the learner
             result = f"{type(err).__name__}: {err}"
         frames.append({"op": op, "result": result, "refs": [alloc.ref_count(b) for b in range(num_blocks)],
-                       "free": alloc.free_queue()})
+                       "free": alloc.free_queue(), "allocator": copy.deepcopy(alloc)})
     return frames
 
 
@@ -137,14 +139,7 @@ def trace_table(frames: list[dict]) -> str:
 
 
 def _draw_frame(frame: dict, ax):
-    alloc = BlockAllocator(len(frame["refs"]))
-    for b, ref in enumerate(frame["refs"]):
-        if ref:
-            alloc.share([b] * ref)
-    # put the free queue back in the recorded order
-    alloc._free.clear()
-    alloc._free.update(dict.fromkeys(frame["free"]))
-    draw_pool(alloc, ax=ax, title=f"{frame['op']} {frame['result']}"[:60])
+    draw_pool(frame["allocator"], ax=ax, title=f"{frame['op']} {frame['result']}"[:60])
     ax.text(-1.5, -0.55, "free queue: " + " ".join(map(str, frame["free"])), fontsize=8, va="top")
 
 

@@ -223,13 +223,16 @@ print("throughput grows with concurrency (16 vs 1 requests), ours:", sweep[-1]["
 plot_concurrency(sweep, device=device)
 plt.show()
 engine_record = latest_result("engine")
-if engine_record and engine_record["environment"]["device"] != "cpu":
-    print(f"engine benchmark on {engine_record['environment']['device']}:")
+if engine_record:
+    env = engine_record["environment"]
+    print(f"python -m paged bench engine{' --quick' if engine_record['quick'] else ''} on {env['device']}, "
+          f"{env['time']} (prompt 64, output {16 if engine_record['quick'] else 32} tokens):")
     for r in engine_record["results"].get("concurrency", []):
         print(f"  {r['concurrency']:>4} requests: paged {r['paged_tok_s']:8.0f} tok/s, "
               f"generate {r['hf_tok_s']:8.0f} tok/s")
 else:
-    print("No GPU engine benchmark here; scripts/gpu_check.sh runs `python -m paged bench engine` on a GPU.")
+    print("No engine benchmark JSON here: `python -m paged bench engine --out bench-results` extends this sweep "
+          "to 64 requests (128 in its full run); scripts/gpu_check.sh runs it on a GPU.")
 
 # %% [markdown]
 # On this CPU both systems gain throughput from batching: a step computes `c` tokens for little more than the
@@ -252,7 +255,7 @@ else:
 
 # %%
 measured = ledger.measure_all()
-measured["concurrency"] = sweep
+measured["concurrency"], measured["device"] = sweep, device
 measured["kernel"] = kernel
 rows = ledger.build_rows(measured)
 print("rows without a number or a sourced correction:", ledger.missing_rows(rows) or "none")

@@ -91,3 +91,18 @@ def test_capacity_is_vectorized_for_a_million_requests():
     assert cap["static"] == 30 and 200 < cap["paged_mean"] < 400
     assert cap["paged_p5"] <= cap["paged_mean"] <= cap["paged_p95"]
     assert np.isclose(cap["mean_final_len"], trace.final_len.mean())
+
+
+def test_throughput_and_kernel_rows_come_from_the_benchmarks():
+    measured = ledger.measure_all()
+    measured["concurrency"] = [{"concurrency": 1, "paged_tok_s": 10.0, "hf_tok_s": 12.0, "same_tokens": True},
+                               {"concurrency": 64, "paged_tok_s": 200.0, "hf_tok_s": 90.0, "same_tokens": True}]
+    measured["device"] = "cpu"
+    measured["kernel"] = {"mode": "gpu", "device": "H100", "sweep": [{"paged_over_contiguous": 1.031},
+                                                                     {"paged_over_contiguous": 1.012}]}
+    rows = {r.claim.id: r for r in ledger.build_rows(measured)}
+    assert "1: 10/12, 64: 200/90" in rows["C6"].measured and "same tokens" in rows["C6"].measured
+    assert rows["C6"].verdict == "rises with concurrency; ours ahead at 64"
+    assert "up to 1.03 on H100" in rows["E2"].measured, "E2 reports the worst paged/contiguous ratio of the GPU run"
+    measured["concurrency"][0].pop("same_tokens")
+    assert "same tokens" not in ledger.build_rows(measured)[5].measured, "no token check, no 'same tokens' claim"

@@ -177,15 +177,25 @@ def _gather(cache: torch.Tensor, block_index: torch.Tensor, num_seqs: int) -> to
 
 def _attend_decodes(group: _Group, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     scale: float) -> torch.Tensor:
-    """All decode tokens at once: ``[G, H, D]``. Two batched matmuls, the query heads of one KV head
-    stacked (GQA without copying K/V); faster on CPU than SDPA for one query per sequence."""
+    """All decode tokens at once: ``[G, H, D]``.
+
+    One ``index_select`` of whole blocks per cache gives ``[G, C, KVH, D]`` (``C = B * block_size``).
+    Then, per KV head (a loop of ``KVH`` iterations, not over sequences), two batched matmuls read
+    that head's keys and values in place (a strided view: no copy) for the ``H / KVH`` query heads that
+    share it (GQA).
+    """
     num_seqs = group.token_index.shape[0]
-    kg = _gather(key_cache, group.block_index, num_seqs)  # [G, KVH, C, D]
-    vg = _gather(value_cache, group.block_index, num_seqs)
-    num_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], kg.shape[1]
+    kv_shape = (num_seqs, -1, *key_cache.shape[2:])
+    keys = key_cache.index_select(0, group.block_index).view(kv_shape)  # [G, C, KVH, D]
+    values = value_cache.index_select(0, group.block_index).view(kv_shape)
+    num_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], keys.shape[2]
     q_stacked = q[group.token_index].view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.matmul(q_stacked, kg.transpose(-1, -2)) * scale + group.bias  # [G, KVH, g, C]
-    return torch.matmul(scores.softmax(dim=-1), vg).view(num_seqs, num_heads, head_dim)
+    bias = group.bias[:, 0]  # [G, 1, C]
+    out = torch.empty_like(q_stacked)
+    for h in range(num_kv_heads):
+        scores = torch.matmul(q_stacked[:, h], keys[:, :, h].transpose(1, 2)) * scale + bias  # [G, g, C]
+        out[:, h] = torch.matmul(scores.softmax(dim=-1), values[:, :, h])
+    return out.view(num_seqs, num_heads, head_dim)
 
 
 def _attend_prefill(p: _Prefill, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,

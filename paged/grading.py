@@ -223,7 +223,7 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "events.jsonl"
         targets, results, collected = [str(tests_dir)], {}, {}
-        for _attempt in range(1000):  # each round either finishes or settles at least one test
+        while True:  # each round either finishes or settles at least the test that crashed
             log.write_text("")
             _run_pytest(targets, impl, timeout, wanted, root, log)
             events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
@@ -242,8 +242,10 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
                 results[started] = ("crashed", f"the test process crashed or hung while running {started} "
                                                f"(no result within the time limit)")
                 pending.remove(started)
-            elif not events:
-                break  # pytest could not even start (e.g. a syntax error in a conftest): nothing to retry
+            elif pending:  # it died outside any test (a session fixture, a conftest): no retry can help
+                for nodeid in pending:
+                    results[nodeid] = ("crashed", "the test process ended before this test could run")
+                pending = []
             if not pending:
                 break
             targets = pending
@@ -289,12 +291,15 @@ def main(argv: list[str]) -> int:
     print(f"grading {args.impl}/ ({len(report.tests)} tests, {args.timeout:g} s per test)\n")
     print(report.table())
     failing = [t for t in report.tests if t.status != "passed"]
-    if failing:
-        print("\nnot yet passing:")
-        for t in failing:
-            print(f"  {t.exercise:<9} {t.nodeid.split('::')[-1]:<40} {t.status}: {t.reason}")
-            if args.verbose:
-                print("\n".join("      " + ln for ln in t.output.splitlines()[-30:]))
+    if failing and not args.verbose:
+        print("\nnot yet passing (one line per exercise; -v shows every test and its output):")
+        for ex_id in sorted({t.exercise for t in failing}):
+            tests = [t for t in report.tests if t.exercise == ex_id]
+            bad = [t for t in tests if t.status != "passed"]
+            print(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {bad[0].status}: {bad[0].reason}")
+    for t in failing if args.verbose else []:
+        print(f"\n{t.exercise} {t.nodeid}: {t.status}")
+        print("\n".join("    " + ln for ln in t.output.splitlines()[-30:]))
     if args.report:
         print(f"\nreport written to {args.report}/ (results.json, junit.xml, summary.md)")
     return 0

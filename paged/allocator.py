@@ -165,15 +165,6 @@ class BlockAllocator:
         """The free block ids in the order ``allocate`` will hand them out (front first)."""
         return list(self._free)
 
-    def peek_free(self, n: int) -> list[int]:
-        """The first ``n`` free ids ``allocate`` would return, without taking them."""
-        out = []
-        for block_id in self._free:
-            if len(out) == n:
-                break
-            out.append(block_id)
-        return out
-
     def _checked_count(self, block_id: int, op: str) -> int:
         try:
             count = self._ref_counts[block_id] if block_id >= 0 else -1

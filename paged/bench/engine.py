@@ -20,6 +20,7 @@ part at a near-tie, ``paged.compare``), the engine's time per phase with 64 runn
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -69,13 +70,14 @@ def run_paged(model, work, **llm_kwargs) -> tuple[list[list[int]], float, dict]:
 def run_static(model, work, batch_size: int = 16) -> tuple[list[list[int]], float]:
     """transformers ``generate``, static left-padded batches in arrival order."""
     use_attention(model, "sdpa")
+    device = next(model.parameters()).device
     tokens: list[list[int]] = []
     start = time.perf_counter()
     for i in range(0, len(work), batch_size):
         batch = work[i : i + batch_size]
         width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(m for _, m in batch),
                              do_sample=False, eos_token_id=None, pad_token_id=0)
         tokens += [out[j, width : width + m].tolist() for j, (_, m) in enumerate(batch)]
@@ -140,8 +142,16 @@ def concurrency_sweep(model, levels, prompt_len: int = 64, max_tokens: int = 32)
 
 
 def run(quick: bool = False, out: Path | None = None) -> dict:
-    """Run everything, print the tables, return the results (``paged.bench`` writes the JSON)."""
+    """Run everything, print the tables, return the results (``paged.bench`` writes the JSON).
+
+    On CPU the run uses ``$PAGED_BENCH_THREADS`` torch threads (default 1): on a shared machine extra
+    threads wait on each other and make both sides' timings noise; one thread keeps the ratio honest.
+    """
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    if not torch.cuda.is_available():
+        threads = int(os.environ.get("PAGED_BENCH_THREADS", "1"))
+        torch.set_num_threads(threads)
     model = bench_model()
     num = 24 if quick else 48
     work = make_workload(num)
@@ -150,7 +160,7 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
     ours, t_ours, stats = run_paged(model, work)
     theirs, t_static = run_static(model, work)
     batch_tokens, t_batch = run_generate_batch(model, work)
-    result = {"requests": num, "useful_tokens": useful,
+    result = {"requests": num, "useful_tokens": useful, "torch_threads": threads,
               "paged": {"seconds": t_ours, "tok_s": useful / t_ours, "stats": stats},
               "static_generate": {"seconds": t_static, "tok_s": useful / t_static,
                                   "agreement": agreement(model, work, ours, theirs)},
@@ -158,7 +168,9 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
                                  "agreement": agreement(model, work, ours, batch_tokens)}}
     result["ratio_vs_static"] = t_static / t_ours
     result["ratio_vs_generate_batch"] = t_batch / t_ours
-    print(f"workload: {num} requests, prompts 16-200, outputs 8-96 ({useful} tokens), Llama 4x256, vocab 2048, cpu")
+    device = next(model.parameters()).device
+    print(f"workload: {num} requests, prompts 16-200, outputs 8-96 ({useful} tokens), Llama 4x256, vocab 2048, "
+          f"{device}, {threads} torch thread(s)")
     print(f"{'system':<34}{'seconds':>9}{'tokens/s':>10}{'ratio':>8}  same tokens")
     print(f"{'paged (this engine)':<34}{t_ours:>9.2f}{useful / t_ours:>10.0f}{1:>8.2f}")
     for name, key in (("transformers generate (static 16)", "static_generate"),

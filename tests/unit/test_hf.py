@@ -1,0 +1,87 @@
+"""paged.hf: the attention function registered with transformers, on packed batches over the KV pool."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from paged.hf import AttentionMetadata, forward_logits, use_attention, use_paged_attention
+from paged.kv_cache import KVCache
+from paged.model_runner import kv_shape
+from paged.models import TINY_ARCHS, tiny_model
+
+
+def _pool(model, num_blocks=32, block_size=4, fill=1e4):
+    layers, kv_heads, head_dim = kv_shape(model)
+    cache = KVCache(layers, num_blocks, block_size, kv_heads, head_dim)
+    cache.kv.fill_(fill)  # stale garbage: must never reach the output
+    return cache
+
+
+@torch.inference_mode()
+def _contiguous_logits(ref, tokens):
+    use_attention(ref, "sdpa")
+    return ref(torch.tensor([tokens])).logits[0, -1]
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_packed_prefill_prefix_hit_and_decode_match_contiguous_forward(arch):
+    """One packed batch: a fresh prefill, a prefill after a cached prefix, and two decodes."""
+    model = tiny_model(arch)
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(1, 120, (n,), generator=gen).tolist() for n in (9, 11, 6, 13)]
+    tables = [[7, 2, 30], [5, 9, 1], [3, 12], [20, 4, 8, 16]]  # shuffled physical blocks, bs 4
+    cache, bs = _pool(model), 4
+    use_paged_attention(model)
+    with torch.inference_mode():
+        # step 1: write the history of sequences 1-3 (all but their last token / last 5 tokens)
+        history = [None, seqs[1][:6], seqs[2][:-1], seqs[3][:-1]]
+        meta = AttentionMetadata.build(cache, tables[1:], [len(h) for h in history[1:]],
+                                       [len(h) for h in history[1:]], 3, bs)
+        forward_logits(model, torch.tensor(sum(history[1:], [])), meta)
+        # step 2: seq 0 fresh prefill, seq 1 prefill of 5 tokens after 6 cached, seqs 2-3 decode
+        new = [seqs[0], seqs[1][6:], seqs[2][-1:], seqs[3][-1:]]
+        meta = AttentionMetadata.build(cache, tables, [len(s) for s in seqs], [len(n) for n in new], 2, bs)
+        logits = forward_logits(model, torch.tensor(sum(new, [])), meta)
+    assert logits.shape == (4, model.config.vocab_size)
+    for row, tokens in enumerate(seqs):
+        torch.testing.assert_close(logits[row], _contiguous_logits(ref, tokens), atol=2e-5, rtol=1e-4,
+                                   msg=f"{arch}: sequence {row} logits differ from a contiguous forward")
+    assert ref.config._attn_implementation == "sdpa" and model.config._attn_implementation == "paged", \
+        "the deep-copied reference must keep its own attention (config trap)"
+
+
+def test_metadata_slot_mapping_positions_and_boundaries():
+    cache = KVCache(1, 16, 4, 1, 8)
+    meta = AttentionMetadata.build(cache, [[10, 11, 12], [3, 1]], [8, 5], [8, 1], 1, 4)
+    assert meta.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 4]
+    # CASES 5: bs 4, table [10, 11, 12], L = 8: the last token's slot is 11 * 4 + 3 = 47, not 43
+    assert meta.slot_mapping.tolist() == [40, 41, 42, 43, 44, 45, 46, 47, 4]
+    assert meta.last_token_index.tolist() == [7, 8]
+    assert meta.query_start_loc.tolist() == [0, 8, 9]
+    assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == [[10, 11, 12], [3, 1, 0]]
+    assert meta.context_lens.tolist() == [8, 5]
+    assert len(meta.prefills) == 1 and meta.prefills[0].block_index is None, "a fresh prefill needs no gather"
+    assert meta.decode.bias.shape == (1, 1, 1, 8) and torch.isinf(meta.decode.bias[0, 0, 0, 5:]).all()
+
+
+@pytest.mark.parametrize("tables, ctx, q, match", [
+    ([[1]], [5], [5], "block table of 1 blocks"),
+    ([[1, 2]], [3], [4], "query 4 tokens, context 3"),
+    ([[1], [2]], [1], [1, 1], "one block table"),
+])
+def test_metadata_bad_input(tables, ctx, q, match):
+    with pytest.raises(ValueError, match=match):
+        AttentionMetadata.build(KVCache(1, 4, 4, 1, 8), tables, ctx, q, 0, 4)
+
+
+def test_switched_model_without_metadata_raises_clearly():
+    model = tiny_model("llama")
+    use_paged_attention(model)
+    with pytest.raises(RuntimeError, match="paged_metadata"):
+        model(torch.tensor([[1, 2, 3]]))
+    use_attention(model, "sdpa")
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 128), "switching back restores transformers"

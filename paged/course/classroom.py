@@ -3,8 +3,11 @@
 ``python -m paged.course.classroom [--check] [--root DIR]`` writes ``.github/classroom/autograding.json``:
 one test entry per chapter whose points are the sum of that chapter's graded tests, as pytest collects
 them (a parametrized test counts once per case, exactly as ``python -m paged grade`` scores it), so the
-classroom total and the grader's total never disagree. ``--check`` exits 1 when the committed file is
-stale (a test in ``tests/unit/test_release.py`` runs it).
+classroom total and the grader's total never disagree. The markers are read from the test files' source
+(``static_tests``) or, when a file needs it, by pytest collection with the grader's plugin
+(``collected_tests``). ``--check`` exits 1 when the committed file is stale (``tests/unit/test_autograder.py``
+runs it). ``plan`` prints each chapter's exercise sizes (lines in the solution regions), points and the
+graded tests' assertion messages: the material of ``docs/instructor.md``.
 
 Each entry runs ``python -m paged.course.classroom grade chNN``: the grader for that chapter
 (``paged.grading.grade``) that exits 0 only at full marks, because GitHub Classroom awards an entry's

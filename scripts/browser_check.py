@@ -10,13 +10,14 @@ Selenium, and for each notebook:
 2. waits (bounded) until the run has finished and the kernel is idle;
 3. fails on: an error output (a traceback), a code cell that never ran, a figure shown as
    ``<Figure size ...>`` text, no rendered plot image, a widget output that is not a live widget
-   ("Loading widget...", "Error displaying widget: model not found", a text fallback), or a first
-   widget that does not answer a real input event (slider dragged / dropdown changed, some output
-   must change). Warnings on stderr are allowed and listed;
+   ("Loading widget...", "Error displaying widget", ipywidgets' red error box, the text fallback shown
+   when the widget extension is missing), or a first widget that does not answer a real input event
+   (slider dragged / dropdown changed / button clicked: some output must change). Warnings on stderr
+   are allowed and listed;
 4. saves a PNG screenshot of the whole notebook to ``--out``.
 
-The server and the browser are stopped on every path (process groups killed), bounded by an overall
-timeout. The notebook files are never saved (autosave off; the script fails if a file changed).
+The server, its kernels and the browser are stopped on every path (process groups killed), bounded by
+an overall timeout. The notebooks are never saved (autosave off; the check fails if JupyterLab saved one).
 
     python scripts/browser_check.py                 # every chapters/NN_*.ipynb
     python scripts/browser_check.py 01 03 --out out/browser --chapter-timeout 60

@@ -309,14 +309,17 @@ for bs in (1, 4, 16, 64, 256):
 # 3. `requests_that_fit(lengths, block_size, num_blocks_in_pool)`: first-come first-served admission into a pool
 #    of blocks (ch01.ex3).
 #
-# Then grade them from a terminal:
-#
-# ```bash
-# python -m paged grade ch01
-# ```
+# Then grade them, from a terminal with `python -m paged grade ch01`, or by re-running the cell below (it
+# runs the same grader in a separate process, so you need not restart this notebook after an edit). Untouched
+# stubs score 0.
 #
 # The graded tests compare with plain-Python loops on seeded random traces with lengths 0, exact multiples of
 # the block size and one past them, for block sizes 1, 3, 16 and 32.
+
+# %%
+from paged.grading import grade
+
+print(grade(["ch01"], impl="exercises", timeout=60).table())
 #
 # ## Summary
 #

@@ -16,6 +16,7 @@ calculator works offline; ``kv_spec`` reads any other config through ``transform
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,8 +195,11 @@ def kv_spec(model_or_config: Any, dtype: Any = "float16") -> KVSpec:
 
             config = AutoConfig.from_pretrained(model_or_config)
         except Exception as err:  # OSError (not found / offline), ValueError (unrecognized model)
+            last = model_or_config.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
+            close = difflib.get_close_matches(last, [k.lower() for k in KNOWN_MODELS], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"model_or_config: {model_or_config!r} is not a built-in name and could not be "
-                             f"loaded with AutoConfig ({type(err).__name__}); built-in names: "
+                             f"loaded with AutoConfig ({type(err).__name__}).{hint} Built-in names: "
                              f"{', '.join(KNOWN_MODELS)}") from err
         return spec_from_config(config, dtype, name=model_or_config)
     return spec_from_config(model_or_config, dtype)

@@ -115,3 +115,5 @@ def test_local_path_through_autoconfig(tmp_path):
 def test_unknown_name_lists_builtin_names(tmp_path):
     with pytest.raises(ValueError, match="model_or_config.*llama-2-7b"):
         kv_spec(str(tmp_path / "no-such-model"))
+    with pytest.raises(ValueError, match="Did you mean 'llama-2-13b'"):
+        kv_spec(str(tmp_path / "llama-2-13"))

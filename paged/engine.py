@@ -62,6 +62,7 @@ class LLMEngine:
         self.counters: dict[str, int] = defaultdict(int)
         self.peak_used_blocks = 0
         self._util_sum = 0.0
+        self.history: list[dict] = []  # one record per step that ran the model (for plots)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
@@ -128,7 +129,11 @@ class LLMEngine:
         self.seconds["sample"] += self._sample_and_append(out, logits)
         t5 = time.perf_counter()
         finished += self._finish_requests(out)
-        self.seconds["update"] += time.perf_counter() - t5
+        t6 = time.perf_counter()
+        self.seconds["update"] += t6 - t5
+        self.history.append({"prefill_tokens": sum(g.num_tokens for g in out.prefills),
+                             "decode_seqs": sum(len(g.seqs) for g in out.decodes), "used_blocks": self._used,
+                             "preempted": len(out.preempted), "finished": len(finished), "seconds": t6 - t0})
         return finished
 
     def _sample_and_append(self, out, logits: torch.Tensor) -> float:
@@ -177,7 +182,7 @@ class LLMEngine:
     def _track_memory(self, entries) -> None:
         """Peak blocks in use and the fraction of allocated slots that hold a token (this step)."""
         bm = self.scheduler.block_manager
-        used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
+        used = self._used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
         self.peak_used_blocks = max(self.peak_used_blocks, used)
         if used:
             bs = self.cache_config.block_size

@@ -195,10 +195,8 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
     for row in sweep:
         print(f"{row['concurrency']:>12}{row['paged_tok_s']:>10.0f}{row['hf_tok_s']:>10.0f}")
     if out is not None:
-        try:
-            from paged.viz.engine import plot_concurrency
+        from paged.viz.measure import plot_concurrency
 
-            plot_concurrency(sweep).savefig(Path(out) / "engine_concurrency.png", dpi=120, bbox_inches="tight")
-        except ImportError:
-            pass
+        ax = plot_concurrency(sweep, device=str(next(model.parameters()).device))
+        ax.figure.savefig(Path(out) / "engine_concurrency.png", dpi=120, bbox_inches="tight")
     return result

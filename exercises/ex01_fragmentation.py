@@ -1,5 +1,5 @@
-# Generated from solutions/solutions/ex01_fragmentation.py by `python -m paged course sync`. Edit the marked regions;
-# do not edit solutions/ copies by hand. Grade with `python -m paged grade`.
+# Generated from solutions/ex01_fragmentation.py by `python -m paged course sync`. Edit only the marked regions;
+# grade with `python -m paged grade`.
 
 """Exercise 01: waste accounting for a trace of requests (chapter 01).
 

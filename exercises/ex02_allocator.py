@@ -1,5 +1,5 @@
-# Generated from solutions/solutions/ex02_allocator.py by `python -m paged course sync`. Edit the marked regions;
-# do not edit solutions/ copies by hand. Grade with `python -m paged grade`.
+# Generated from solutions/ex02_allocator.py by `python -m paged course sync`. Edit only the marked regions;
+# grade with `python -m paged grade`.
 
 """Exercise 02: a block allocator with a free list and reference counts (chapter 02).
 

@@ -1,5 +1,5 @@
-# Generated from solutions/solutions/ex03_block_tables.py by `python -m paged course sync`. Edit the marked regions;
-# do not edit solutions/ copies by hand. Grade with `python -m paged grade`.
+# Generated from solutions/ex03_block_tables.py by `python -m paged course sync`. Edit only the marked regions;
+# grade with `python -m paged grade`.
 
 """Exercise 03: slot mapping for a batch, and gather-based paged attention for one decode step (chapter 03).
 

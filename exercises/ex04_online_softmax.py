@@ -1,5 +1,5 @@
-# Generated from solutions/solutions/ex04_online_softmax.py by `python -m paged course sync`. Edit the marked regions;
-# do not edit solutions/ copies by hand. Grade with `python -m paged grade`.
+# Generated from solutions/ex04_online_softmax.py by `python -m paged course sync`. Edit only the marked regions;
+# grade with `python -m paged grade`.
 
 r"""Exercise 04: the online-softmax update, first in PyTorch, then inside a Triton paged-decode kernel.
 

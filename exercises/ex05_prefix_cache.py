@@ -1,5 +1,5 @@
-# Generated from solutions/solutions/ex05_prefix_cache.py by `python -m paged course sync`. Edit the marked regions;
-# do not edit solutions/ copies by hand. Grade with `python -m paged grade`.
+# Generated from solutions/ex05_prefix_cache.py by `python -m paged course sync`. Edit only the marked regions;
+# grade with `python -m paged grade`.
 
 """Exercise 05: block keys, an exact prefix-cache lookup, and the copy-on-write decision (chapter 05).
 

@@ -1,5 +1,5 @@
-# Generated from solutions/solutions/ex06_scheduler.py by `python -m paged course sync`. Edit the marked regions;
-# do not edit solutions/ copies by hand. Grade with `python -m paged grade`.
+# Generated from solutions/ex06_scheduler.py by `python -m paged course sync`. Edit only the marked regions;
+# grade with `python -m paged grade`.
 
 """Exercise 06: one scheduling step over a tiny model of paged memory (chapter 06).
 

@@ -23,8 +23,8 @@ from pathlib import Path
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<id>ch\d\d\.ex\d+[a-z]?)(?:\s+--\s+(?P<hint>.*))?\s*$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
 STUB = re.compile(r"^(?P<indent>\s*)# STUB: ?(?P<code>.*)$")
-HEADER = ('# Generated from solutions/{name} by `python -m paged course sync`. Edit the marked regions;\n'
-          '# do not edit solutions/ copies by hand. Grade with `python -m paged grade`.\n')
+HEADER = ('# Generated from {name} by `python -m paged course sync`. Edit only the marked regions;\n'
+          '# grade with `python -m paged grade`.\n')
 
 
 class MarkerError(ValueError):

@@ -25,10 +25,9 @@ sys.stderr.write("a plain stderr line\\n")
 print("after the warning: 42")"""
 
 
-SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 # A warning's stderr names the cell's temporary file (/tmp/ipykernel_<pid>/<hash>.py), different in every
-# kernel: the sanitize file must normalize it. Until tests/nbval_sanitize.cfg has such a rule this case fails.
-CELL_PATH_RULE = "[ipykernel cell paths]\nregex: \\S*ipykernel_\\d+[\\\\/]\\d+\\.py\nreplace: CELL_FILE\n"
+# kernel: tests/nbval_sanitize.cfg normalizes it (rule "ipykernel cell paths").
+SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 
 
 def run_nbval(path: Path, sanitize: Path) -> subprocess.CompletedProcess:
@@ -50,12 +49,5 @@ def test_split_streams_and_stderr_pass_nbval(tmp_path):
     path = tmp_path / "streams.ipynb"
     nbformat.write(nb, path)
     run = run_nbval(path, SANITIZE)
-    if run.returncode != 0 and "ipykernel" not in SANITIZE.read_text():
-        patched = tmp_path / "sanitize.cfg"
-        patched.write_text(SANITIZE.read_text() + "\n" + CELL_PATH_RULE)
-        fixed = run_nbval(path, patched)
-        assert fixed.returncode == 0, f"even the cell-path rule does not fix it:\n{fixed.stdout[-3000:]}"
-        pytest.xfail("tests/nbval_sanitize.cfg needs the ipykernel cell-path rule (CELL_PATH_RULE); with it, "
-                     "nbval passes")
     assert run.returncode == 0, f"nbval failed on split streams / stderr:\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}"
     assert "2 passed" in run.stdout, run.stdout[-500:]

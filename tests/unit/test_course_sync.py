@@ -38,7 +38,7 @@ def test_stub_replaces_regions_and_keeps_indentation():
     assert "total = a + b" not in stub and "y = x * 2" not in stub, "solution code must not leak"
     assert "    raise NotImplementedError(\"ch09.ex1: add the 'two' numbers\")" in stub
     assert "        y = x  # starter code kept in the stub\n        pass\n" in stub, "STUB lines become starter code"
-    assert stub.startswith("# Generated from solutions/") and "Edit the marked regions" in stub
+    assert stub.startswith("# Generated from solutions/") and "Edit only the marked regions" in stub
     ast.parse(stub)
     assert exercise_ids(SOLUTION) == ["ch09.ex1", "ch09.ex2"]
 

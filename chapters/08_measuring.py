@@ -64,12 +64,16 @@ device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 print("device:", device)
 
 
-def latest_result(name: str) -> dict | None:
-    """The newest ``<name>.json`` written by ``python -m paged bench`` or ``scripts/gpu_check.sh`` in this
-    repository (``gpu-results/*/`` or ``bench-results/``), or None."""
+def latest_result(name: str, on_gpu: bool = False) -> dict | None:
+    """The newest ``<name>.json`` (by file time) written by ``python -m paged bench`` or ``scripts/gpu_check.sh``
+    in this repository (``gpu-results/*/`` or ``bench-results/``), only GPU runs if ``on_gpu``; or None."""
     root = Path("..")
-    paths = sorted(root.glob(f"gpu-results/*/{name}.json")) + sorted(root.glob(f"bench-results/{name}.json"))
-    return json.loads(paths[-1].read_text()) if paths else None
+    paths = [*root.glob(f"gpu-results/*/{name}.json"), *root.glob(f"bench-results/{name}.json")]
+    for path in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True):
+        record = json.loads(path.read_text())
+        if not on_gpu or record["environment"]["device"] != "cpu":
+            return record
+    return None
 
 
 # %% [markdown]
@@ -111,7 +115,7 @@ plt.show()
 #
 # - On the chat-like trace, block sizes 16 to 128 stay within about 10% of each other in simulated throughput,
 #   and 256 loses about a fifth: the paper's ShareGPT picture.
-# - On short requests a request of 77 tokens on average leaves most of a 128- or 256-token block empty: slot
+# - On short requests (78 tokens on average) a request leaves most of a 128- or 256-token block empty: slot
 #   utilization falls to about half and a third, fewer requests fit, and throughput drops by about a quarter
 #   and 40%. This is the paper's Alpaca curve.
 # - Blocks smaller than 16 waste *less* memory here (block 1 wastes nothing). The simulator cannot see why 16
@@ -120,12 +124,12 @@ plt.show()
 # **The kernel's side needs a GPU.** `python -m paged bench kernel` (run by `scripts/gpu_check.sh`) times our
 # Triton decode kernel with `triton.testing.do_bench` for fp16, 32 query heads over 8 KV heads of dim 128, at
 # batch 1 to 64 and contexts of 1,024 to 8,192 tokens, for block sizes 8, 16 and 32, next to the same kernel on
-# a contiguous pool and to PyTorch's SDPA. On a CPU the kernel runs only in Triton's interpreter, whose times
-# say nothing about a GPU. When a GPU run's JSON is in `gpu-results/` or `bench-results/`, the next cell plots
-# it; otherwise it says so.
+# a contiguous pool (the paging overhead, seed error E2) and to PyTorch's SDPA. On a CPU the kernel runs only in
+# Triton's interpreter, whose times say nothing about a GPU. When a GPU run's JSON is in `gpu-results/` or
+# `bench-results/`, the next cell plots it; otherwise it says so.
 
 # %%
-kernel_record = latest_result("kernel")
+kernel_record = latest_result("kernel", on_gpu=True)
 kernel = kernel_record["results"] if kernel_record else None
 if kernel and kernel.get("mode") == "gpu":
     plot_kernel_block_sizes(kernel["sweep"])
@@ -147,8 +151,8 @@ else:
 #
 # How many requests can one GPU hold at once? Llama-2-7B in fp16 needs 0.5 MiB of KV per token (chapter 01). On
 # an 80 GB GPU (80 GiB) with vLLM's default `gpu_memory_utilization=0.9`, vLLM budgets 90% of the memory for
-# weights, activations and KV together; with 13.5 GB of weights and activations ignored, the KV budget is
-# `0.9 x 80 GiB - 13.5 GB`.
+# weights, activations and KV together; with 13.5 GB of fp16 weights (activation memory ignored) the KV budget
+# is `0.9 x 80 GiB - 13.5 GB`.
 #
 # - **Static pre-allocation** reserves `max_seq_len = 4096` tokens (Llama-2's context) for every request, as a
 #   `[batch, max_seq_len]` cache does: 2 GiB per request, whatever it really needs.
@@ -183,8 +187,8 @@ plt.show()
 # Paging fits about ten times more requests in the same memory. The seed (002, §4.1) put it at "~8 vs ~32" for
 # the same GPU and model, without saying how: with `max_seq_len` 4096 the static count is 29, and with the
 # chat-like lengths the paged count is about 280. The ratio depends on the length distribution: the shorter the
-# requests relative to `max_seq_len`, the larger the gain. In practice the scheduler's `max_num_seqs`
-# (vLLM's default 256) and the compute per step cap concurrency before memory does.
+# requests relative to `max_seq_len`, the larger the gain. In practice the scheduler's `max_num_seqs` and the
+# compute per step may cap concurrency before memory does.
 #
 # ## 3. Throughput against concurrency (C6)
 #

@@ -55,7 +55,7 @@ _ROWS = [
     ("E6", "each layer has its own block table; file paths", "03", "vllm/worker/cache_engine.py, vllm/attention/"),
     ("E7", "Llama-70B needs ~5.2 GB per 2048-token sequence", "01", "Llama-2-70B config.json (8 KV heads)"),
     ("E8", "KV bytes = blocks x block_size x 2 x 4096 x 32 x 128 x 2", "01", "vllm/worker/cache_engine.py"),
-    ("E9", "watermark: falling below it triggers preemption", "06", "vllm/core/block_manager.py (can_allocate)"),
+    ("E9", "watermark: falling below it triggers preemption", "02/06", "vllm/core/block_manager.py (can_allocate)"),
     ("E10", "16 is best 'because of shared memory'", "08", "paper §7.2"),
     ("E11", "A100 numbers (1,200 vs 5,800 tokens/s) without source", "07/08", "seed 002 §4.3 (no source given)"),
 ]

@@ -59,7 +59,7 @@ from paged.viz.measure import plot_block_size_study, plot_capacity, plot_concurr
 
 chapter_start = time.perf_counter()
 torch.manual_seed(0)
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # as `bench engine` on CPU: on a shared machine extra threads make timings noise
 device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 print("device:", device)
 
@@ -241,10 +241,11 @@ else:
 # %% [markdown]
 # On this CPU both systems gain an order of magnitude from batching: a step computes `c` tokens for little more
 # than the price of one, because the tiny model's matrix products are far from saturating the CPU. With equal
-# prompt and output lengths a static batch wastes nothing, so `generate` is a strong baseline here: in quiet runs
-# it was 15-25% faster than our engine at every level. The engine's step profile (`LLM.stats()["seconds"]`) puts
-# over 90% of our time in the model forward, which on CPU includes gathering every sequence's K/V from the block
-# pool in every layer (`paged.hf`); a contiguous cache needs no gather, and the scheduler's share is tiny.
+# prompt and output lengths a static batch wastes nothing, so `generate` is a strong baseline here: in our runs it
+# was ahead by up to a quarter at low concurrency, and the gap closed as concurrency grew. The engine's step
+# profile (`LLM.stats()["seconds"]`) puts over 90% of our time in the model forward, which on CPU includes
+# gathering every sequence's K/V from the block pool in every layer (`paged.hf`); a contiguous cache needs no
+# gather, and the scheduler's share is tiny.
 # Paging pays off when lengths differ and memory is the limit: the engine benchmark's mixed workload
 # (`python -m paged bench engine`, chapter 07) measures that case, and section 2 showed the memory side: a
 # static `[batch, 4096]` cache of Llama-2-7B holds 29 requests on an 80 GB GPU, so the seed's "OOM from 32" is

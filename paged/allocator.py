@@ -9,17 +9,24 @@ its count instead of copying it; the block returns to the free queue when the la
 The free queue is first-in first-out: blocks come out in id order at first, and a freed block goes to
 the back, so the block freed longest ago is reused first. Chapter 05 relies on that order: a freed
 block keeps its prefix-cache entry until it is reused, and reusing the least recently freed one first
-is LRU eviction. The queue is an ``OrderedDict`` (a dict remembers insertion order) so that a cache hit
-can also pull one given free block out of the middle in O(1) (``take``).
+is LRU eviction.
+
+A prefix-cache hit must also pull one *given* free block out of the middle of the queue (``take``).
+The queue is a plain ``deque`` (the cheapest FIFO in CPython) with *lazy deletion*: ``take`` leaves
+the block's entry where it is and counts it as dead in ``_dead``; ``allocate`` skips dead entries when
+they reach the front. A block's dead entries always sit before its live one (they were appended
+earlier), so "skip while the block has dead entries" is exact. When dead entries outnumber live ones
+the queue is rebuilt without them, so it never holds more than ``2 * num_blocks + 1`` entries.
 
 Sources: vLLM v0 ``vllm/core/block/naive_block.py`` (``NaiveBlockAllocator``: free ids and a
 ref counter) and v1 ``vllm/v1/core/block_pool.py`` (``BlockPool``: ``ref_cnt`` per block and a queue of
-free blocks ordered by free time, ``FreeKVCacheBlockQueue`` in ``vllm/v1/core/kv_cache_utils.py``).
+free blocks ordered by free time; vLLM v1 removes from the middle of its ``FreeKVCacheBlockQueue``,
+a doubly linked list in ``vllm/v1/core/kv_cache_utils.py``, where this file marks entries dead).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -56,68 +63,98 @@ class BlockAllocator:
             raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._queue: deque[int] = deque(range(num_blocks))  # free ids, front first; may hold dead entries
+        self._dead: dict[int, int] = {}  # block id -> dead entries of it in _queue (taken while queued)
+        self._num_dead = 0  # sum of _dead's values
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._queue) - self._num_dead
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - len(self._queue) + self._num_dead
 
     def allocate(self) -> int:
         """Take the front block of the free queue; its reference count becomes 1. Returns its id."""
         try:
-            block_id = self._free.popitem(False)[0]  # False: the front (oldest) entry
-        except KeyError:
+            block_id = self._queue.popleft()
+        except IndexError:
             raise NoFreeBlocksError(1, 0) from None
+        if self._dead:  # some entries are dead: skip them (rare: only after ``take``)
+            return self._allocate_past_dead(block_id)
         self._ref_counts[block_id] = 1
         return block_id
 
+    def _allocate_past_dead(self, block_id: int) -> int:
+        """``allocate`` when the queue holds dead entries: ``block_id`` was just popped from the front."""
+        queue, dead = self._queue, self._dead
+        while block_id in dead:
+            self._drop_dead(block_id)
+            if not queue:  # only dead entries were left (cannot happen while num_free_blocks > 0)
+                raise NoFreeBlocksError(1, 0)
+            block_id = queue.popleft()
+        self._ref_counts[block_id] = 1
+        return block_id
+
+    def _drop_dead(self, block_id: int) -> None:
+        left = self._dead[block_id] - 1
+        if left:
+            self._dead[block_id] = left
+        else:
+            del self._dead[block_id]
+        self._num_dead -= 1
+
     def allocate_many(self, n: int) -> list[int]:
         """Allocate ``n`` blocks at once, all or nothing (raises before taking any if fewer are free)."""
-        free = self._free
-        if n > len(free):
-            raise NoFreeBlocksError(n, len(free))
-        block_ids = [free.popitem(False)[0] for _ in range(n)]
-        refs = self._ref_counts
-        for block_id in block_ids:
-            refs[block_id] = 1
+        queue = self._queue
+        if n > len(queue) - self._num_dead:
+            raise NoFreeBlocksError(n, len(queue) - self._num_dead)
+        if self._dead:
+            block_ids = [self.allocate() for _ in range(n)]
+        else:
+            pop = queue.popleft
+            block_ids = [pop() for _ in range(n)]
+            refs = self._ref_counts
+            for block_id in block_ids:
+                refs[block_id] = 1
         return block_ids
 
     def free(self, block_id: int) -> None:
         """Drop one reference; at zero the block goes to the back of the free queue."""
         refs = self._ref_counts
-        count = refs[block_id] if type(block_id) is int and 0 <= block_id < self.num_blocks else -1
+        try:
+            count = refs[block_id] if type(block_id) is int and block_id >= 0 else 0
+        except IndexError:
+            count = 0
         if count == 1:  # the common case first: the last holder lets go
             refs[block_id] = 0
-            self._free[block_id] = None
-        elif count > 1:
+            self._queue.append(block_id)
+        elif count:
             refs[block_id] = count - 1
         else:
-            self._checked_count(block_id, "free")  # raises the right ValueError
+            self._raise_not_held(block_id, "free")
 
     def free_many(self, block_ids) -> None:
         """``free`` each id in order (a sequence frees its tail first: pass its ids reversed).
 
         All or nothing: on a bad id the ids before it are restored and the queue is as before.
         """
-        refs, free, n = self._ref_counts, self._free, self.num_blocks
+        refs, push, n = self._ref_counts, self._queue.append, self.num_blocks
         done = []
         for block_id in block_ids:
-            count = refs[block_id] if type(block_id) is int and 0 <= block_id < n else -1
+            count = refs[block_id] if type(block_id) is int and 0 <= block_id < n else 0
             if count == 1:
                 refs[block_id] = 0
-                free[block_id] = None
-            elif count > 1:
+                push(block_id)
+            elif count:
                 refs[block_id] = count - 1
             else:
                 for b in reversed(done):  # undo: the blocks freed to zero sit at the back of the queue
                     if refs[b] == 0:
-                        del free[b]
+                        self._queue.pop()
                     refs[b] += 1
-                self._checked_count(block_id, "free")  # raises the right ValueError
+                self._raise_not_held(block_id, "free")
             done.append(block_id)
 
     def incref(self, block_id: int) -> None:
@@ -128,24 +165,34 @@ class BlockAllocator:
         """Pull one *given* free block out of the free queue (count 0 -> 1): a hit on a free cached block."""
         if not (isinstance(block_id, int) and 0 <= block_id < self.num_blocks):
             raise ValueError(f"take: block id {block_id!r} is not in 0..{self.num_blocks - 1}")
-        if block_id not in self._free:
+        if self._ref_counts[block_id]:
             raise ValueError(f"take: block {block_id} is in use (ref count {self._ref_counts[block_id]})")
-        del self._free[block_id]
+        self._take(block_id)
+
+    def _take(self, block_id: int) -> None:
+        """Mark the live queue entry of free ``block_id`` dead and give the block its first holder."""
         self._ref_counts[block_id] = 1
+        self._dead[block_id] = self._dead.get(block_id, 0) + 1
+        self._num_dead += 1
+        if self._num_dead > len(self._queue) - self._num_dead:  # mostly dead: rebuild (amortized O(1))
+            self._queue = deque(self._live_entries())
+            self._dead.clear()
+            self._num_dead = 0
 
     def share(self, block_ids: list[int]) -> None:
         """Add a holder to each block: a free one leaves the free queue (``take``), one in use gets +1.
 
         Used for prefix-cache hits. Raises ``ValueError`` on an unknown id before changing anything.
         """
-        refs, free, n = self._ref_counts, self._free, self.num_blocks
+        refs, n = self._ref_counts, self.num_blocks
         for block_id in block_ids:
             if not (type(block_id) is int and 0 <= block_id < n):
                 raise ValueError(f"share: block id {block_id!r} is not in 0..{n - 1}")
         for block_id in block_ids:
-            if refs[block_id] == 0:
-                del free[block_id]
-            refs[block_id] += 1
+            if refs[block_id]:
+                refs[block_id] += 1
+            else:
+                self._take(block_id)
 
     def num_free_among(self, block_ids: list[int]) -> int:
         """How many of ``block_ids`` are free (reference count 0)."""
@@ -163,7 +210,25 @@ class BlockAllocator:
 
     def free_queue(self) -> list[int]:
         """The free block ids in the order ``allocate`` will hand them out (front first)."""
-        return list(self._free)
+        return list(self._live_entries())
+
+    def _live_entries(self):
+        """The queue without its dead entries, front first (changes nothing)."""
+        if not self._dead:
+            yield from self._queue
+            return
+        skip = dict(self._dead)
+        for block_id in self._queue:
+            if skip.get(block_id):
+                skip[block_id] -= 1
+            else:
+                yield block_id
+
+    def _raise_not_held(self, block_id, op: str) -> None:
+        """Raise the ``ValueError`` for an id that is not an int in range, or a block that is free."""
+        if type(block_id) is int and 0 <= block_id < self.num_blocks:
+            raise ValueError(f"{op}: block {block_id} is already free (ref count 0)")
+        raise ValueError(f"{op}: block id {block_id!r} is not in 0..{self.num_blocks - 1}")
 
     def _checked_count(self, block_id: int, op: str) -> int:
         try:
@@ -177,4 +242,4 @@ class BlockAllocator:
         return count
 
     def __repr__(self) -> str:
-        return f"BlockAllocator(num_blocks={self.num_blocks}, free={len(self._free)})"
+        return f"BlockAllocator(num_blocks={self.num_blocks}, free={self.num_free_blocks})"

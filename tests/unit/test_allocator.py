@@ -107,3 +107,85 @@ def test_random_operations_keep_counts_consistent(ops):
             assert a.ref_count(b) == holders.get(b, 0), "ref count = number of holders"
         assert a.num_free_blocks + len(holders) == 6, "free + used = total"
         assert sorted(a.free_queue()) == [b for b in range(6) if b not in holders], "free queue = unheld blocks"
+
+
+def test_take_leaves_a_dead_entry_that_allocate_skips():
+    a = BlockAllocator(4)
+    a.take(0)
+    a.free(0)  # 0 now has a dead entry at the front and a live one at the back
+    assert a.free_queue() == [1, 2, 3, 0], "a taken then freed block queues by its latest free time"
+    assert a.num_free_blocks == 4
+    assert [a.allocate() for _ in range(4)] == [1, 2, 3, 0], "the dead entry of block 0 is skipped"
+    with pytest.raises(NoFreeBlocksError, match="requested 1, available 0"):
+        a.allocate()
+
+
+def test_free_of_a_bool_id_raises_instead_of_freeing_block_1():
+    a = BlockAllocator(4)
+    a.allocate_many(2)
+    with pytest.raises(ValueError, match="not in 0..3"):
+        a.free(True)
+    assert a.ref_count(1) == 1, "state unchanged after the error"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "alloc_many", "take", "share", "free", "free_many", "bad_free"]),
+                          st.integers(0, 30)), max_size=80))
+def test_queue_order_matches_an_ordered_dict_model_with_take(ops):
+    """Lazy deletion (dead entries) must give exactly the order of a queue that removes taken blocks."""
+    from collections import OrderedDict
+
+    n = 5
+    a = BlockAllocator(n)
+    queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(n))  # model: the free queue, front first
+    refs = [0] * n
+    for op, pick in ops:
+        held = [b for b in range(n) if refs[b]]
+        free = list(queue)
+        if op == "alloc" and free:
+            b = queue.popitem(last=False)[0]
+            refs[b] = 1
+            assert a.allocate() == b, "allocate takes the front of the queue"
+        elif op == "alloc_many":
+            k = pick % (n + 2)
+            if k > len(free):
+                with pytest.raises(NoFreeBlocksError):
+                    a.allocate_many(k)
+            else:
+                expect = [queue.popitem(last=False)[0] for _ in range(k)]
+                for b in expect:
+                    refs[b] = 1
+                assert a.allocate_many(k) == expect, "allocate_many takes the front k in order"
+        elif op == "take" and free:
+            b = free[pick % len(free)]
+            del queue[b]
+            refs[b] = 1
+            a.take(b)
+        elif op == "share":
+            ids = [(pick + 3 * i) % n for i in range(pick % 3 + 1)]
+            for b in ids:
+                if refs[b] == 0:
+                    del queue[b]
+                refs[b] += 1
+            a.share(ids)
+        elif op == "free" and held:
+            b = held[pick % len(held)]
+            refs[b] -= 1
+            if refs[b] == 0:
+                queue[b] = None
+            a.free(b)
+        elif op == "free_many" and held:
+            ids = held[pick % len(held):][::-1]
+            for b in ids:
+                refs[b] -= 1
+                if refs[b] == 0:
+                    queue[b] = None
+            a.free_many(ids)
+        elif op == "bad_free":
+            ids = held[:pick % 3] + [n + pick]  # valid ids, then an unknown one: nothing may change
+            with pytest.raises(ValueError, match="not in"):
+                a.free_many(ids)
+        assert a.free_queue() == list(queue), "free queue order = the model's (never-used, then by free time)"
+        assert [a.ref_count(b) for b in range(n)] == refs, "ref counts = the model's"
+        assert a.num_free_blocks == len(queue) and a.num_used_blocks == n - len(queue), "free + used = total"
+        assert len(a._queue) <= 2 * n + 1, "dead entries are compacted: the deque stays O(num_blocks)"

@@ -11,9 +11,9 @@ grade the learner by default:
 
 * ``tests/conftest.py``: the default of ``--impl`` becomes ``exercises`` (the one ``default=`` of the
   ``--impl`` option is rewritten in place; the release fails loudly if that option is not found);
-* test files that import ``solutions`` or read the ``solutions/`` folder are dropped (listed in the
-  ``.paged-release`` file and printed); a chapter or package module that imports ``solutions`` stops
-  the release with ``ReleaseError`` (it would not run in the tree);
+* tests that import ``solutions`` or read the ``solutions/`` folder are dropped, one test function at
+  a time where the rest of the file stands alone (listed in the ``.paged-release`` file and printed);
+  a chapter or package module that imports ``solutions`` stops the release with ``ReleaseError``;
 * ``docs/instructor.md`` is left out, ``.ci/run`` becomes a learner CI (install, non-graded tests,
   a grading report that never fails the build);
 * the README starts with a paragraph saying all this.
@@ -43,6 +43,7 @@ INCLUDE = ("README.md", "LICENSE", "pyproject.toml", "environment.yml", ".gitign
 INSTRUCTOR_ONLY = ("docs/instructor.md",)
 SKIP_DIRS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".hypothesis", ".ruff_cache"}
 MARKER_FILE = ".paged-release"
+SOLUTION_READERS = {"sync"}  # functions that read solutions/ themselves (paged/course/sync.py)
 _SOLUTIONS_IMPORT = re.compile(r"^\s*(?:from\s+solutions\b|import\s+solutions\b)|import_module\(\s*['\"]solutions\b",
                                re.M)
 
@@ -119,7 +120,9 @@ def references_solutions(source: str, path_strings: bool = False) -> bool:
     """True when Python ``source`` imports ``solutions`` (also through ``importlib.import_module``).
 
     With ``path_strings`` a string constant ``"solutions"``, ``"solutions/..."`` or ``"solutions.x"``
-    counts too (a test that reads the folder). Unparsable source falls back to a line regex.
+    counts too (a test that reads the folder), and so does a call of a function that reads the folder
+    itself (``SOLUTION_READERS``: the exercise generator's ``sync``). Unparsable source falls back to a
+    line regex.
     """
     try:
         tree = ast.parse(source)
@@ -137,7 +140,38 @@ def references_solutions(source: str, path_strings: bool = False) -> bool:
         if path_strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
             if re.fullmatch(r"solutions(?:[./].*)?", node.value):
                 return True
+        if path_strings and isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) \
+                in SOLUTION_READERS:
+            return True
     return False
+
+
+def without_solution_tests(source: str) -> tuple[str | None, list[str]]:
+    """Remove the top-level tests (functions ``test*``, classes ``Test*``) of a test module that use solutions/.
+
+    Returns ``(new_source, removed_names)``; ``new_source`` is None when the whole file must go (other
+    module-level code uses solutions/, or no test would be left).
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    cut, names, tests_left = [], [], 0
+    for node in tree.body:
+        start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        segment = "".join(lines[start - 1:node.end_lineno])
+        is_test = (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
+                   or isinstance(node, ast.ClassDef) and node.name.startswith("Test"))
+        if not references_solutions(segment, path_strings=True):
+            tests_left += is_test
+        elif is_test:
+            cut.append((start, node.end_lineno))
+            names.append(node.name)
+        else:
+            return None, []
+    if not tests_left:
+        return None, []
+    for start, end in reversed(cut):
+        del lines[start - 1:end]
+    return re.sub(r"\n{4,}", "\n\n\n", "".join(lines)).rstrip("\n") + "\n", names
 
 
 def notebook_code(path: Path) -> str:
@@ -225,9 +259,16 @@ def _strip_solutions(out: Path, release: Release) -> None:
     conftest = out / "tests" / "conftest.py"
     conftest.write_text(set_default_impl(conftest.read_text()))
     for path in sorted((out / "tests").rglob("test_*.py")):
-        if references_solutions(path.read_text(), path_strings=True):
+        source, rel = path.read_text(), str(path.relative_to(out))
+        if not references_solutions(source, path_strings=True):
+            continue
+        kept, dropped = without_solution_tests(source)
+        if kept is None:
             path.unlink()
-            release.dropped.append(str(path.relative_to(out)))
+            release.dropped.append(rel)
+        else:
+            path.write_text(kept)
+            release.dropped += [f"{rel}::{name}" for name in dropped]
     needs = [str(p.relative_to(out)) for folder in ("paged", "kernels", "exercises", "chapters", "tests", "scripts")
              for p in sorted((out / folder).rglob("*.py")) if references_solutions(p.read_text())]
     needs += [str(p.relative_to(out)) for p in sorted((out / "chapters").rglob("*.ipynb"))
@@ -299,7 +340,7 @@ def main(argv: list[str]) -> int:
           + ("with solutions" if release.with_solutions else "without solutions; --impl defaults to exercises")
           + ")")
     for rel in release.dropped:
-        print(f"  dropped {rel} (needs solutions/)")
+        print(f"  dropped {rel} (uses solutions/)")
     for rel in release.hidden:
         print(f"  hidden  {rel}")
     return 0

@@ -22,6 +22,7 @@ from paged.course.release import (
     notebook_code,
     references_solutions,
     set_default_impl,
+    without_solution_tests,
 )
 from paged.course.sync import make_stub
 
@@ -63,7 +64,9 @@ def test_student_tree_has_no_solutions_and_nothing_imports_them(student):
     offenders = [str(p.relative_to(out)) for p in out.rglob("*.py") if references_solutions(p.read_text())]
     offenders += [str(p.relative_to(out)) for p in out.rglob("*.ipynb") if references_solutions(notebook_code(p))]
     assert offenders == [], f"files in the student tree import solutions: {offenders}"
-    assert all(d.startswith("tests/") for d in student.dropped), f"only test files may be dropped: {student.dropped}"
+    assert all(d.startswith("tests/") for d in student.dropped), f"only tests may be dropped: {student.dropped}"
+    for rel in {d.split("::")[0] for d in student.dropped if "::" in d}:
+        assert references_solutions((out / rel).read_text(), path_strings=True) is False, f"{rel} still uses solutions"
     assert not (out / "docs" / "instructor.md").exists(), "the instructor guide stays out of the student tree"
 
 
@@ -167,6 +170,36 @@ def test_hidden_tests_are_copied_renamed_and_off_by_default(tmp_path):
     assert all(t["run"].startswith("PAGED_HIDDEN=1 ") for t in counted), "classroom grading includes hidden tests"
 
 
+MODULE = '''"""Tests of the solutions and of the package."""
+import pytest
+
+ROOT = "."
+
+
+def test_package():
+    assert 1 + 1 == 2
+
+
+@pytest.mark.parametrize("name", ["ex01"])
+def test_reads_solutions(name):
+    assert (ROOT / "solutions" / name).exists()
+
+
+def test_imports():
+    from solutions import ex01_fragmentation  # noqa: F401
+'''
+
+
+def test_without_solution_tests_removes_only_the_tests_that_use_them():
+    kept, names = without_solution_tests(MODULE)
+    assert names == ["test_reads_solutions", "test_imports"]
+    assert kept == MODULE[:MODULE.index("@pytest.mark.parametrize")].rstrip("\n") + "\n", kept
+    assert without_solution_tests(MODULE.replace('ROOT = "."', 'ROOT = "solutions"')) == (None, []), \
+        "module-level use of solutions/: the whole file goes"
+    assert without_solution_tests(MODULE.replace("def test_package", "def helper")) == (None, []), \
+        "no test left: the whole file goes"
+
+
 CONFTEST = '''def pytest_addoption(parser):
     parser.addoption("--other", default="solutions")
     parser.addoption("--impl", choices=["solutions", "exercises"], default="solutions",
@@ -194,6 +227,7 @@ def test_set_default_impl_rewrites_only_the_impl_option():
     ("doc = 'compare with the solutions in the book'", False, False),
     ("from exercises import ex01_fragmentation", False, False),
     ("from solutions import (\n", True, True),  # unparsable: regex fallback
+    ("assert sync(ROOT, check=True) == []", False, True),  # the generator reads solutions/ itself
 ])
 def test_references_solutions(source, imports, reads):
     assert references_solutions(source) is imports

@@ -160,7 +160,7 @@ def chapter_points(tests: list[dict]) -> dict[str, dict]:
 
 
 def grade_command(chapter: str, hidden: bool = False) -> str:
-    return (f"{HIDDEN_ENV}=1 " if hidden else "") + f"python -m paged.course.classroom grade {chapter}"
+    return (f"env {HIDDEN_ENV}=1 " if hidden else "") + f"python -m paged.course.classroom grade {chapter}"
 
 
 def autograding_config(chapters: dict[str, dict], hidden: bool = False) -> dict:

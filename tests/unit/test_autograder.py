@@ -147,7 +147,7 @@ def test_classroom_config_sums_points_per_chapter():
         ("python -m paged.course.classroom grade ch01", 3), ("python -m paged.course.classroom grade ch02", 9)]
     assert config["tests"][0]["setup"].startswith("python -m pip install") and config["tests"][1]["setup"] == ""
     hidden = classroom.autograding_config(chapters, hidden=True)
-    assert hidden["tests"][0]["run"] == "PAGED_HIDDEN=1 python -m paged.course.classroom grade ch01"
+    assert hidden["tests"][0]["run"] == "env PAGED_HIDDEN=1 python -m paged.course.classroom grade ch01"
     yaml = classroom.workflow_yaml(config)
     assert re.findall(r"max-score: (\d+)", yaml) == ["3", "9"] and "runners: ch01,ch02" in yaml
     assert 'CH02_RESULTS: "${{steps.ch02.outputs.result}}"' in yaml

@@ -167,7 +167,7 @@ def test_hidden_tests_are_copied_renamed_and_off_by_default(tmp_path):
     public = sum(row["points"] for row in classroom.chapter_points(classroom.collect(ROOT)).values())
     counted = json.loads((release.out / ".github" / "classroom" / "autograding.json").read_text())["tests"]
     assert sum(t["points"] for t in counted) == public + points, "the hidden tests' points count in the classroom"
-    assert all(t["run"].startswith("PAGED_HIDDEN=1 ") for t in counted), "classroom grading includes hidden tests"
+    assert all(t["run"].startswith("env PAGED_HIDDEN=1 ") for t in counted), "classroom grading includes hidden tests"
 
 
 MODULE = '''"""Tests of the solutions and of the package."""

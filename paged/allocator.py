@@ -13,7 +13,7 @@ is LRU eviction.
 
 A prefix-cache hit must also pull one *given* free block out of the middle of the queue (``take``).
 The queue is a plain ``deque`` (the cheapest FIFO in CPython) with *lazy deletion*: ``take`` leaves
-the block's entry where it is and counts it as dead in ``_dead``; ``allocate`` skips dead entries when
+the block's entry where it is and counts it as dead (``_dead[block]``); ``allocate`` skips dead entries when
 they reach the front. A block's dead entries always sit before its live one (they were appended
 earlier), so "skip while the block has dead entries" is exact. When dead entries outnumber live ones
 the queue is rebuilt without them, so it never holds more than ``2 * num_blocks + 1`` entries.
@@ -64,8 +64,8 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
         self._queue: deque[int] = deque(range(num_blocks))  # free ids, front first; may hold dead entries
-        self._dead: dict[int, int] = {}  # block id -> dead entries of it in _queue (taken while queued)
-        self._num_dead = 0  # sum of _dead's values
+        self._dead = [0] * num_blocks  # per block: its dead entries in _queue (taken while queued)
+        self._num_dead = 0  # sum of _dead
 
     @property
     def num_free_blocks(self) -> int:
@@ -81,7 +81,7 @@ class BlockAllocator:
             block_id = self._queue.popleft()
         except IndexError:
             raise NoFreeBlocksError(1, 0) from None
-        if self._dead:  # some entries are dead: skip them (rare: only after ``take``)
+        if self._num_dead:  # some entries are dead: skip them (only after ``take``)
             return self._allocate_past_dead(block_id)
         self._ref_counts[block_id] = 1
         return block_id
@@ -89,35 +89,35 @@ class BlockAllocator:
     def _allocate_past_dead(self, block_id: int) -> int:
         """``allocate`` when the queue holds dead entries: ``block_id`` was just popped from the front."""
         queue, dead = self._queue, self._dead
-        while block_id in dead:
-            self._drop_dead(block_id)
+        while dead[block_id]:
+            dead[block_id] -= 1
+            self._num_dead -= 1
             if not queue:  # only dead entries were left (cannot happen while num_free_blocks > 0)
                 raise NoFreeBlocksError(1, 0)
             block_id = queue.popleft()
         self._ref_counts[block_id] = 1
         return block_id
 
-    def _drop_dead(self, block_id: int) -> None:
-        left = self._dead[block_id] - 1
-        if left:
-            self._dead[block_id] = left
-        else:
-            del self._dead[block_id]
-        self._num_dead -= 1
-
     def allocate_many(self, n: int) -> list[int]:
         """Allocate ``n`` blocks at once, all or nothing (raises before taking any if fewer are free)."""
         queue = self._queue
         if n > len(queue) - self._num_dead:
             raise NoFreeBlocksError(n, len(queue) - self._num_dead)
-        if self._dead:
-            block_ids = [self.allocate() for _ in range(n)]
-        else:
-            pop = queue.popleft
-            block_ids = [pop() for _ in range(n)]
-            refs = self._ref_counts
-            for block_id in block_ids:
-                refs[block_id] = 1
+        pop, refs = queue.popleft, self._ref_counts
+        if self._num_dead:  # skip dead entries on the way
+            dead, block_ids = self._dead, []
+            while len(block_ids) < n:
+                block_id = pop()
+                if dead[block_id]:
+                    dead[block_id] -= 1
+                    self._num_dead -= 1
+                else:
+                    refs[block_id] = 1
+                    block_ids.append(block_id)
+            return block_ids
+        block_ids = [pop() for _ in range(n)]
+        for block_id in block_ids:
+            refs[block_id] = 1
         return block_ids
 
     def free(self, block_id: int) -> None:
@@ -167,16 +167,16 @@ class BlockAllocator:
             raise ValueError(f"take: block id {block_id!r} is not in 0..{self.num_blocks - 1}")
         if self._ref_counts[block_id]:
             raise ValueError(f"take: block {block_id} is in use (ref count {self._ref_counts[block_id]})")
-        self._take(block_id)
-
-    def _take(self, block_id: int) -> None:
-        """Mark the live queue entry of free ``block_id`` dead and give the block its first holder."""
         self._ref_counts[block_id] = 1
-        self._dead[block_id] = self._dead.get(block_id, 0) + 1
+        self._dead[block_id] += 1  # its queue entry is dead now
         self._num_dead += 1
-        if self._num_dead > len(self._queue) - self._num_dead:  # mostly dead: rebuild (amortized O(1))
+        self._compact_if_mostly_dead()
+
+    def _compact_if_mostly_dead(self) -> None:
+        """Rebuild the queue without dead entries once they outnumber live ones (amortized O(1) per take)."""
+        if self._num_dead > len(self._queue) - self._num_dead:
             self._queue = deque(self._live_entries())
-            self._dead.clear()
+            self._dead = [0] * self.num_blocks
             self._num_dead = 0
 
     def share(self, block_ids: list[int]) -> None:
@@ -184,20 +184,26 @@ class BlockAllocator:
 
         Used for prefix-cache hits. Raises ``ValueError`` on an unknown id before changing anything.
         """
-        refs, n = self._ref_counts, self.num_blocks
-        for block_id in block_ids:
-            if not (type(block_id) is int and 0 <= block_id < n):
-                raise ValueError(f"share: block id {block_id!r} is not in 0..{n - 1}")
+        refs, dead, n = self._ref_counts, self._dead, self.num_blocks
+        if block_ids and not (set(map(type, block_ids)) == {int} and min(block_ids) >= 0 and max(block_ids) < n):
+            bad = next(b for b in block_ids if not (type(b) is int and 0 <= b < n))
+            raise ValueError(f"share: block id {bad!r} is not in 0..{n - 1}")
+        taken = 0
         for block_id in block_ids:
             if refs[block_id]:
                 refs[block_id] += 1
-            else:
-                self._take(block_id)
+            else:  # a free block: ``take`` it (its queue entry becomes dead)
+                refs[block_id] = 1
+                dead[block_id] += 1
+                taken += 1
+        if taken:
+            self._num_dead += taken
+            self._compact_if_mostly_dead()
 
     def num_free_among(self, block_ids: list[int]) -> int:
         """How many of ``block_ids`` are free (reference count 0)."""
         refs = self._ref_counts
-        return sum(1 for b in block_ids if refs[b] == 0)
+        return [refs[b] for b in block_ids].count(0)
 
     def ref_count(self, block_id: int) -> int:
         """Number of holders of ``block_id`` (0 when free)."""
@@ -214,12 +220,12 @@ class BlockAllocator:
 
     def _live_entries(self):
         """The queue without its dead entries, front first (changes nothing)."""
-        if not self._dead:
+        if not self._num_dead:
             yield from self._queue
             return
-        skip = dict(self._dead)
+        skip = list(self._dead)
         for block_id in self._queue:
-            if skip.get(block_id):
+            if skip[block_id]:
                 skip[block_id] -= 1
             else:
                 yield block_id

@@ -30,7 +30,7 @@ import enum
 
 from paged.allocator import BlockAllocator, NoFreeBlocksError
 from paged.block_table import BlockTable, blocks_needed
-from paged.prefix_cache import BlockHasher, HashFn, PrefixCache
+from paged.prefix_cache import BlockHasher, BlockKeys, HashFn, PrefixCache
 from paged.sequence import Sequence
 from paged.swap import SwapMaps
 
@@ -113,11 +113,33 @@ class BlockSpaceManager:
         return table
 
     # ---- admission -----------------------------------------------------------------------------
+    def block_keys(self, seq: Sequence) -> BlockKeys | None:
+        """The prefix-cache keys of ``seq``'s full blocks, kept on the sequence (``seq.block_keys``) and
+        extended as blocks fill, so each block is hashed once (vLLM v1 ``Request.block_hashes``).
+
+        The scheduler calls it when a request is added; every lookup and registration reuses it.
+        None when prefix caching is off.
+        """
+        cache = self.prefix_cache
+        if cache is None:
+            return None
+        keys = seq.block_keys
+        if keys is None or keys.token_ids is not seq.token_ids or keys.hash_fn is not cache.hasher.hash_fn:
+            keys = seq.block_keys = cache.block_keys(seq.token_ids)  # first use here (or another token list)
+        else:
+            keys.update(self.block_size)
+        return keys
+
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks ``allocate`` would reuse: full blocks strictly before the last prompt token."""
         if self.prefix_cache is None:
             return []
-        return self.prefix_cache.lookup(seq.token_ids, (len(seq) - 1) // self.block_size)
+        return self.prefix_cache.lookup(seq.token_ids, (len(seq) - 1) // self.block_size,
+                                        block_keys=self.block_keys(seq))
+
+    def num_cached_prompt_tokens(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` that ``allocate`` would take from the prefix cache now (0 when caching is off)."""
+        return len(self._cached_prefix(seq)) * self.block_size
 
     def can_allocate(self, seq: Sequence) -> AllocStatus:
         """``NEVER`` if the prompt cannot fit beside the watermark even in an empty pool; ``OK`` if
@@ -148,9 +170,8 @@ class BlockSpaceManager:
             raise NoFreeBlocksError(num_new + num_free_hits, gpu.num_free_blocks)
         gpu.share(hits)  # take the hits before allocating, so that allocation cannot evict them
         new = gpu.allocate_many(num_new)
-        if self.prefix_cache is not None:
-            for b in new:  # the free queue may hand out cached blocks: forget their keys
-                self.prefix_cache.evict(b)
+        if self.prefix_cache is not None:  # the free queue may hand out cached blocks: forget their keys
+            self.prefix_cache.evict_blocks(new)
         table = BlockTable(bs, hits + new, len(seq))
         self.block_tables[seq.seq_id] = table
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * bs
@@ -166,7 +187,8 @@ class BlockSpaceManager:
 
     def _cache_full_blocks(self, seq: Sequence, table: BlockTable, first: int) -> None:
         """Register logical blocks ``first ..`` that are full (their K/V are computed this step)."""
-        self.prefix_cache.register_blocks(table.block_ids, seq.token_ids, first, table.num_tokens // self.block_size)
+        self.prefix_cache.register_blocks(table.block_ids, seq.token_ids, first, table.num_tokens // self.block_size,
+                                          block_keys=self.block_keys(seq))
 
     # ---- decode --------------------------------------------------------------------------------
     def _append_needs(self, seq: Sequence, table: BlockTable) -> tuple[int, bool]:
@@ -219,6 +241,9 @@ class BlockSpaceManager:
         for b in table:
             self.gpu_allocator.incref(b)
         self.block_tables[child.seq_id] = table.copy()
+        keys = parent.block_keys
+        if self.prefix_cache is not None and keys is not None and keys.token_ids is parent.token_ids:
+            child.block_keys = parent.block_keys.copy_for(child.token_ids)  # no re-hashing of the prompt
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks, tail first (a no-op for a sequence without blocks, as in vLLM)."""

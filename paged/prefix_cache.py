@@ -13,6 +13,10 @@ its extra key and the identity (``uid``) of the parent entry it was computed aft
 match all three (a collision is a miss). Each registration gets a fresh ``uid``, so entries computed
 after a parent that has since been evicted and reused can never match again.
 
+Each block is hashed once: a sequence carries its ``BlockKeys`` (the keys and token tuples of its full
+blocks, extended when a block fills, as vLLM v1's ``Request.block_hashes``), so a lookup is dict
+lookups and token comparisons, and registering a block reuses its key.
+
 Eviction order lives in the allocator's free queue (``allocator.py``): a cached block whose holders
 all freed it goes to the back of the queue *still cached*; a hit takes it out again (``take``), and
 only when the queue hands it out for new data does the block manager call ``evict`` to drop its key.
@@ -62,18 +66,58 @@ class BlockHasher:
         return keys
 
 
+class BlockKeys:
+    """The chained keys of the full blocks of one token list, each computed once (when the block fills).
+
+    Args:
+        hash_fn: ``hash_fn(parent_key, token_ids: tuple, extra) -> int`` (a ``BlockHasher``'s).
+        token_ids: the sequence's token list, read (never copied) at every ``update``; it only grows.
+        extra: the extra key of every block.
+
+    ``keys[i]`` is the key of full block ``i``; ``blocks[i]`` its token ids as a tuple (what a hit
+    compares and what the cache stores). Source: vLLM v1 ``vllm/v1/request.py`` (``block_hashes``,
+    appended to by ``get_request_block_hasher`` in ``vllm/v1/core/kv_cache_utils.py`` as tokens arrive).
+    """
+
+    __slots__ = ("hash_fn", "token_ids", "extra", "keys", "blocks")
+
+    def __init__(self, hash_fn: HashFn, token_ids: list[int], extra: Any = None):
+        self.hash_fn, self.token_ids, self.extra = hash_fn, token_ids, extra
+        self.keys: list[int] = []
+        self.blocks: list[tuple] = []
+
+    def update(self, block_size: int) -> int:
+        """Hash the blocks of ``token_ids`` that became full since the last call. Returns full blocks so far."""
+        tokens, keys, blocks, hash_fn, extra = self.token_ids, self.keys, self.blocks, self.hash_fn, self.extra
+        parent = keys[-1] if keys else ROOT_KEY
+        for start in range(len(keys) * block_size, len(tokens) - block_size + 1, block_size):
+            block = tuple(tokens[start:start + block_size])
+            parent = hash_fn(parent, block, extra)
+            keys.append(parent)
+            blocks.append(block)
+        return len(keys)
+
+    def copy_for(self, token_ids: list[int]) -> BlockKeys:
+        """The same keys for another token list that starts with the same tokens (a forked sequence)."""
+        other = BlockKeys(self.hash_fn, token_ids, self.extra)
+        other.keys, other.blocks = list(self.keys), list(self.blocks)
+        return other
+
+
 class CachedBlock:
     """What the cache knows about one full physical block: enough to verify a hit exactly.
 
     ``uid`` is unique per registration; ``parent_uid`` is the uid of the entry of the block before it
-    (0 for a sequence's first block).
+    (0 for a sequence's first block). ``next_same_key``: the next entry registered under the same key
+    (a hash bucket's chain; almost always None).
     """
 
-    __slots__ = ("block_id", "key", "uid", "parent_uid", "token_ids", "extra")
+    __slots__ = ("block_id", "key", "uid", "parent_uid", "token_ids", "extra", "next_same_key")
 
     def __init__(self, block_id: int, key: int, uid: int, parent_uid: int, token_ids: tuple, extra: Any = None):
         self.block_id, self.key, self.uid, self.parent_uid = block_id, key, uid, parent_uid
         self.token_ids, self.extra = token_ids, extra
+        self.next_same_key: CachedBlock | None = None
 
     def __repr__(self) -> str:
         return (f"CachedBlock(block={self.block_id}, uid={self.uid}, parent_uid={self.parent_uid}, "
@@ -97,7 +141,7 @@ class PrefixCache:
             raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         self.block_size = block_size
         self.hasher = hasher or BlockHasher()
-        self._by_key: dict[int, dict[int, CachedBlock]] = {}
+        self._by_key: dict[int, CachedBlock] = {}  # key -> first entry with it (others chained, oldest first)
         self._by_block: dict[int, CachedBlock] = {}
         self._next_uid = 1
         self.queried_tokens = 0
@@ -112,29 +156,35 @@ class PrefixCache:
     def entry(self, block_id: int) -> CachedBlock | None:
         return self._by_block.get(block_id)
 
-    def lookup(self, token_ids: Sequence[int], max_blocks: int, extra: Any = None) -> list[int]:
+    def block_keys(self, token_ids: list[int], extra: Any = None) -> BlockKeys:
+        """A ``BlockKeys`` for ``token_ids`` with this cache's hash function, its full blocks hashed."""
+        keys = BlockKeys(self.hasher.hash_fn, token_ids, extra)
+        keys.update(self.block_size)
+        return keys
+
+    def lookup(self, token_ids: Sequence[int], max_blocks: int, extra: Any = None,
+               block_keys: BlockKeys | None = None) -> list[int]:
         """Block ids of the longest cached prefix of ``token_ids``, at most ``max_blocks`` full blocks.
 
-        Pure: changes nothing (the caller takes the blocks, then ``record_query``).
+        ``block_keys``: the keys of ``token_ids`` already computed (hashed once per block, see
+        ``BlockKeys``; brought up to date here); without it every full block is hashed now.
+        Pure: changes nothing in the cache (the caller takes the blocks, then ``record_query``).
         """
-        bs, hits, hash_fn, by_key = self.block_size, [], self.hasher.hash_fn, self._by_key
-        tokens = tuple(token_ids)
-        parent_key, parent_uid = ROOT_KEY, 0
-        for i in range(min(max_blocks, len(tokens) // bs)):
-            block = tokens[i * bs:(i + 1) * bs]
-            key = hash_fn(parent_key, block, extra)
-            candidates = by_key.get(key)
-            if candidates is None:
-                break
-            match = None
-            for entry in candidates.values():
+        if block_keys is None:
+            block_keys = self.block_keys(list(token_ids), extra)
+        else:
+            block_keys.update(self.block_size)
+        hits, get, parent_uid = [], self._by_key.get, 0
+        for key, block in zip(block_keys.keys[:max(max_blocks, 0)], block_keys.blocks):
+            entry = get(key)
+            while entry is not None:  # the entries with this key: the one after our parent, same tokens
                 if entry.parent_uid == parent_uid and entry.token_ids == block and entry.extra == extra:
-                    match = entry
                     break
-            if match is None:  # no entry, or only collisions / other parents: a miss ends the prefix
+                entry = entry.next_same_key
+            else:  # no entry, or only collisions / other parents: a miss ends the prefix
                 break
-            hits.append(match.block_id)
-            parent_key, parent_uid = key, match.uid
+            hits.append(entry.block_id)
+            parent_uid = entry.uid
         return hits
 
     def record_query(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
@@ -167,24 +217,60 @@ class PrefixCache:
         key = self.hasher.hash_fn(parent_key, token_ids, extra)
         entry = CachedBlock(block_id, key, self._next_uid, parent_uid, token_ids, extra)
         self._next_uid += 1
-        self._by_key.setdefault(key, {})[block_id] = entry
-        self._by_block[block_id] = entry
+        self._add(entry)
         return entry
 
+    def _add(self, entry: CachedBlock) -> None:
+        """Index a new entry by block and by key (at the end of its key's chain)."""
+        self._by_block[entry.block_id] = entry
+        last = self._by_key.get(entry.key)
+        if last is None:
+            self._by_key[entry.key] = entry
+            return
+        while last.next_same_key is not None:
+            last = last.next_same_key
+        last.next_same_key = entry
+
     def register_blocks(self, block_ids: list[int], token_ids: Sequence[int], first: int, stop: int,
-                        extra: Any = None) -> int:
+                        extra: Any = None, block_keys: BlockKeys | None = None) -> int:
         """Register logical blocks ``first .. stop - 1`` of one sequence (``block_ids`` is its block table,
         ``token_ids`` its tokens). Blocks already cached are kept; the chain stops at the first block
-        that cannot be cached. Returns the number of new entries."""
-        bs, added = self.block_size, 0
+        that cannot be cached. Returns the number of new entries.
+
+        ``block_keys``: the sequence's ``BlockKeys`` (its keys are reused, nothing is hashed again).
+        """
+        bs = self.block_size
+        if block_keys is None:
+            added = 0
+            for i in range(first, stop):
+                block_id = block_ids[i]
+                if block_id in self._by_block:
+                    continue
+                parent = block_ids[i - 1] if i else None
+                if self.register(block_id, parent, token_ids[i * bs:(i + 1) * bs], extra) is None:
+                    break
+                added += 1
+            return added
+        if block_keys.update(bs) < stop:
+            raise ValueError(f"register_blocks: blocks up to {stop} requested, only {len(block_keys.keys)} are full")
+        by_block, by_key, keys, blocks = self._by_block, self._by_key, block_keys.keys, block_keys.blocks
+        parent = by_block.get(block_ids[first - 1]) if first else None
+        uid = self._next_uid
         for i in range(first, stop):
             block_id = block_ids[i]
-            if block_id in self._by_block:
-                continue
-            parent = block_ids[i - 1] if i else None
-            if self.register(block_id, parent, token_ids[i * bs:(i + 1) * bs], extra) is None:
-                break
-            added += 1
+            entry = by_block.get(block_id)
+            if entry is None:
+                if i and parent is None:  # the parent is not cached: a chain is only as long as its head
+                    break
+                key = keys[i]
+                entry = CachedBlock(block_id, key, uid, parent.uid if i else 0, blocks[i], extra)
+                uid += 1
+                if key in by_key:
+                    self._add(entry)
+                else:  # the usual case, inline: a new key
+                    by_key[key] = by_block[block_id] = entry
+            parent = entry
+        added, self._next_uid = uid - self._next_uid, uid
         return added
 
     def evict(self, block_id: int) -> bool:
@@ -192,11 +278,24 @@ class PrefixCache:
         entry = self._by_block.pop(block_id, None)
         if entry is None:
             return False
-        same_key = self._by_key[entry.key]
-        del same_key[block_id]
-        if not same_key:
-            del self._by_key[entry.key]
+        first = self._by_key[entry.key]
+        if first is entry:  # unlink it from its key's chain
+            if entry.next_same_key is None:
+                del self._by_key[entry.key]
+            else:
+                self._by_key[entry.key] = entry.next_same_key
+        else:
+            while first.next_same_key is not entry:
+                first = first.next_same_key
+            first.next_same_key = entry.next_same_key
         return True
+
+    def evict_blocks(self, block_ids: list[int]) -> None:
+        """``evict`` each of ``block_ids`` that is cached (blocks the free queue just handed out)."""
+        by_block = self._by_block
+        for block_id in block_ids:
+            if block_id in by_block:
+                self.evict(block_id)
 
     def clear(self) -> None:
         """Forget every entry (the caller checks that no block is in use); keeps the hit counters."""

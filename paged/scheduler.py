@@ -97,6 +97,8 @@ class Scheduler:
             if seq.block_size != self.cache_config.block_size:
                 raise ValueError(f"request {rid!r}: sequence block_size {seq.block_size} != cache block_size "
                                  f"{self.cache_config.block_size}")
+        for seq in seq_group.seqs:  # prefix caching: hash the prompt's full blocks once, now (as vLLM v1)
+            self.block_manager.block_keys(seq)
         self._requests[rid] = seq_group
         self._order[rid] = self._next_rank
         self._next_rank += 1
@@ -277,9 +279,7 @@ class Scheduler:
 
     def _prefill_cost(self, seq: Sequence) -> int:
         """Tokens this sequence's prefill computes: a prefix-cache hit is free, the last token never is."""
-        cache, bs = self.block_manager.prefix_cache, self.cache_config.block_size
-        cached = len(cache.lookup(seq.token_ids, (len(seq) - 1) // bs)) * bs if cache is not None else 0
-        return len(seq) - seq.num_computed_tokens - cached
+        return len(seq) - seq.num_computed_tokens - self.block_manager.num_cached_prompt_tokens(seq)
 
     def _allocate(self, seqs: list[Sequence], alone: bool) -> bool:
         """Give every sequence of a waiting request its blocks, all or nothing. False: not enough memory now."""

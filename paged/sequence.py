@@ -69,6 +69,7 @@ class Sequence:
         self.num_cached_tokens = 0  # tokens served from the prefix cache at the last allocation
         self.status = SequenceStatus.WAITING
         self.finish_message: str | None = None  # human-readable reason for ignored / exhausted
+        self.block_keys = None  # prefix caching: keys of the full blocks (prefix_cache.BlockKeys), hashed once
 
     def __len__(self) -> int:
         return len(self.token_ids)

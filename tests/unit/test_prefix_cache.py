@@ -133,3 +133,46 @@ def test_prefix_cache_register_rules():
     assert cache.lookup([1, 2, 3, 4, 9], 1) in ([0], [5])
     assert cache.evict(0) and not cache.evict(0)
     assert cache.lookup([1, 2, 3, 4, 9], 1) == [5]
+
+
+def test_each_full_block_is_hashed_once_across_lookups_allocation_and_decode():
+    calls = []
+
+    def counting_hash(parent, tokens, extra):
+        calls.append(tokens)
+        return hash((parent, tokens, extra))
+
+    m = BlockSpaceManager(4, 16, watermark=0.0, enable_prefix_caching=True, hash_fn=counting_hash)
+    seq = Sequence(0, list(range(1, 11)), 4)  # 10 tokens: 2 full blocks
+    m.block_keys(seq)  # when the request is added
+    assert len(calls) == 2, "the prompt's 2 full blocks are hashed once each"
+    m.can_allocate(seq)
+    m.allocate(seq)
+    assert len(calls) == 2, "can_allocate and allocate reuse the keys: no hashing"
+    for t in (11, 12, 13, 14, 15, 16):  # block 2 fills at token 12, block 3 at token 16
+        seq.append_token_id(t)
+        m.append_slots(seq)
+    assert calls[2:] == [(9, 10, 11, 12), (13, 14, 15, 16)], "each decode block is hashed once, when it fills"
+    assert len(m.prefix_cache) == 4, "all 4 full blocks are cached"
+    again = Sequence(1, list(range(1, 17)) + [99], 4)
+    m.allocate(again)
+    assert again.num_cached_tokens == 16, "the 4 cached blocks hit with the keys hashed once"
+
+
+def test_fork_copies_the_keys_and_the_child_extends_its_own():
+    m = BlockSpaceManager(4, 16, watermark=0.0, enable_prefix_caching=True)
+    parent = Sequence(0, [1, 2, 3, 4, 5, 6], 4)
+    m.allocate(parent)
+    child = parent.fork(1)
+    m.fork(parent, child)
+    assert child.block_keys is not parent.block_keys and child.block_keys.keys == parent.block_keys.keys
+    for seq, t in ((parent, 7), (child, 70)):
+        seq.append_token_id(t)
+        m.append_slots(seq)
+        seq.append_token_id(8)
+        m.append_slots(seq)
+    assert parent.block_keys.keys[1] != child.block_keys.keys[1], "diverged second blocks get their own keys"
+    assert child.block_keys.keys == BlockHasher().keys(child.token_ids, 4), "the child's keys are its tokens' keys"
+    reused = Sequence(2, [1, 2, 3, 4, 5, 6, 70, 8, 0], 4)
+    m.allocate(reused)
+    assert reused.num_cached_tokens == 8, "the child's own second block is cached under its key"

@@ -114,20 +114,20 @@ class LLMEngine:
         self.seconds["cache_ops"] += t2 - t1
         if not out.scheduled:
             return finished
+        forward_before = self.runner.forward_seconds
         entries = out.seq_block_tables()
         num_prefill_seqs = sum(len(g.seqs) for g in out.prefills)
         self._track_memory(entries)
-        forward_before = self.runner.forward_seconds
-        t3 = time.perf_counter()
         logits = self.runner.execute([(s.token_ids, len(s.seq), table) for s, table in entries], num_prefill_seqs)
         t4 = time.perf_counter()
         forward = self.runner.forward_seconds - forward_before
         self.seconds["forward"] += forward
-        self.seconds["prepare"] += (t4 - t3) - forward
+        self.seconds["prepare"] += (t4 - t2) - forward  # block tables, packing, metadata
         self.counters["steps"] += 1
         self.counters["computed_tokens"] += out.num_batched_tokens
-        self.seconds["sample"] += self._sample_and_append(out, logits)
+        self._sample_and_append(out, logits)
         t5 = time.perf_counter()
+        self.seconds["sample"] += t5 - t4  # sampling, appending tokens, forks, stop checks
         finished += self._finish_requests(out)
         t6 = time.perf_counter()
         self.seconds["update"] += t6 - t5
@@ -136,9 +136,8 @@ class LLMEngine:
                              "preempted": len(out.preempted), "finished": len(finished), "seconds": t6 - t0})
         return finished
 
-    def _sample_and_append(self, out, logits: torch.Tensor) -> float:
+    def _sample_and_append(self, out, logits: torch.Tensor) -> None:
         """Sample one token per scheduled sequence (``n`` for a request's first prefill) and append them."""
-        start = time.perf_counter()
         rows, params, gens, targets = [], [], [], []
         row = 0
         for group in out.scheduled:
@@ -153,7 +152,6 @@ class LLMEngine:
                 targets.append((sg, s.seq, copies))
                 row += 1
         tokens = self.sampler.sample(logits[rows] if len(rows) != logits.shape[0] else logits, params, gens)
-        elapsed = time.perf_counter() - start
         it = iter(tokens)
         for sg, seq, copies in targets:
             picked = [next(it) for _ in range(copies)]
@@ -163,7 +161,6 @@ class LLMEngine:
                 self.scheduler.fork_seq(seq, child)
                 self._append(child, token, sg.sampling_params)
             self._append(seq, picked[0], sg.sampling_params)
-        return elapsed
 
     def _append(self, seq: Sequence, token: int, sp: SamplingParams) -> None:
         seq.append_token_id(token)

@@ -1,0 +1,299 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · The engine on a real transformers model
+#
+# Chapters 02-06 built the parts: an allocator, block tables and the KV pool, a paged-attention kernel, prefix
+# caching with copy-on-write, and a scheduler. This chapter wires them to a real Hugging Face `transformers`
+# model and serves text: `LLM.generate`, vLLM's offline API, with continuous batching over a paged KV cache.
+#
+# **You will learn to**
+#
+# 1. picture why continuous batching keeps a batch busy where static batching idles;
+# 2. follow one engine step end to end: scheduler → block tables → slot mapping → model forward → sampling;
+# 3. plug a paged KV cache into *any* transformers decoder through its public extension points (no patching);
+# 4. check the engine's output against transformers' own `generate`, token for token;
+# 5. measure seed claim C6 (throughput rises with concurrency) at small scale on this CPU, ours against
+#    transformers, and read what a GPU run adds.
+#
+# Code: `paged/engine.py` (the step loop), `paged/llm.py` (`LLM`), `paged/model_runner.py` (packing a step),
+# `paged/hf.py` (the attention function), `paged/sampler.py`, `paged/models.py` (the built-in model); plots in
+# `paged/viz/engine.py`.
+
+# %%
+import copy
+import time
+
+import matplotlib.pyplot as plt
+import torch
+
+from paged.compare import greedy_agreement
+from paged.hf import AttentionMetadata, use_attention
+from paged.llm import LLM
+from paged.models import tiny_model
+from paged.sequence import SamplingParams
+from paged.viz.engine import batching_schedules, plot_batching, plot_block_tables, plot_timeline
+
+torch.manual_seed(0)
+chapter_start = time.perf_counter()
+
+# %% [markdown]
+# ## 1. Static against continuous batching, pictured
+#
+# Eight requests with different answer lengths share four batch slots. **Static batching** (transformers'
+# `generate` on a padded batch) runs a batch until its *longest* answer is done; a request that finished early
+# keeps its slot, idle (hatched). **Continuous batching** (Orca's iteration-level scheduling, which vLLM adopts;
+# chapter 06 built the scheduler) refills a slot at the next iteration.
+
+# %% tags=["nbval-check-output"]
+answer_lens = [5, 12, 3, 8, 9, 2, 7, 4]
+sched = batching_schedules(answer_lens, slots=4)
+print(f"static:     {sched['static_steps']} iterations, {sched['static_busy']:.1%} of slot-iterations busy")
+print(f"continuous: {sched['continuous_steps']} iterations, {sched['continuous_busy']:.1%} of slot-iterations busy")
+
+# %%
+plot_batching(answer_lens, slots=4)
+plt.show()
+
+# %% [markdown]
+# The same work (50 tokens) takes 21 iterations in static batches and 14 when slots are refilled. On a GPU an
+# iteration costs about the same whether 2 or 4 slots are busy (decode reads every weight once per step), so
+# fewer iterations is more throughput. Paging is what makes the refill cheap in memory: a new request takes only
+# the blocks its tokens fill, not a `max_len` reservation.
+#
+# ## 2. One engine step, opened up
+#
+# `LLMEngine.step()` does five things. We run them by hand once, on a tiny Llama (2 layers, hidden 64, GQA with
+# 4 query heads over 2 KV heads) and a pool of 12 blocks of 4 slots, with three requests; two share a 4-token
+# prefix.
+
+# %%
+model = tiny_model("llama", vocab_size=128)
+llm = LLM(model, block_size=4, num_gpu_blocks=12, enable_prefix_caching=True)
+engine = llm.engine
+prompts = {"A": [11, 12, 13, 14, 15, 16], "B": [11, 12, 13, 14, 40, 41, 42], "C": [70, 71, 72]}
+for name, prompt in prompts.items():
+    engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), request_id=name)
+
+# %% [markdown]
+# **(1) Schedule.** The scheduler admits waiting requests while blocks (beyond the watermark) and the token budget
+# allow, allocates their blocks, and marks which tokens each sequence computes in this step. With prefix caching
+# on, B finds A's first block (tokens 11-14) already registered and starts at token 4.
+
+# %% tags=["nbval-check-output"]
+out = engine.scheduler.schedule()
+entries = out.seq_block_tables()
+for s, table in entries:
+    print(f"request {s.seq.seq_id}: computes tokens {s.start}..{s.start + s.num_tokens - 1}, block table {table}")
+
+# %%
+plot_block_tables({f"seq {s.seq.seq_id}": t for s, t in entries}, num_blocks=12, block_size=4,
+                  lengths={f"seq {s.seq.seq_id}": len(s.seq) for s, _ in entries})
+plt.show()
+
+# %% [markdown]
+# **(2) Block tables → slot mapping.** The model runner packs every new token of every sequence into one row
+# (`input_ids [1, T]`), each with its position in its own sequence, and computes where its key and value go:
+# `slot = block_table[p // block_size] * block_size + p % block_size`. `AttentionMetadata.build` does this once
+# per step; every layer reuses it.
+
+# %% tags=["nbval-check-output"]
+meta = AttentionMetadata.build(engine.kv_cache, [t for _, t in entries], [len(s.seq) for s, _ in entries],
+                               [s.num_tokens for s, _ in entries], len(entries), block_size=4)
+print("positions   ", meta.positions.tolist())
+print("slot mapping", meta.slot_mapping.tolist())
+print("logits from packed tokens", meta.last_token_index.tolist())
+
+# %% [markdown]
+# **(3) Model forward.** `paged.hf` registers an attention function and a no-op mask function under the name
+# `"paged"` with transformers (`AttentionInterface`, `AttentionMaskInterface`) and switches the model to it
+# (`model.set_attn_implementation("paged")`). transformers still computes the projections, rotary embeddings and
+# MLPs; in each layer our function receives the packed `query [1, H, T, D]` and `key/value [1, KVH, T, D]`,
+# writes the new K/V to their slots, and attends each token to its own sequence's context read through the
+# block table. The metadata travels as a keyword argument of `model(...)`: no global state. `logits_to_keep`
+# runs the LM head on each sequence's last token only.
+#
+# Two traps, both met while building this: `set_attn_implementation` writes into the model's *config object*,
+# which every module shares (build a reference model from a deep copy); and a prompt that hits the prefix cache
+# must attend to K/V it did not compute in this step, so the prefill path reads the context from the pool, not
+# from the step's own keys.
+
+# %% tags=["nbval-check-output"]
+logits = engine.runner.execute([(s.token_ids, len(s.seq), t) for s, t in entries], len(entries))
+print("logits", tuple(logits.shape), "(one row per sequence, vocabulary 128)")
+
+# %% [markdown]
+# **(4) Sample, (5) update.** The sampler picks one token per row (greedy here; temperature, top-k, top-p and
+# per-request seeds are batched in `paged/sampler.py`); the engine appends it, checks stop conditions and frees
+# finished sequences. From here we let `engine.step()` do all five parts until the requests finish.
+
+# %%
+for (s, _), token in zip(entries, engine.sampler.sample(logits, [SamplingParams()] * len(entries))):
+    s.seq.append_token_id(token)
+finished = []
+while engine.has_unfinished_requests():
+    finished += engine.step()
+
+# %% tags=["nbval-check-output"]
+reference = copy.deepcopy(model)  # a separate config object: the reference keeps transformers' attention
+use_attention(reference, "sdpa")
+for o in sorted(finished, key=lambda o: o.request_id):
+    ids = torch.tensor([o.prompt_token_ids])
+    want = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    print(f"{o.request_id}: paged {o.outputs[0].token_ids}  transformers {want}  cached prompt tokens "
+          f"{o.num_cached_tokens}")
+print("blocks in use after the run:", llm.stats()["kv_blocks_used"])
+
+# %% [markdown]
+# Same tokens as transformers' `generate`, which keeps its own contiguous cache. The unit tests
+# (`tests/unit/test_engine.py`) check this for Llama, Qwen2, Mistral and GPT-2, with prefix caching on and off
+# and with a pool small enough to force preemption by recompute and by swap. They compare as vLLM's tests do:
+# tokens equal, or the first differing token is a near-tie of two logits (batching reorders floating-point
+# sums by ~1e-6).
+#
+# ## 3. The built-in model generating text
+#
+# `LLM()` with no model loads the course's built-in model: a 4-layer Llama (hidden 256, 8 query heads over 2
+# KV heads) with random weights from a fixed seed and a byte-level tokenizer, saved once to
+# `~/.cache/paged` and loaded back through `AutoModelForCausalLM.from_pretrained`, the path a hub model takes
+# (`LLM("Qwen/Qwen2.5-0.5B")` works the same where the hub is reachable). Random weights babble. To keep the
+# babble printable, the LM-head rows of non-printable bytes are zero: their logit is exactly 0 while printable
+# characters get random logits of both signs, so greedy decoding and top-k sampling (used below) stay printable;
+# greedy babble repeats itself. The KV
+# sizing is printed: on CPU a byte budget, on CUDA a profiling run and `gpu_memory_utilization`, as vLLM does.
+
+# %%
+llm = LLM(kv_cache_memory_bytes=8 * 2**20)
+system = "You are a tutor on LLM serving. Answer in one line.\n"
+questions = ["What is a block table?", "Why copy-on-write?", "What does the scheduler preempt first?",
+             "How big is one KV block?"] * 4
+outs = llm.generate([system + q + "\nA:" for q in questions],
+                    SamplingParams(max_tokens=24, temperature=0.8, top_k=20, seed=0), use_tqdm=False)
+for o in outs[:3]:
+    print(repr(o.prompt[len(system):]), "->", repr(o.outputs[0].text))
+
+# %% tags=["nbval-check-output"]
+stats = llm.stats()
+print(f"requests {len(outs)}, generated tokens {sum(len(o.outputs[0].token_ids) for o in outs)}")
+print(f"KV blocks: {stats['kv_blocks_total']} total, peak {stats['kv_blocks_peak']}, in use now {stats['kv_blocks_used']}")
+print(f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}, preemptions {stats['preemptions']}")
+
+# %% [markdown]
+# Sixteen prompts share a 53-byte system prompt (3 full blocks of 16 tokens after `<bos>`): after the first
+# request computes them, the others find them in the prefix cache (chapter 05), which is where the hit rate comes
+# from. `stats()` also reports the mean share of allocated slots that hold a token (`slot_utilization`, above 90%
+# here: paging wastes at most a partial last block per sequence, C3) and the seconds spent per step phase.
+#
+# ## 4. A pool too small: preemption in a real run
+#
+# The same model with a pool of 40 blocks (640 slots) and 24 longer requests: the scheduler admits what fits,
+# preempts the newest request when a running one cannot grow, and recomputes it later. The timeline shows the
+# tokens each step computes (prefill bursts, then one decode token per running sequence) and the blocks in use.
+
+# %%
+small = LLM(num_gpu_blocks=40, max_num_seqs=16)
+params = [SamplingParams(max_tokens=48 + 8 * (i % 4), ignore_eos=True) for i in range(24)]
+outs = small.generate([system + q for q in questions + questions[:8]], params, use_tqdm=False)
+plot_timeline(small.engine.history, num_blocks=40)
+plt.show()
+
+# %% tags=["nbval-check-output"]
+s = small.stats()
+print(f"finished {sum(o.outputs[0].finish_reason == 'length' for o in outs)}/24 at max_tokens; "
+      f"preemptions {s['preemptions']} (recompute {s['recomputes']}); peak blocks {s['kv_blocks_peak']}/40; "
+      f"in use now {s['kv_blocks_used']}")
+
+# %% [markdown]
+# ## 5. Seed claim C6: throughput against concurrency, ours against transformers
+#
+# The seed (002, §4.3) reports for Llama-2-7B on an A100 that vLLM beats transformers' `generate` by 1.14x at one
+# request and more with concurrency, until `generate` runs out of memory at 32. We measure the shape at small scale
+# on this CPU with the benchmark's reference model (`paged.bench.engine`: Llama, 4 layers, hidden 256, vocabulary
+# 2048) on a *ragged* workload, the case continuous batching is for: `c` requests at once with prompts of 16-64
+# tokens and answers of 4-32 tokens. transformers runs them as one static batch of `c` (left-padded; the batch
+# runs to its longest answer). Chapter 08 runs the equal-length variant, where a static batch wastes nothing.
+# Timings on a shared CPU vary by tens of percent between runs; the check cell compares tokens, not times.
+
+# %%
+from paged.bench.engine import agreement, bench_model, make_workload, run_paged, run_static  # noqa: E402
+from paged.viz.measure import plot_concurrency  # noqa: E402
+
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # on a shared machine extra threads wait on each other; one keeps the comparison fair
+bench = bench_model()
+run_paged(bench, make_workload(2, (8, 8), (2, 2)))  # warm-up
+sweep = []
+for c in (1, 8, 32):
+    work = make_workload(c, (16, 64), (4, 32), seed=3)
+    useful = sum(m for _, m in work)
+    ours, t_ours, _ = run_paged(bench, work, max_num_seqs=c)
+    theirs, t_hf = run_static(bench, work, batch_size=c)
+    sweep.append({"concurrency": c, "paged_tok_s": useful / t_ours, "hf_tok_s": useful / t_hf,
+                  "agree": agreement(bench, work, ours, theirs)})
+print(f"{'requests':>9} {'paged tok/s':>12} {'generate tok/s':>15} {'ratio':>6}")
+for r in sweep:
+    print(f"{r['concurrency']:>9} {r['paged_tok_s']:>12.0f} {r['hf_tok_s']:>15.0f} {r['paged_tok_s'] / r['hf_tok_s']:>6.2f}")
+torch.set_num_threads(threads)
+plot_concurrency(sweep)
+plt.show()
+
+# %% tags=["nbval-check-output"]
+print("requests whose tokens equal transformers' (or part at a near-tie):",
+      [r["agree"]["equal"] + r["agree"]["near_tie"] for r in sweep], "of", [r["concurrency"] for r in sweep])
+
+# %% [markdown]
+# What this CPU shows: both systems gain from batching (a step of `c` tokens costs little more than a step of
+# one for a model this small). At one request transformers is faster: its contiguous cache and fused SDPA beat
+# our gather through block tables plus the engine's per-step bookkeeping. With ragged answers and more requests
+# the engine pulls ahead, because a static batch keeps computing for requests that are done. The full
+# benchmark (`python -m paged bench engine`: 48 requests, prompts 16-200, answers 8-96, one thread) measured on
+# this CPU 1.4-1.7x transformers' static `generate` and about 20x transformers' own continuous batching
+# (`generate_batch`, which is not tuned for CPU), with the same tokens; with 64 running sequences about 88% of
+# a step is the model forward and 12-13% the engine (a third to a half of it the scheduler's Python). That is short of the 3x
+# and 10% we aimed for, and honest: on a CPU our attention *gathers* each sequence's K/V from the pool in every
+# layer, a memory cost the contiguous cache of `generate` does not pay, and a 4-layer model leaves little
+# forward time to hide Python behind.
+#
+# **What a GPU run shows.** There is no GPU here. `scripts/gpu_check.sh` runs the same benchmark on CUDA, where
+# decode tokens go to the chapter 04 Triton kernel (`paged.kernels.paged_attention_decode`) instead of the
+# gather, the pool is sized by a profiling run (`gpu_memory_utilization`), and the memory side of C6 appears:
+# a static batch must reserve `max_len` slots per row and runs out of memory at a batch size the paged pool
+# serves easily (chapter 08, section 2). Its JSON lands in `gpu-results/`, which chapter 08 reads.
+#
+# ## Your turn
+#
+# There is no graded exercise in this chapter: the engine is the assembly of the exercises of chapters 02-06
+# (`python -m paged grade` grades those). Things to try, each a one-line change above:
+#
+# - `LLM(num_gpu_blocks=40, preemption_mode="swap", num_cpu_blocks=40)` in section 4: preemptions become
+#   swaps (`stats()["swap_outs"]`); the outputs stay the same.
+# - `enable_prefix_caching=False` in section 3: the hit rate drops to 0 and more tokens are computed.
+# - `SamplingParams(n=3, temperature=1.0)`: three answers per prompt, forked after the prompt and sharing its
+#   blocks until copy-on-write (`stats()["cow_copies"]`).
+# - the main job on the command line: `python -m paged demo` (64 requests, report, check against transformers).
+#
+# ## Summary
+#
+# - The engine is a loop of five steps: schedule, cache operations (swap, copy-on-write), one packed forward,
+#   sample, update. vLLM's `LLMEngine.step` has the same shape.
+# - transformers' public extension points are enough: an attention function and a mask function registered
+#   under our name, metadata passed as a forward keyword, `logits_to_keep` for the last tokens.
+# - Greedy output equals transformers' `generate` for Llama, Qwen2, Mistral and GPT-2, with and without prefix
+#   caching and under preemption.
+# - C6 at small scale on CPU: throughput rises with concurrency for both systems; the engine's lead comes from
+#   ragged lengths (and, on a GPU, from memory); the seed's A100 numbers stay the seed's (E11).
+
+# %%
+print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")

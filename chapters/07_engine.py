@@ -187,7 +187,8 @@ for o in outs[:3]:
 # %% tags=["nbval-check-output"]
 stats = llm.stats()
 print(f"requests {len(outs)}, generated tokens {sum(len(o.outputs[0].token_ids) for o in outs)}")
-print(f"KV blocks: {stats['kv_blocks_total']} total, peak {stats['kv_blocks_peak']}, in use now {stats['kv_blocks_used']}")
+print(f"KV blocks: {stats['kv_blocks_total']} total, peak {stats['kv_blocks_peak']}, "
+      f"in use now {stats['kv_blocks_used']}")
 print(f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}, preemptions {stats['preemptions']}")
 
 # %% [markdown]
@@ -244,7 +245,8 @@ for c in (1, 8, 32):
                   "agree": agreement(bench, work, ours, theirs)})
 print(f"{'requests':>9} {'paged tok/s':>12} {'generate tok/s':>15} {'ratio':>6}")
 for r in sweep:
-    print(f"{r['concurrency']:>9} {r['paged_tok_s']:>12.0f} {r['hf_tok_s']:>15.0f} {r['paged_tok_s'] / r['hf_tok_s']:>6.2f}")
+    ratio = r["paged_tok_s"] / r["hf_tok_s"]
+    print(f"{r['concurrency']:>9} {r['paged_tok_s']:>12.0f} {r['hf_tok_s']:>15.0f} {ratio:>6.2f}")
 torch.set_num_threads(threads)
 plot_concurrency(sweep)
 plt.show()
@@ -261,8 +263,8 @@ print("requests whose tokens equal transformers' (or part at a near-tie):",
 # benchmark (`python -m paged bench engine`: 48 requests, prompts 16-200, answers 8-96, one thread) measured on
 # this CPU 1.4-1.7x transformers' static `generate` and about 20x transformers' own continuous batching
 # (`generate_batch`, which is not tuned for CPU), with the same tokens; with 64 running sequences about 88% of
-# a step is the model forward and 12-13% the engine (a third to a half of it the scheduler's Python). That is short of the 3x
-# and 10% we aimed for, and honest: on a CPU our attention *gathers* each sequence's K/V from the pool in every
+# a step is the model forward and 12-13% the engine (a third to a half of it the scheduler's Python). That is
+# short of the 3x and 10% we aimed for, and honest: on a CPU our attention *gathers* each sequence's K/V from the pool in every
 # layer, a memory cost the contiguous cache of `generate` does not pay, and a 4-layer model leaves little
 # forward time to hide Python behind.
 #

@@ -275,6 +275,11 @@ def _bs_summary(rows: list[dict]) -> str:
                      for r in rows if r["block_size"] in (1, 16, 64, 128, 256))
 
 
+def _below(value: float, bound: float) -> str:
+    """``"< bound"`` for rounding-level values (their last digit differs between CPUs), else the value."""
+    return f"< {bound:.0e}" if value < bound else f"{value:.1e}"
+
+
 def build_rows(m: dict) -> list[Row]:
     """One ``Row`` per claim from ``measure_all()`` output plus optional ``m["concurrency"]`` (rows of
     ``paged.bench.engine.concurrency_sweep``, each may carry ``same_tokens``), ``m["device"]`` (where they
@@ -300,7 +305,7 @@ def build_rows(m: dict) -> list[Row]:
         "C5": ("block saving " + ", ".join(f"{n}: {pre[n]['block_saving']:.0%}" for n in (500, 1000, 2000))
                + f" (100 requests, + {m['prefix'][0]['question_len']}-token question each)",
                "holds (the shared share of each prompt)"),
-        "E1": (f"relative error: corrected online softmax {sm['blockwise_err']:.0e}, "
+        "E1": (f"relative error: corrected online softmax {_below(sm['blockwise_err'], 1e-6)}, "
                f"seed's sketch {sm['seed_err']:.2f}",
                "corrected"),
         "E3": (f"chained per-block keys share {ch['shared_tokens']} of 40 common tokens; whole-prompt hash shares "

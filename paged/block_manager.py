@@ -193,11 +193,11 @@ class BlockSpaceManager:
     # ---- decode --------------------------------------------------------------------------------
     def _append_needs(self, seq: Sequence, table: BlockTable) -> tuple[int, bool]:
         """(new blocks, copy-on-write?) to give slots to the tokens of ``seq`` that have none yet."""
-        if len(seq) < table.num_tokens:
-            raise ValueError(f"sequence {seq.seq_id} has {len(seq)} tokens but {table.num_tokens} slots")
-        partial = table.num_tokens % self.block_size != 0
-        cow = len(seq) > table.num_tokens and partial and self.gpu_allocator.ref_count(table[-1]) > 1
-        return blocks_needed(len(seq), self.block_size) - len(table) + int(cow), cow
+        num_tokens, have, bs = len(seq.token_ids), table.num_tokens, self.block_size
+        if num_tokens < have:
+            raise ValueError(f"sequence {seq.seq_id} has {num_tokens} tokens but {have} slots")
+        cow = num_tokens > have and have % bs != 0 and self.gpu_allocator.ref_count(table.block_ids[-1]) > 1
+        return -(-num_tokens // bs) - len(table.block_ids) + cow, cow
 
     def can_append_slots(self, seq: Sequence) -> bool:
         """Whether the free blocks cover the new tokens' blocks plus a copy-on-write block if needed."""
@@ -214,20 +214,21 @@ class BlockSpaceManager:
         needed, cow = self._append_needs(seq, table)
         if needed > self.gpu_allocator.num_free_blocks:
             raise NoFreeBlocksError(needed, self.gpu_allocator.num_free_blocks)
+        num_tokens, have, bs = len(seq.token_ids), table.num_tokens, self.block_size
         copies = []
         if cow:
             src, dst = table[-1], self._new_gpu_block()
             self.gpu_allocator.free(src)  # one holder fewer; the other holders keep src
             table.block_ids[-1] = dst
             copies.append((src, dst))
-        elif len(seq) > table.num_tokens and table.num_tokens % self.block_size:
+            needed -= 1
+        elif num_tokens > have and have % bs and self.swaps:
             self.swaps.forget_gpu(table[-1])  # written in place: older swap copies of it are stale
-        while len(table) < blocks_needed(len(seq), self.block_size):
+        for _ in range(needed):
             table.append(self._new_gpu_block())
-        first_filled = table.num_tokens // self.block_size
-        table.num_tokens = len(seq)
+        table.num_tokens = num_tokens
         if self.prefix_cache is not None:
-            self._cache_full_blocks(seq, table, first_filled)
+            self._cache_full_blocks(seq, table, have // bs)
         return copies
 
     # ---- forks and frees -----------------------------------------------------------------------
@@ -257,7 +258,7 @@ class BlockSpaceManager:
     def _release(self, table: BlockTable, allocator: BlockAllocator, forget) -> None:
         """Drop one reference to each block of ``table``, tail first; forget swap copies of freed blocks."""
         allocator.free_many(reversed(table.block_ids))
-        if self.swaps.out or self.swaps.in_:
+        if self.swaps:
             for b in table:
                 if allocator.ref_count(b) == 0:
                     forget(b)

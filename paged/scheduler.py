@@ -36,6 +36,7 @@ Source: vLLM v0 ``vllm/core/scheduler.py`` (``_schedule_running`` / ``_schedule_
 
 from __future__ import annotations
 
+from bisect import bisect
 from collections import deque
 
 from paged.block_manager import AllocStatus, BlockSpaceManager
@@ -46,6 +47,7 @@ from paged.sequence import Sequence, SequenceGroup, SequenceStatus
 __all__ = ["CacheConfig", "ScheduledGroup", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerOutputs"]
 
 RUNNING, SWAPPED, WAITING = SequenceStatus.RUNNING, SequenceStatus.SWAPPED, SequenceStatus.WAITING
+_UNFINISHED = (RUNNING, WAITING, SWAPPED)  # ``status in _UNFINISHED``: ``not seq.is_finished``, by identity
 
 
 class Scheduler:
@@ -134,10 +136,13 @@ class Scheduler:
         """
         done = []
         for group in self.running:
+            finished = 0
             for seq in group.seqs:
-                if seq.is_finished and seq.seq_id in self._holding:
-                    self._free(seq)
-            if group.is_finished:
+                if seq.status not in _UNFINISHED:
+                    finished += 1
+                    if seq.seq_id in self._holding:
+                        self._free(seq)
+            if finished == len(group.seqs):
                 done.append(group)
         if done:
             self.running = deque(g for g in self.running if not g.is_finished)
@@ -373,7 +378,7 @@ class Scheduler:
                 out.blocks_to_swap_out.extend(bm.swap_out(seq))
                 seq.status = SWAPPED
             self.num_swap_outs += 1
-            self.swapped = deque(sorted([*self.swapped, group], key=self._rank))
+            self.swapped.insert(bisect(self.swapped, self._rank(group), key=self._rank), group)  # oldest first
             return
         for seq in seqs:
             self._free(seq)
@@ -400,7 +405,7 @@ class Scheduler:
         """Sequences the request will run: ``n`` before the fork, then its unfinished sequences."""
         if len(group.seqs) < group.sampling_params.n:
             return group.sampling_params.n
-        return len(group.unfinished_seqs())
+        return sum(1 for s in group.seqs if s.status in _UNFINISHED)
 
     def _rank(self, group: SequenceGroup) -> int:
         return self._order[group.request_id]

@@ -5,7 +5,7 @@ a new CPU block once; a sibling swapped out later reuses that CPU copy (one more
 copying again, and likewise on the way back in. ``SwapMaps`` remembers these copies as
 ``out: gpu -> cpu`` and ``in_: cpu -> gpu``. A remembered copy is only valid while both blocks hold the
 same data, so it is forgotten as soon as either block is freed to zero or the GPU block is written in
-place (``forget_gpu`` / ``forget_cpu``).
+place (``forget_gpu`` / ``forget_cpu``, O(1) each: both maps are one-to-one and kept with their inverse).
 
 Source: vLLM v0 ``vllm/core/block_manager.py`` (``swap_out`` / ``swap_in`` map every block of a
 sequence group once, through ``vllm/core/block/cpu_gpu_block_allocator.py``); paper §4.5 (swapping).
@@ -25,6 +25,12 @@ class SwapMaps:
     def __init__(self) -> None:
         self.out: dict[int, int] = {}  # GPU block -> its CPU copy
         self.in_: dict[int, int] = {}  # CPU block -> its GPU copy
+        self._out_by_cpu: dict[int, int] = {}  # inverse of ``out``
+        self._in_by_gpu: dict[int, int] = {}  # inverse of ``in_``
+
+    def __bool__(self) -> bool:
+        """Whether any copy is remembered (the block manager skips the bookkeeping when none is)."""
+        return bool(self.out or self.in_)
 
     def blocks_to_copy_out(self, table: BlockTable) -> int:
         """New CPU blocks a swap-out of ``table`` (GPU ids) needs."""
@@ -42,7 +48,7 @@ class SwapMaps:
         Returns ``(pairs, dst_ids)``: the ``(src, dst)`` copies to make and the new table's ids.
         Raises ``NoFreeBlocksError`` before changing anything when the other pool is too small.
         """
-        mapping = self.out if out else self.in_
+        mapping, inverse = (self.out, self._out_by_cpu) if out else (self.in_, self._in_by_gpu)
         needed = sum(1 for b in table if b not in mapping)
         if needed > dst_allocator.num_free_blocks:
             raise NoFreeBlocksError(needed, dst_allocator.num_free_blocks,
@@ -53,6 +59,7 @@ class SwapMaps:
             if dst is None:
                 dst = allocate()
                 mapping[src] = dst
+                inverse[dst] = src
                 pairs.append((src, dst))
             else:
                 dst_allocator.incref(dst)
@@ -61,12 +68,18 @@ class SwapMaps:
 
     def forget_gpu(self, block_id: int) -> None:
         """GPU block freed to zero or written in place: no remembered copy involving it is valid."""
-        self.out.pop(block_id, None)
-        for cpu in [c for c, g in self.in_.items() if g == block_id]:
+        cpu = self.out.pop(block_id, None)
+        if cpu is not None:
+            del self._out_by_cpu[cpu]
+        cpu = self._in_by_gpu.pop(block_id, None)
+        if cpu is not None:
             del self.in_[cpu]
 
     def forget_cpu(self, block_id: int) -> None:
         """CPU block freed to zero: no remembered copy involving it is valid."""
-        self.in_.pop(block_id, None)
-        for gpu in [g for g, c in self.out.items() if c == block_id]:
+        gpu = self.in_.pop(block_id, None)
+        if gpu is not None:
+            del self._in_by_gpu[gpu]
+        gpu = self._out_by_cpu.pop(block_id, None)
+        if gpu is not None:
             del self.out[gpu]

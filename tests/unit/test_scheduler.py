@@ -409,3 +409,18 @@ def test_random_arrivals_and_aborts_all_finish_and_free_everything(reqs, bs, n_g
             else:
                 assert seq.finish_message, "ignored / exhausted requests carry their reason"
     assert_all_free(s)
+
+
+def test_swapped_queue_stays_in_arrival_order_when_several_are_swapped_out():
+    s = sched(4, mode="swap", num_cpu_blocks=12, watermark=0.0)
+    groups = [make(r, 4, 8) for r in "ABCD"]  # 4 tokens each: 1 full block, the next token needs a 2nd
+    for g in groups:
+        s.add_request(g)
+    eng = FakeEngine(s)
+    eng.step()  # all four prefill: the pool is full
+    out = eng.step()  # A grows into D's block, B into C's: D then C are swapped out (latest first)
+    assert out.preempted == [groups[3], groups[2]], "the most recently admitted is preempted first"
+    assert list(s.swapped) == [groups[2], groups[3]], "swapped is oldest first (C before D)"
+    eng.run(max_steps=60)
+    assert [g.seqs[0].status for g in groups] == [S.FINISHED_LENGTH] * 4
+    assert_all_free(s)

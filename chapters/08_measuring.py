@@ -327,7 +327,7 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 # The KV layout `[num_blocks, block_size, num_kv_heads, head_dim]` per layer is v1's (FlashAttention's "NHD");
 # v0's own CUDA kernel split the key cache further into `x`-element chunks for vectorized loads. v0 and v1 differ
 # most in what they dropped: v1 has no copy-on-write, no swap, no watermark; it recomputes preempted requests
-# and keeps freed cached blocks in the same queue as never-used ones (`REFERENCE_NOTES.md`).
+# and keeps freed cached blocks in the same queue as never-used ones (vLLM 0.8.5 source).
 #
 # ### The same workload on vLLM
 #
@@ -378,14 +378,15 @@ else:
 # Chapter 08 has no graded exercise; its work is measuring. Three things to try from a terminal:
 #
 # ```bash
-# python -m paged bench all --quick --out bench-results  # every benchmark: JSON + PNG, a few minutes
+# python -m paged bench all --quick --out bench-results  # every benchmark: JSON + PNG, about a minute
 # python -m paged.ledger --bench bench-results           # the ledger above, with the benchmarks' numbers
 # scripts/gpu_check.sh                                   # with a GPU: GPU tests, kernel and engine benchmarks
 # ```
 #
-# Then change one thing and watch the ledger move: the trace's means in `ledger.measure_all` (how does C2's split
-# change?), the private suffix of `measure_prefix_sharing` (C5), or the block sizes of section 1 with a smaller
-# pool. All graded exercises of the earlier chapters: `python -m paged grade`.
+# Then change one thing and watch a row move: the means of the chat trace (`chat_trace(..., mean_output=...)` with
+# `ledger.measure_fragmentation`: how does C2's split change?), the private question of
+# `paged.bench.prefix.shared_prompt_savings(1000, question_len=...)` (C5), or the pool of section 1's block-size
+# study. All graded exercises of the earlier chapters: `python -m paged grade`.
 #
 # ## Summary
 #
@@ -397,8 +398,8 @@ else:
 #   seed's A100 table is not reproduced here and stays unsourced (C6, E11).
 # - The ledger gives every seed claim a number or a sourced correction: 4 hold, 3 depend on the workload or
 #   device, 10 are corrected, and one (E2) needs a GPU, with the paper's figure meanwhile.
-# - Every piece has a counterpart in vLLM; v1 keeps blocks, block tables, prefix caching and recompute
-#   preemption, and drops copy-on-write, swapping and the watermark.
+# - Every piece has a counterpart in vLLM; v1 (as of 0.8.5) keeps blocks, block tables, prefix caching and
+#   recompute preemption, and drops copy-on-write, swapping and the watermark.
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")

@@ -5,6 +5,8 @@ correct statement (paper section or vLLM file). The ``measure_*`` functions comp
 this package at sizes that run in a second or two on a laptop CPU; chapter 08 calls them, fills in the
 rows that need the engine or a GPU, and prints the table with ``ledger_markdown``.
 
+    python -m paged.ledger [--bench DIR]     # the table as Markdown; DIR: JSON of `python -m paged bench`
+
 Paper: Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
 SOSP 2023 (arXiv 2309.06180). vLLM paths are from v0.8.5, the last release holding both v0 and v1.
 """

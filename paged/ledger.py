@@ -322,8 +322,9 @@ def build_rows(m: dict) -> list[Row]:
                "corrected"),
         "E8": (f"{mem['block_bytes'] / 2**20:.0f} MiB per 16-token block; seed formula "
                f"{mem['seed_block_bytes'] // mem['block_bytes']}x too large", "corrected"),
-        "E9": (f"admission LATER/OK/NEVER = {wm['can_allocate'][10]}/{wm['can_allocate'][7]}/{wm['can_allocate'][96]}"
-               "; preemptions by watermark " + ", ".join(f"{k}: {v}" for k, v in wm["preemptions"].items()),
+        "E9": (f"{wm['free_blocks']} free of 100 blocks, watermark 5: prompts of 10 / 7 / 96 blocks get "
+               + " / ".join(wm["can_allocate"][n].upper() for n in (10, 7, 96))
+               + "; simulated preemptions by watermark " + ", ".join(f"{k}: {v}" for k, v in wm["preemptions"].items()),
                "corrected (it prevents preemption)"),
         "C7": ("util/throughput vs 16, chat: " + _bs_summary(bs["chat"]) + "; short: " + _bs_summary(bs["short"]),
                "partly: 16-128 alike on chat, large blocks much worse on short requests; below 16 only the "

@@ -87,7 +87,8 @@ class BlockKeys:
         self.blocks: list[tuple] = []
 
     def update(self, block_size: int) -> int:
-        """Hash the blocks of ``token_ids`` that became full since the last call. Returns full blocks so far."""
+        """Hash the blocks of ``token_ids`` that became full since the last call (same ``block_size`` at
+        every call). Returns the number of full blocks hashed so far."""
         tokens, keys, blocks, hash_fn, extra = self.token_ids, self.keys, self.blocks, self.hash_fn, self.extra
         parent = keys[-1] if keys else ROOT_KEY
         for start in range(len(keys) * block_size, len(tokens) - block_size + 1, block_size):
@@ -172,6 +173,8 @@ class PrefixCache:
         """
         if block_keys is None:
             block_keys = self.block_keys(list(token_ids), extra)
+        elif block_keys.extra != extra:
+            raise ValueError(f"lookup: block_keys were hashed with extra={block_keys.extra!r}, not {extra!r}")
         else:
             block_keys.update(self.block_size)
         hits, get, parent_uid = [], self._by_key.get, 0
@@ -251,6 +254,8 @@ class PrefixCache:
                     break
                 added += 1
             return added
+        if block_keys.extra != extra:
+            raise ValueError(f"register_blocks: block_keys were hashed with extra={block_keys.extra!r}, not {extra!r}")
         if block_keys.update(bs) < stop:
             raise ValueError(f"register_blocks: blocks up to {stop} requested, only {len(block_keys.keys)} are full")
         by_block, by_key, keys, blocks = self._by_block, self._by_key, block_keys.keys, block_keys.blocks

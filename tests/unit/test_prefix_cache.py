@@ -3,6 +3,8 @@ block-manager level (the engine-level versions with outputs live with the engine
 
 from __future__ import annotations
 
+import pytest
+
 from paged.block_manager import BlockSpaceManager
 from paged.prefix_cache import ROOT_KEY, BlockHasher, PrefixCache
 from paged.sequence import Sequence
@@ -176,3 +178,12 @@ def test_fork_copies_the_keys_and_the_child_extends_its_own():
     reused = Sequence(2, [1, 2, 3, 4, 5, 6, 70, 8, 0], 4)
     m.allocate(reused)
     assert reused.num_cached_tokens == 8, "the child's own second block is cached under its key"
+
+
+def test_block_keys_hashed_with_another_extra_key_are_refused():
+    cache = PrefixCache(4)
+    keys = cache.block_keys([1, 2, 3, 4, 5], extra="lora-1")
+    assert keys.keys == BlockHasher().keys([1, 2, 3, 4, 5], 4, extra="lora-1")
+    with pytest.raises(ValueError, match="extra='lora-1', not None"):
+        cache.lookup([1, 2, 3, 4, 5], 1, block_keys=keys)
+    assert cache.lookup([1, 2, 3, 4, 5], 1, extra="lora-1", block_keys=keys) == [], "empty cache: a miss"

@@ -168,10 +168,11 @@ print("blocks in use after the run:", llm.stats()["kv_blocks_used"])
 # `LLM()` with no model loads the course's built-in model: a 4-layer Llama (hidden 256, 8 query heads over 2
 # KV heads) with random weights from a fixed seed and a byte-level tokenizer, saved once to
 # `~/.cache/paged` and loaded back through `AutoModelForCausalLM.from_pretrained`, the path a hub model takes
-# (`LLM("Qwen/Qwen2.5-0.5B")` works the same where the hub is reachable). Random weights babble. To keep the
-# babble printable, the LM-head rows of non-printable bytes are zero: their logit is exactly 0 while printable
-# characters get random logits of both signs, so greedy decoding and top-k sampling (used below) stay printable;
-# greedy babble repeats itself. The KV
+# (`LLM("Qwen/Qwen2.5-0.5B")` works the same where the hub is reachable). Random weights babble, and a plain
+# random transformer's greedy babble collapses into one repeated character. So the built-in model's LM head
+# is a cipher: it maps each character's embedding to a fixed random printable character, blurred by the context
+# the layers mix in, and gives every other byte a logit of exactly 0. The babble stays printable (greedy and
+# top-k sampling, used below, never pick a byte with logit 0 over a large positive one) and varies. The KV
 # sizing is printed: on CPU a byte budget, on CUDA a profiling run and `gpu_memory_utilization`, as vLLM does.
 
 # %%

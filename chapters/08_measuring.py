@@ -242,11 +242,11 @@ else:
 # %% [markdown]
 # On this CPU both systems gain an order of magnitude from batching: a step computes `c` tokens for little more
 # than the price of one, because the tiny model's matrix products are far from saturating the CPU. With equal
-# prompt and output lengths a static batch wastes nothing, so `generate` is a strong baseline here: in our runs it
-# was ahead by up to a quarter at low concurrency, and the gap closed as concurrency grew. The engine's step
-# profile (`LLM.stats()["seconds"]`) puts over 90% of our time in the model forward, which on CPU includes
-# gathering every sequence's K/V from the block pool in every layer (`paged.hf`); a contiguous cache needs no
-# gather, and the scheduler's share is tiny.
+# prompt and output lengths a static batch wastes nothing, so `generate` is a strong baseline here: over our runs
+# its lead ranged from nothing to about 2x, varying with the machine's load more than with concurrency. The step
+# profile of our engine (`LLM.stats()["seconds"]`) puts over 80% of its time in the model forward, which on CPU
+# includes gathering every sequence's K/V from the block pool in every layer (`paged.hf`); a contiguous cache
+# needs no gather, and scheduling takes a few percent.
 # Paging pays off when lengths differ and memory is the limit: the engine benchmark's mixed workload
 # (`python -m paged bench engine`, chapter 07) measures that case, and section 2 showed the memory side: a
 # static `[batch, 4096]` cache of Llama-2-7B holds 29 requests on an 80 GB GPU, so the seed's "OOM from 32" is

@@ -302,7 +302,7 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 # | prefix caching | `enable_prefix_caching=True` | `enable_prefix_caching` (off in v0, on in v1) |
 # | preemption | `preemption_mode="recompute"` or `"swap"` | v0: recompute one sequence, swap a group; v1: recompute |
 # | swap space | `num_cpu_blocks` (blocks) | `swap_space` (GiB of CPU memory, default 4; v0 only) |
-# | watermark | `watermark=0.01` | v0 block manager default 0.01, not a user setting; none in v1 |
+# | watermark | `watermark=0.01` | v0 block manager default 0.01; none in v1 0.8.5 (later: 0.0 by default) |
 # | batch limits | `max_num_seqs`, `max_num_batched_tokens` | the same names |
 #
 # Then the code, file by file (v0 as of 0.8.5, the last release with both engines):
@@ -326,8 +326,9 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 #
 # The KV layout `[num_blocks, block_size, num_kv_heads, head_dim]` per layer is v1's (FlashAttention's "NHD");
 # v0's own CUDA kernel split the key cache further into `x`-element chunks for vectorized loads. v0 and v1 differ
-# most in what they dropped: v1 has no copy-on-write, no swap, no watermark; it recomputes preempted requests
-# and keeps freed cached blocks in the same queue as never-used ones (vLLM 0.8.5 source).
+# most in what they dropped: v1 (0.8.5) has no copy-on-write, no swap, no watermark (later releases give its
+# `KVCacheManager` an optional one, off by default); it recomputes preempted requests and keeps freed cached
+# blocks in the same queue as never-used ones (vLLM 0.8.5 source).
 #
 # ### The same workload on vLLM
 #

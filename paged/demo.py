@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="hub name or local folder (default: the built-in model)")
     parser.add_argument("--num-requests", type=int, default=64, help="requests in the workload (default 64)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--kv-memory-mb", type=float, default=None,
+                        help="KV cache budget in MiB (default: 256 on CPU, profiled on CUDA)")
     parser.add_argument("--check", type=int, default=4, help="outputs checked against transformers (default 4)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the static-batch generate timing")
     args = parser.parse_args(argv)
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     print(f"== paged demo: {args.model or 'built-in byte-level Llama (4 layers, hidden 256, GQA 8/2)'} ==")
     try:
-        llm = LLM(args.model, device=args.device)
+        budget = None if args.kv_memory_mb is None else int(args.kv_memory_mb * 2**20)
+        llm = LLM(args.model, device=args.device, kv_cache_memory_bytes=budget)
     except ValueError as err:
         parser.exit(2, f"error: {err}\n")
     model, tokenizer = llm.model, llm.tokenizer

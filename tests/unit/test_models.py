@@ -71,3 +71,12 @@ def test_tiny_models(arch, cls, kv_heads):
 def test_tiny_config_unknown_arch():
     with pytest.raises(ValueError, match="arch must be one of"):
         models.tiny_config("opt")
+
+
+def test_demo_runs_and_agrees_with_transformers(cache_dir, capsys):
+    from paged import demo
+
+    assert demo.main(["--num-requests", "6", "--check", "2", "--no-baseline", "--kv-memory-mb", "4"]) == 0
+    out = capsys.readouterr().out
+    for expected in ("KV cache:", "requests            6", "prefix cache", "2/2 sampled requests agree"):
+        assert expected in out, f"demo report lacks {expected!r}:\n{out}"

@@ -243,7 +243,7 @@ else:
 # On this CPU both systems gain an order of magnitude from batching: a step computes `c` tokens for little more
 # than the price of one, because the tiny model's matrix products are far from saturating the CPU. With equal
 # prompt and output lengths a static batch wastes nothing, so `generate` is a strong baseline here: over our runs
-# its lead ranged from nothing to about 2x, varying with the machine's load more than with concurrency. The step
+# the ratio ranged from about 0.5 to 1.1, varying with the machine's load more than with concurrency. The step
 # profile of our engine (`LLM.stats()["seconds"]`) puts over 80% of its time in the model forward, which on CPU
 # includes gathering every sequence's K/V from the block pool in every layer (`paged.hf`); a contiguous cache
 # needs no gather, and scheduling takes a few percent.

@@ -87,7 +87,8 @@ class LLM:
         verbose: print the KV sizing.
 
     Raises:
-        ValueError: unknown model, bad sizes (from the configs), or a budget that holds no block.
+        ValueError: unknown model, ``max_model_len`` over the model's positions, bad sizes (from the
+            configs), or a budget that holds no block.
     """
 
     def __init__(self, model=None, *, tokenizer=None, block_size: int = 16, num_gpu_blocks: int | None = None,
@@ -103,6 +104,8 @@ class LLM:
         dtype = next(self.model.parameters()).dtype
         limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", 2048)
         max_model_len = max_model_len or int(limit)
+        if max_model_len > int(limit):
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's {int(limit)} positions")
         scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                            max_model_len=max_model_len, preemption_mode=preemption_mode)
         layers, kv_heads, head_dim = kv_shape(model)

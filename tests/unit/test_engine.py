@@ -280,6 +280,8 @@ def test_bad_sampling_params(kwargs, match):
 def test_unknown_model_and_mismatched_params(llama):
     with pytest.raises(ValueError, match="could not be loaded"):
         LLM("./no/such/model-folder", verbose=False)
+    with pytest.raises(ValueError, match="exceeds the model's 512 positions"):
+        LLM(llama[0], num_gpu_blocks=8, max_model_len=1000, verbose=False)
     llm = LLM(llama[0], block_size=4, num_gpu_blocks=8, verbose=False)
     with pytest.raises(ValueError, match="2 sampling params for 1 prompts"):
         llm.generate([[1, 2]], [GREEDY, GREEDY], use_tqdm=False)

@@ -215,9 +215,11 @@ for n in (64, 256, 1024):
 # %% [markdown]
 # Reading the numbers: one block at a time, the allocator costs several times the bare deque. In
 # CPython a method call alone costs about as much as the deque's `popleft` + `append`, and the
-# allocator also checks the id and keeps a reference count; its queue is an `OrderedDict`, which
-# chapter 05 needs to pull one given block out of the middle in O(1). Batched calls
-# (`allocate_many`, `free_many`, used by the block manager) come closer. On an idle machine the block
+# allocator also checks the id and keeps a reference count. Its queue is a `deque` with lazy deletion:
+# chapter 05 pulls a given free block out of the middle by marking its entry dead, and allocation skips
+# dead entries. Two empty Python methods around a deque already cost about 2.4x the bare deque, so one
+# block at a time stays near 4x; the batched calls (`allocate_many`, `free_many`, used by the block
+# manager) are within 3x. On an idle machine the block
 # manager's cost per block is below a microsecond and about the same from 4,096 to 65,536 blocks (the
 # larger runs pay somewhat more for CPU cache misses): the work is linear in the number of blocks. On a
 # busy machine single runs are slower; `python -m paged bench allocator` reports the best of many.

@@ -167,7 +167,7 @@ class LLMEngine:
         self.counters["generated_tokens"] += 1
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
             seq.status = SequenceStatus.FINISHED_STOPPED
-        elif len(seq.output_token_ids) >= sp.max_tokens or len(seq) >= self.scheduler_config.max_model_len:
+        elif len(seq) - seq.num_prompt_tokens >= sp.max_tokens or len(seq) >= self.scheduler_config.max_model_len:
             seq.status = SequenceStatus.FINISHED_LENGTH
 
     def _finish_requests(self, out) -> list[RequestOutput]:

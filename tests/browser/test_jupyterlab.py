@@ -11,7 +11,6 @@ them the tests skip, or fail when ``CI`` is set. Screenshots go to ``$BROWSER_CH
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -20,10 +19,9 @@ import nbformat
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("browser_check", REPO / "scripts" / "browser_check.py")
-bc = importlib.util.module_from_spec(_spec)
-sys.modules["browser_check"] = bc
-_spec.loader.exec_module(bc)
+sys.path.insert(0, str(REPO / "scripts"))
+import browser_check as bc  # noqa: E402 - scripts/ is not a package
+import lab_browser  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -33,7 +31,7 @@ CHAPTERS = bc.find_notebooks([])
 
 
 def _need_browser() -> None:
-    missing = [exe for exe in (bc.CHROMIUM, bc.CHROMEDRIVER) if not Path(exe).exists()]
+    missing = [exe for exe in (lab_browser.CHROMIUM, lab_browser.CHROMEDRIVER) if not Path(exe).exists()]
     if missing:
         message = f"{', '.join(missing)} missing: apt-get install chromium chromium-driver"
         if os.environ.get("CI"):
@@ -52,7 +50,7 @@ def _failures(result) -> str:
 @pytest.fixture(scope="module")
 def chapter_session():
     _need_browser()
-    with bc.browser_session(REPO) as session:
+    with lab_browser.browser_session(REPO) as session:
         yield session
 
 
@@ -125,7 +123,7 @@ def scratch(tmp_path_factory):
         nb = nbformat.v4.new_notebook(metadata=kernelspec)
         nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
         nbformat.write(nb, folder / f"{name}.ipynb")
-    with bc.browser_session(folder) as (lab, driver):
+    with lab_browser.browser_session(folder) as (lab, driver):
         yield folder, lab, driver
 
 

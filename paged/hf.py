@@ -42,28 +42,32 @@ _registered = False
 class _Group:
     """The decode sequences of a step (one new token each), built once per step for every layer.
 
-    seq_index   [G] int64: which sequences of the batch decode.
-    token_index [G] int64: packed position of each one's token.
+    Decodes are packed last: sequences ``seqs`` (a slice of the batch) own tokens ``start ..``, one each.
     block_index [G * B] int64: the first ``B = ceil(max context / block_size)`` entries of each block
                 table, flattened: gathering these blocks gives every context, padded to ``B`` blocks.
-    bias        [G, 1, 1, B * block_size] float: 0 for positions < context length, -inf after.
+    bias        [G, 1, B * block_size] float: 0 for positions < context length, -inf after.
     """
 
-    seq_index: torch.Tensor
-    token_index: torch.Tensor
+    seqs: slice
+    start: int
     block_index: torch.Tensor
     bias: torch.Tensor
 
+    @property
+    def tokens(self) -> slice:
+        return slice(self.start, self.start + self.seqs.stop - self.seqs.start)
 
-def _build_group(seqs: torch.Tensor, token_index: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor, block_size: int, dtype: torch.dtype) -> _Group:
-    device = token_index.device
-    num_blocks = -(-int(context_lens.max()) // block_size)
+
+def _build_group(seqs: slice, start: int, context_lens: list[int], block_tables: torch.Tensor, block_size: int,
+                 dtype: torch.dtype) -> _Group:
+    device = block_tables.device
+    num_blocks = -(-max(context_lens) // block_size)
     block_index = block_tables[seqs, :num_blocks].long().reshape(-1)
     # context position p of a sequence sits at gathered row p: block p // block_size, offset p % block_size
-    visible = torch.arange(num_blocks * block_size, device=device)[None, :] < context_lens[:, None]
+    ctx = torch.tensor(context_lens, device=device)
+    visible = torch.arange(num_blocks * block_size, device=device)[None, :] < ctx[:, None]
     bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
-    return _Group(seqs, token_index, block_index, bias[:, None, None, :])
+    return _Group(seqs, start, block_index, bias[:, None, :])
 
 
 @dataclass
@@ -138,29 +142,27 @@ class AttentionMetadata:
         if not (len(context_lens) == len(query_lens) == num_seqs) or num_seqs == 0:
             raise ValueError(f"need one block table, context length and query length per sequence, got "
                              f"{num_seqs}, {len(context_lens)}, {len(query_lens)}")
-        width = max(len(t) for t in block_tables)
+        positions, slots, starts = [], [], [0]
         for s, (table, ctx, q) in enumerate(zip(block_tables, context_lens, query_lens)):
             if not 0 < q <= ctx or len(table) * block_size < ctx:
                 raise ValueError(f"sequence {s}: query {q} tokens, context {ctx} tokens, block table of "
                                  f"{len(table)} blocks x {block_size} slots")
+            for p in range(ctx - q, ctx):  # the new tokens and their slots in the pool
+                positions.append(p)
+                slots.append(table[p // block_size] * block_size + p % block_size)
+            starts.append(starts[-1] + q)
+        width = max(len(t) for t in block_tables)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32, device=device)
-        ctx_t = torch.tensor(context_lens, dtype=torch.int64, device=device)
-        q_t = torch.tensor(query_lens, dtype=torch.int64, device=device)
-        starts = torch.cumsum(q_t, 0) - q_t
-        seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_t)
-        positions = torch.arange(int(q_t.sum()), device=device) - starts[seq_of_token] + (ctx_t - q_t)[seq_of_token]
-        slots = (tables.long()[seq_of_token, positions // block_size] * block_size + positions % block_size)
-        meta = cls(kv_cache, positions, slots, tables, ctx_t.int(),
-                   torch.cat([starts, q_t.sum().view(1)]).int(), starts + q_t - 1, num_prefills, backend)
-        starts_list = [0]
-        for q in query_lens:
-            starts_list.append(starts_list[-1] + q)
-        meta.prefills = [_build_prefill(starts_list[s], query_lens[s], context_lens[s], tables[s], block_size,
+        ctx_t = torch.tensor(context_lens, dtype=torch.int32, device=device)
+        meta = cls(kv_cache, torch.tensor(positions, device=device), torch.tensor(slots, device=device), tables,
+                   ctx_t, torch.tensor(starts, dtype=torch.int32, device=device),
+                   torch.tensor(starts[1:], device=device) - 1, num_prefills, backend)
+        meta.prefills = [_build_prefill(starts[s], query_lens[s], context_lens[s], tables[s], block_size,
                                         kv_cache.dtype) for s in range(num_prefills)]
         if num_prefills < num_seqs:
             part = slice(num_prefills, num_seqs)
-            meta.decode = _build_group(torch.arange(num_seqs, device=device)[part], starts[part], ctx_t[part],
-                                       tables, block_size, kv_cache.dtype)
+            meta.decode = _build_group(part, starts[num_prefills], context_lens[part], tables, block_size,
+                                       kv_cache.dtype)
         return meta
 
 
@@ -184,17 +186,16 @@ def _attend_decodes(group: _Group, q: torch.Tensor, key_cache: torch.Tensor, val
     that head's keys and values in place (a strided view: no copy) for the ``H / KVH`` query heads that
     share it (GQA).
     """
-    num_seqs = group.token_index.shape[0]
+    num_seqs = group.seqs.stop - group.seqs.start
     kv_shape = (num_seqs, -1, *key_cache.shape[2:])
     keys = key_cache.index_select(0, group.block_index).view(kv_shape)  # [G, C, KVH, D]
     values = value_cache.index_select(0, group.block_index).view(kv_shape)
     num_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], keys.shape[2]
-    q_stacked = q[group.token_index].view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    bias = group.bias[:, 0]  # [G, 1, C]
+    q_stacked = q[group.tokens].view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = torch.empty_like(q_stacked)
-    for h in range(num_kv_heads):
-        scores = torch.matmul(q_stacked[:, h], keys[:, :, h].transpose(1, 2)) * scale + bias  # [G, g, C]
-        out[:, h] = torch.matmul(scores.softmax(dim=-1), values[:, :, h])
+    for h in range(num_kv_heads):  # scores = bias + scale * q k^T in one op: [G, g, C]
+        scores = torch.baddbmm(group.bias, q_stacked[:, h], keys[:, :, h].transpose(1, 2), alpha=scale)
+        out[:, h] = torch.bmm(scores.softmax(dim=-1), values[:, :, h])
     return out.view(num_seqs, num_heads, head_dim)
 
 
@@ -247,12 +248,12 @@ def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
         if meta.backend == "triton":  # inputs built by build(): the unchecked launch, no host sync
             from paged.kernels import launch_decode
 
-            seqs = group.seq_index
-            out[group.token_index] = launch_decode(
-                q[group.token_index].contiguous(), key_cache, value_cache, meta.block_tables[seqs].contiguous(),
+            seqs = group.seqs
+            out[group.tokens] = launch_decode(
+                q[group.tokens].contiguous(), key_cache, value_cache, meta.block_tables[seqs].contiguous(),
                 meta.context_lens[seqs].contiguous(), scale=scale)
         else:
-            out[group.token_index] = _attend_decodes(group, q, key_cache, value_cache, scale).to(q.dtype)
+            out[group.tokens] = _attend_decodes(group, q, key_cache, value_cache, scale).to(q.dtype)
     return out.unsqueeze(0), None
 
 

@@ -65,7 +65,7 @@ def test_metadata_slot_mapping_positions_and_boundaries():
     assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == [[10, 11, 12], [3, 1, 0]]
     assert meta.context_lens.tolist() == [8, 5]
     assert len(meta.prefills) == 1 and meta.prefills[0].block_index is None, "a fresh prefill needs no gather"
-    assert meta.decode.bias.shape == (1, 1, 1, 8) and torch.isinf(meta.decode.bias[0, 0, 0, 5:]).all()
+    assert meta.decode.bias.shape == (1, 1, 8) and torch.isinf(meta.decode.bias[0, 0, 5:]).all()
 
 
 @pytest.mark.parametrize("tables, ctx, q, match", [

@@ -139,35 +139,34 @@ class LLMEngine:
     def _sample_and_append(self, out, logits: torch.Tensor) -> None:
         """Sample one token per scheduled sequence (``n`` for a request's first prefill) and append them."""
         rows, params, gens, targets = [], [], [], []
-        row = 0
         for group in out.scheduled:
             sg = group.seq_group
             sp, gen = sg.sampling_params, self._generators.get(sg.request_id)
-            fork = group.is_prefill and len(sg.seqs) < sp.n  # first prompt step of a parallel-sampling request
+            copies = sp.n if group.is_prefill and len(sg.seqs) < sp.n else 1  # first step of parallel sampling
             for s in group.seqs:
-                copies = sp.n if fork else 1
-                rows += [row] * copies
+                rows += [len(targets)] * copies
                 params += [sp] * copies
                 gens += [gen] * copies
                 targets.append((sg, s.seq, copies))
-                row += 1
         tokens = self.sampler.sample(logits[rows] if len(rows) != logits.shape[0] else logits, params, gens)
-        it = iter(tokens)
+        self.counters["generated_tokens"] += len(tokens)
+        max_len, i = self.scheduler_config.max_model_len, 0
         for sg, seq, copies in targets:
-            picked = [next(it) for _ in range(copies)]
-            for token in picked[1:]:  # parallel sampling: children share the prompt's blocks
+            sp = sg.sampling_params
+            for token in tokens[i + 1 : i + copies]:  # parallel sampling: children share the prompt's blocks
                 child = seq.fork(next(self._seq_ids))
                 sg.seqs.append(child)
                 self.scheduler.fork_seq(seq, child)
-                self._append(child, token, sg.sampling_params)
-            self._append(seq, picked[0], sg.sampling_params)
+                self._append(child, token, sp, max_len)
+            self._append(seq, tokens[i], sp, max_len)
+            i += copies
 
-    def _append(self, seq: Sequence, token: int, sp: SamplingParams) -> None:
+    def _append(self, seq: Sequence, token: int, sp: SamplingParams, max_len: int) -> None:
+        """Append a sampled token and finish the sequence on a stop token, EOS, ``max_tokens`` or ``max_len``."""
         seq.append_token_id(token)
-        self.counters["generated_tokens"] += 1
-        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
+        if (sp.stop_token_ids and token in sp.stop_token_ids) or (not sp.ignore_eos and token in self.eos_token_ids):
             seq.status = SequenceStatus.FINISHED_STOPPED
-        elif len(seq) - seq.num_prompt_tokens >= sp.max_tokens or len(seq) >= self.scheduler_config.max_model_len:
+        elif len(seq) - seq.num_prompt_tokens >= sp.max_tokens or len(seq) >= max_len:
             seq.status = SequenceStatus.FINISHED_LENGTH
 
     def _finish_requests(self, out) -> list[RequestOutput]:

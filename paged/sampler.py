@@ -67,7 +67,7 @@ class Sampler:
         generators = generators if generators is not None else [None] * num_rows
         if len(params) != num_rows or len(generators) != num_rows:
             raise ValueError(f"sample: {num_rows} logit rows but {len(params)} params and {len(generators)} generators")
-        tokens = logits.argmax(dim=-1)
+        tokens = logits.max(dim=-1).indices  # greedy: first maximal index (as argmax), faster on CPU
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)

@@ -262,12 +262,12 @@ print("requests whose tokens equal transformers' (or part at a near-tie):",
 # our gather through block tables plus the engine's per-step bookkeeping. With ragged answers and more requests
 # the engine pulls ahead, because a static batch keeps computing for requests that are done. The full
 # benchmark (`python -m paged bench engine`: 48 requests, prompts 16-200, answers 8-96, one thread) measured on
-# this CPU 1.4-1.7x transformers' static `generate` and about 20x transformers' own continuous batching
-# (`generate_batch`, which is not tuned for CPU), with the same tokens; with 64 running sequences about 88% of
-# a step is the model forward and 12-13% the engine (a third to a half of it the scheduler's Python). That is
-# short of the 3x and 10% we aimed for, and honest: on a CPU our attention *gathers* each sequence's K/V from
-# the pool in every layer, a memory cost the contiguous cache of `generate` does not pay, and a 4-layer model
-# leaves little forward time to hide Python behind.
+# this CPU 1.4-2.2x transformers' static `generate` (the spread is the shared machine's load) and 17-27x
+# transformers' own continuous batching (`generate_batch`, which is not tuned for CPU), with the same tokens;
+# with 64 running sequences about 90% of a step is the model forward and about 10% the engine (a third of it
+# the scheduler's Python). The speed-up is short of the 3x we aimed for, and honest: on a CPU our attention
+# *gathers* each sequence's K/V from the pool in every layer, a memory cost the contiguous cache of `generate`
+# does not pay, and a 4-layer model leaves little forward time to hide Python behind.
 #
 # **What a GPU run shows.** There is no GPU here. `scripts/gpu_check.sh` runs the same benchmark on CUDA, where
 # decode tokens go to the chapter 04 Triton kernel (`paged.kernels.paged_attention_decode`) instead of the

@@ -9,7 +9,8 @@
    free of timing noise; it stays constant while the time per block rises somewhat as the working
    set outgrows the CPU caches).
 
-Times are the best of many short repeats, garbage collector off (short runs are rarely interrupted by
+Writes ``allocator.png`` into ``out``: ns per block against the deque, and the manager's cost per block
+by size. Times are the best of many short repeats, garbage collector off (short runs are rarely interrupted by
 other processes on a shared machine, so the minimum is the undisturbed cost).
 
 What to expect: in CPython (3.11) calling a Python method costs about as much as a bare ``popleft`` +
@@ -30,6 +31,8 @@ import pstats
 import time
 from collections import deque
 from pathlib import Path
+
+from matplotlib.figure import Figure
 
 from paged.allocator import BlockAllocator
 from paged.block_manager import BlockSpaceManager
@@ -149,4 +152,40 @@ def run(quick: bool, out: Path) -> dict:
     calls = max(r["calls_per_block"] for r in rows) / min(r["calls_per_block"] for r in rows)
     print(f"  linear in blocks: calls/block vary {calls:.2f}x (1.00 = the same work per block at every size); "
           f"us/block {spread:.2f}x (CPU caches)")
-    return {"allocator_vs_deque": pair, "manager": rows, "us_per_block_spread": spread, "calls_per_block_spread": calls}
+    plot = plot_results(pair, rows, Path(out) / "allocator.png")
+    print(f"  plot: {plot}")
+    return {"allocator_vs_deque": pair, "manager": rows, "us_per_block_spread": spread, "calls_per_block_spread": calls,
+            "plot": str(plot)}
+
+
+def plot_results(pair: dict, rows: list[dict], path: Path) -> Path:
+    """Save the two panels as a PNG at ``path`` (a bare ``Figure``: pyplot and its backend are untouched)."""
+    fig = Figure(figsize=(10, 3.4))
+    ax1, ax2 = fig.subplots(1, 2)
+    x = [0, 1]
+    for shift, key, label, color in ((-0.27, "ours", "BlockAllocator", "#2a9d8f"),
+                                     (0.0, "deque", "bare deque popleft + append", "#8d99ae")):
+        values = [pair[f"{key}_single"], pair[f"{key}_batch"]]
+        ax1.bar([i + shift for i in x], values, width=0.27, label=label, color=color)
+    ax1.bar([0.27], [pair["floor_single"]], width=0.27, color="#e9c46a", label="two empty methods around a deque")
+    for i, mode in enumerate(("single", "batch")):
+        ax1.text(i - 0.27, pair[f"ours_{mode}"], f"{pair[f'ratio_{mode}']:.1f}x", ha="center", va="bottom", fontsize=8)
+    ax1.set_xticks([0, 0.865], ["one block per call", "64 blocks per call"])
+    ax1.set(ylabel="ns per block (allocate + free)", title="allocator vs deque (ratio over the deque)")
+    ax1.set_ylim(0, 1.5 * max(pair["ours_single"], pair["ours_batch"]))
+    ax1.legend(fontsize=7, loc="upper right")
+    blocks = [r["blocks"] for r in rows]
+    ax2.plot(blocks, [r["us_per_block"] for r in rows], "o-", color="#2a9d8f", label="us per block")
+    ax2.set(xscale="log", xlabel="blocks allocated and freed (64 per sequence)", ylabel="us per block",
+            title="BlockSpaceManager cost per block (flat = linear)")
+    ax2.set_xticks(blocks, [f"{b:,}" for b in blocks])
+    ax2.minorticks_off()
+    ax2.set_xlim(blocks[0] / 2, blocks[-1] * 2)
+    ax2.set_ylim(0, 1.3 * max(r["us_per_block"] for r in rows))
+    for r in rows:
+        ax2.annotate(f"{r['calls_per_block']:.2f} calls/block", (r["blocks"], r["us_per_block"]), fontsize=7,
+                     textcoords="offset points", xytext=(0, 8), ha="center")
+    ax2.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path

@@ -14,6 +14,9 @@ request at 1024: with the same code, an idle machine gives about 1.0-1.1x). So t
 several interleaved rounds and each keeps its fastest call over all rounds. The work per request is
 constant (the same calls per request per step at every size); what remains of the rise from 64 to
 1024 requests is CPU caches (a few percent to ~15%, machine-dependent).
+
+Writes ``scheduler.png`` into ``out``: microseconds per call against running requests, fastest and
+median, with the linear reference line through the 64-request point.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import pstats
 import statistics
 import time
 from pathlib import Path
+
+from matplotlib.figure import Figure
 
 from paged.config import CacheConfig, SchedulerConfig
 from paged.scheduler import Scheduler
@@ -89,4 +94,31 @@ def run(quick: bool, out: Path) -> dict:
     if 4096 in by_n:
         result["growth_4096_vs_1024"] = by_n[4096] / by_n[1024]
         print(f"4096 vs 1024 requests: {result['growth_4096_vs_1024']:.1f}x the time for 4x the requests")
+    result["plot"] = str(plot_results(rows, Path(out) / "scheduler.png"))
+    print(f"plot: {result['plot']}")
     return result
+
+
+def plot_results(rows: list[dict], path: Path) -> Path:
+    """Save us per call against running requests as a PNG at ``path`` (a bare ``Figure``: pyplot untouched)."""
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
+    running = [r["running"] for r in rows]
+    ax.plot(running, [r["us_per_call_min"] for r in rows], "o-", color="#2a9d8f", label="fastest call")
+    ax.plot(running, [r["us_per_call_median"] for r in rows], "s--", color="#8d99ae", label="median call")
+    base = rows[0]["us_per_call_min"] / running[0]
+    ax.plot(running, [base * n for n in running], ":", color="#d62828",
+            label=f"linear from {running[0]} requests ({base:.2f} us each)")
+    ax.set(xscale="log", yscale="log", xlabel="running requests (decoding)", ylabel="us per schedule() call",
+           title="scheduler cost per decode step (CPU, pure Python)")
+    ax.set_xticks(running, [str(n) for n in running])
+    ax.minorticks_off()
+    ax.set_xlim(running[0] / 1.5, running[-1] * 3)
+    ax.set_ylim(rows[0]["us_per_call_min"] / 2.5, None)
+    for r in rows:
+        ax.annotate(f"{r['us_per_call_min']:,.0f} us\n({r['per_request_ratio_vs_64']:.2f}x per request)",
+                    (r["running"], r["us_per_call_min"]), fontsize=7, textcoords="offset points", xytext=(4, -22))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path

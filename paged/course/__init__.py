@@ -1,4 +1,4 @@
-"""Course tooling: ``python -m paged course {sync,notebooks,release,autograder} ...``.
+"""Course tooling: ``python -m paged course {sync,notebooks,release,autograder,classroom} ...``.
 
 These commands read and write course files (solutions/, exercises/, chapters/); the engine in
 ``paged/`` never imports them.
@@ -14,6 +14,7 @@ ACTIONS = {
     "notebooks": "paged.course.notebooks",
     "release": "paged.course.release",
     "autograder": "paged.course.autograder",
+    "classroom": "paged.course.classroom",
 }
 
 

@@ -82,6 +82,9 @@ def make_stub(source: str, name: str = "<solutions>") -> str:
 def sync(root: Path, check: bool = False) -> list[str]:
     """Write (or with ``check`` only compare) every ``exercises/exNN_*.py``; return the stale names."""
     solutions, exercises = root / "solutions", root / "exercises"
+    if not solutions.is_dir():
+        raise FileNotFoundError(f"{solutions} not found: exercises/ is generated from solutions/, which a student "
+                                "release does not have; nothing was changed")
     exercises.mkdir(exist_ok=True)
     stale = []
     wanted = {"__init__.py": '"""Learner stubs (generated from solutions/; edit the marked regions)."""\n'}
@@ -108,7 +111,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="only report stale files; exit 1 if any")
     parser.add_argument("--root", type=Path, default=Path.cwd())
     args = parser.parse_args(argv)
-    stale = sync(args.root, check=args.check)
+    try:
+        stale = sync(args.root, check=args.check)
+    except FileNotFoundError as err:
+        print(err)
+        return 1
     if args.check and stale:
         print("exercises/ is out of date with solutions/: " + ", ".join(stale))
         print("run: python -m paged course sync")

@@ -42,8 +42,11 @@ def load_model(model, dtype: torch.dtype | None):
         return (model.to(dtype) if dtype is not None else model).eval(), None
     if not isinstance(model, str):
         raise ValueError(f"model must be None, a name or path, or a PreTrainedModel; got {type(model).__name__}")
+    from paged.models import quiet_progress_bars
+
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32)
+        with quiet_progress_bars():
+            loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32)
     except Exception as err:  # OSError (not found / offline), ValueError / HFValidationError (bad name)
         raise ValueError(f"model {model!r} could not be loaded with AutoModelForCausalLM.from_pretrained "
                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); pass None "

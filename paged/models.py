@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -103,6 +104,27 @@ def build_default_model(seed: int = 0):
     return model.eval()
 
 
+@contextmanager
+def quiet_progress_bars():
+    """Silence transformers' own progress bars ("Loading weights", "Writing model shards") inside the block.
+
+    They ignore ``TQDM_DISABLE`` and would show as live widgets in JupyterLab (and as stale text in saved
+    notebooks). The previous state (transformers' and huggingface_hub's switches) is restored afterwards.
+    """
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+    from transformers.utils import logging
+
+    was_enabled, hub_was_disabled = logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    logging.disable_progress_bar()  # also turns off huggingface_hub's bars
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()  # also turns huggingface_hub's back on
+            if hub_was_disabled:
+                disable_progress_bars()
+
+
 def cache_root() -> Path:
     """``$PAGED_CACHE`` if set, else ``~/.cache/paged``."""
     return Path(os.environ.get("PAGED_CACHE") or Path.home() / ".cache" / "paged")
@@ -117,8 +139,9 @@ def default_model_path() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".default-model-", dir=target.parent))
     try:
-        build_default_model().save_pretrained(tmp)
-        build_byte_tokenizer().save_pretrained(tmp)
+        with quiet_progress_bars():
+            build_default_model().save_pretrained(tmp)
+            build_byte_tokenizer().save_pretrained(tmp)
         if target.exists():  # incomplete leftover
             shutil.rmtree(target, ignore_errors=True)
         try:
@@ -135,8 +158,9 @@ def load_default(dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model.eval(), AutoTokenizer.from_pretrained(path)
+    with quiet_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        return model.eval(), AutoTokenizer.from_pretrained(path)
 
 
 # --------------------------------------------------------------------------------- tiny test models

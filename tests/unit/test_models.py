@@ -80,3 +80,26 @@ def test_demo_runs_and_agrees_with_transformers(cache_dir, capsys):
     out = capsys.readouterr().out
     for expected in ("KV cache:", "requests            6", "prefix cache", "2/2 sampled requests agree"):
         assert expected in out, f"demo report lacks {expected!r}:\n{out}"
+
+
+def test_loading_shows_no_transformers_progress_bars(tmp_path, monkeypatch):
+    """transformers' "Loading weights" bar ignores TQDM_DISABLE (JupyterLab shows it as a widget); the course
+    turns transformers' progress-bar switch off while it loads, and restores it afterwards."""
+    import transformers.core_model_loading as loading
+    from transformers.utils import logging
+
+    from paged.llm import load_model
+
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    seen = []
+    real_tqdm = loading.tqdm
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("desc"), logging.is_progress_bar_enabled()))
+        return real_tqdm(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "tqdm", spy)
+    assert logging.is_progress_bar_enabled(), "precondition: transformers' bars on"
+    load_model(str(tmp_path), None)
+    assert seen and ("Loading weights", False) in seen, f"bars must be off while loading, saw {seen}"
+    assert logging.is_progress_bar_enabled(), "the previous progress-bar state must be restored"

@@ -320,7 +320,8 @@ for bs in (1, 4, 16, 64, 256):
 from paged.grading import grade
 
 print(grade(["ch01"], impl="exercises", timeout=60).table())
-#
+
+# %% [markdown]
 # ## Summary
 #
 # - KV bytes per token = 2 × layers × kv_heads × head_dim × dtype bytes; per block, times block_size (E8).

@@ -159,11 +159,14 @@ def fragmentation_widget(num_requests: int = 400, pool_slots: int = 16384):
     except ImportError:
         draw()
         return None
+    fit = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="420px")}  # full labels
     return widgets.interactive(
         draw,
-        block_size=widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256], value=16),
-        max_seq_len=widgets.SelectionSlider(options=[512, 1024, 2048, 4096, 8192], value=2048),
-        load=widgets.FloatSlider(value=1.0, min=0.25, max=2.0, step=0.25))
+        block_size=widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256], value=16,
+                                           description="block_size", **fit),
+        max_seq_len=widgets.SelectionSlider(options=[512, 1024, 2048, 4096, 8192], value=2048,
+                                            description="max_seq_len", **fit),
+        load=widgets.FloatSlider(value=1.0, min=0.25, max=2.0, step=0.25, description="load", **fit))
 
 
 __all__ = ["plot_utilization", "pool_snapshot", "plot_pool_strip", "plot_shares", "small_comparison",

@@ -40,6 +40,7 @@ import hashlib
 
 import matplotlib.pyplot as plt
 import torch
+from IPython.display import display
 
 from paged.allocator import BlockAllocator
 from paged.bench.prefix import allocation_cost, shared_prompt_savings
@@ -47,7 +48,7 @@ from paged.block_manager import BlockSpaceManager
 from paged.kv_cache import KVCache
 from paged.prefix_cache import ROOT_KEY, BlockHasher
 from paged.sequence import Sequence
-from paged.viz.blocks import draw_pool, rows_for
+from paged.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
 
 torch.manual_seed(0)
 
@@ -220,6 +221,18 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
+# **Try it.** The widget re-runs the measurement above for one setting, with the real block manager. Set
+# the system prompt to 9 tokens, then 15, then 16 with block size 16: nothing is shared until the prompt
+# fills a whole block. Shrink the question to a few tokens and the speed-up bound climbs towards 100x;
+# lengthen it and both savings shrink. The figure drawn first is the default setting, for readers
+# without a live kernel.
+
+# %%
+draw_prefix_savings(system_len=1000, block_size=16, question_len=50)
+plt.show()
+display(prefix_savings_widget(system_len=1000))
+
+# %% [markdown]
 # What the measurement says:
 #
 # * **E4.** A 9-token system prompt fills no block of 16, so block-level caching shares nothing: 0%
@@ -365,8 +378,9 @@ print("after both finish, ref counts:", [manager.gpu_allocator.ref_count(b) for 
 #
 # Each full block is hashed once, when its tokens arrive (the scheduler hashes a prompt when the request
 # is added, like vLLM v1's `Request.block_hashes`); allocation then looks the keys up, checks each hit's
-# stored tokens, takes the hit blocks and registers the new full blocks. Allocation of a 2,000-token prompt (block 16) whose first 1,500 tokens are cached,
-# against the same allocation with caching off (`python -m paged bench prefix` runs more repeats):
+# stored tokens, takes the hit blocks and registers the new full blocks. Allocation of a 2,000-token
+# prompt (block 16) whose first 1,500 tokens are cached, against the same allocation with caching off
+# (`python -m paged bench prefix` runs more repeats):
 
 # %%
 cost = allocation_cost(repeats=30)

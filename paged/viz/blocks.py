@@ -178,3 +178,56 @@ def draw_trace(num_blocks: int, ops: Seq[str], every: int = 1):
         _draw_frame(frame, ax)
     fig.tight_layout()
     return fig
+
+
+# ---- the prefix-caching explorer (chapter 05) -------------------------------------------------------
+def draw_prefix_savings(system_len: int = 9, block_size: int = 16, question_len: int = 50,
+                        num_requests: int = 100, axes=None) -> dict:
+    """Bars of blocks in use and prompt tokens computed, prefix caching off vs on, for ``num_requests``
+    concurrent requests = one shared ``system_len``-token prompt + a private ``question_len``-token
+    question each (``paged.bench.prefix.shared_prompt_savings``, the real ``BlockSpaceManager``).
+    Returns that function's row (``block_saving``, ``speedup_bound``, ...)."""
+    from paged.bench.prefix import shared_prompt_savings  # lazy: only this picture needs the benchmark
+
+    r = shared_prompt_savings(system_len, num_requests, question_len, block_size)
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 2.3))
+    colors = ["#8d99ae", "#2a9d8f"]
+    for ax, key, what in ((axes[0], "blocks", "KV blocks in use"), (axes[1], "prefill", "prompt tokens computed")):
+        values = [r[f"{key}_without"], r[f"{key}_with"]]
+        ax.barh(["caching off", "caching on"], values, color=colors)
+        for y, v in enumerate(values):
+            ax.text(v, y, f" {v:,}", va="center", fontsize=8)
+        ax.set_xlim(0, 1.25 * max(values))
+        ax.invert_yaxis()
+        ax.set_xlabel(what)
+    axes[0].set_title(f"{r['block_saving']:.0%} of the blocks saved", fontsize=10)
+    axes[1].set_title(f"prompt-phase speed-up at most {r['speedup_bound']:.1f}x", fontsize=10)
+    axes[0].figure.suptitle(f"{num_requests} requests: a {system_len}-token system prompt "
+                            f"({system_len // block_size} full blocks of {block_size}) + a {question_len}-token "
+                            "question each", fontsize=10, y=1.1)
+    return r
+
+
+def prefix_savings_widget(system_len: int = 1000, num_requests: int = 100):
+    """Sliders for the shared system prompt's length and the question's, a dropdown for the block size;
+    each change re-runs ``draw_prefix_savings`` (a few ms to ~0.1 s). Returns the widget (display it),
+    or None after drawing the default figure when ipywidgets is missing."""
+    def draw(system_len=system_len, block_size=16, question_len=50):
+        draw_prefix_savings(system_len, block_size, question_len, num_requests)
+        plt.show()
+
+    try:
+        import ipywidgets as widgets
+    except ImportError:
+        draw()
+        return None
+    fit = {"style": {"description_width": "initial"}, "continuous_update": False}
+    return widgets.interactive(
+        draw,
+        system_len=widgets.IntSlider(value=system_len, min=0, max=2048, description="system prompt (tokens)",
+                                     layout=widgets.Layout(width="520px"), **fit),
+        block_size=widgets.Dropdown(options=[4, 8, 16, 32, 64, 128], value=16, description="block size",
+                                    style=fit["style"]),
+        question_len=widgets.IntSlider(value=50, min=1, max=500, description="question (tokens)",
+                                       layout=widgets.Layout(width="520px"), **fit))

@@ -55,7 +55,8 @@ from IPython.display import Markdown, display
 from paged import ledger
 from paged.memory import KNOWN_MODELS, format_bytes
 from paged.sim.workload import chat_trace
-from paged.viz.measure import plot_block_size_study, plot_capacity, plot_concurrency, plot_kernel_block_sizes
+from paged.viz.measure import (block_size_widget, plot_block_size_study, plot_capacity, plot_concurrency,
+                                plot_kernel_block_sizes)
 
 chapter_start = time.perf_counter()
 torch.manual_seed(0)
@@ -109,6 +110,14 @@ for name, rows in studies.items():
 plot_block_size_study(studies)
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# **Try it.** The widget runs the same simulator for one trace at a time: move the block size along the
+# curves, switch to short requests, and shrink the pool to 4,096 slots, where every wasted slot costs a
+# running request. (The figure above is its static fallback: both traces, pool of 32,768 slots.)
+
+# %%
+display(block_size_widget(num_requests=2000))
 
 # %% [markdown]
 # What the memory side says:

@@ -136,9 +136,9 @@ def block_size_widget(num_requests: int = 2000):
     return widgets.interactive(
         draw,
         block_size=widgets.SelectionSlider(options=list(BLOCK_SIZES), value=16, description="block size (tokens)",
-                                           style=style, continuous_update=False),
+                                           style=style, continuous_update=False, layout=widgets.Layout(width="420px")),
         trace=widgets.Dropdown(options=list(TRACES), description="trace", style=style,
                                layout=widgets.Layout(width="420px")),
         pool_slots=widgets.SelectionSlider(options=[4096, 8192, 16384, 32768, 65536], value=32768,
                                            description="KV pool (token slots)", style=style,
-                                           continuous_update=False))
+                                           continuous_update=False, layout=widgets.Layout(width="420px")))

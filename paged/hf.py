@@ -25,6 +25,12 @@ which spends nothing on padding ragged prompt lengths. ``"triton"`` (CUDA): deco
 chapter 04 kernel ``paged.kernels.paged_attention_decode``; prefills as above. The idea is vLLM's
 attention backend split (``vllm/attention/backends/``): a metadata object built once per step, read by
 every layer.
+
+Where the CPU time goes (``python -m paged bench engine``, one thread): the linear layers first, then the
+decode attention, about a third of a run: each layer gathers every decoding sequence's context blocks (one
+``index_select`` per cache, padded to the longest context) and runs two small batched matmuls per KV head.
+Everything per step is built once in ``AttentionMetadata.build`` (slots, block index, masks); a layer only
+reads it, and a step of one kind (all decodes, or one prefill) returns its attention output without a copy.
 """
 
 from __future__ import annotations
@@ -58,16 +64,20 @@ class _Group:
         return slice(self.start, self.start + self.seqs.stop - self.seqs.start)
 
 
-def _build_group(seqs: slice, start: int, context_lens: list[int], block_tables: torch.Tensor, block_size: int,
-                 dtype: torch.dtype) -> _Group:
+def _additive_mask(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``-inf`` where ``hidden`` is True, 0 elsewhere (one fill, one masked write)."""
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(hidden, float("-inf"))
+
+
+def _build_group(seqs: slice, start: int, max_context: int, context_lens: torch.Tensor, block_tables: torch.Tensor,
+                 block_size: int, dtype: torch.dtype) -> _Group:
+    """Built once per step, read by every layer: the index and mask tensors are never rebuilt per layer."""
     device = block_tables.device
-    num_blocks = -(-max(context_lens) // block_size)
+    num_blocks = -(-max_context // block_size)  # pad every context to the longest one, in whole blocks
     block_index = block_tables[seqs, :num_blocks].long().reshape(-1)
     # context position p of a sequence sits at gathered row p: block p // block_size, offset p % block_size
-    ctx = torch.tensor(context_lens, device=device)
-    visible = torch.arange(num_blocks * block_size, device=device)[None, :] < ctx[:, None]
-    bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
-    return _Group(seqs, start, block_index, bias[:, None, :])
+    hidden = torch.arange(num_blocks * block_size, device=device)[None, :] >= context_lens[seqs, None]
+    return _Group(seqs, start, block_index, _additive_mask(hidden, dtype)[:, None, :])
 
 
 @dataclass
@@ -88,9 +98,8 @@ def _build_prefill(start: int, query_len: int, context_len: int, table: torch.Te
         return _Prefill(start, start + query_len)
     num_blocks = -(-context_len // block_size)
     q_pos = torch.arange(context_len - query_len, context_len, device=table.device)
-    visible = torch.arange(num_blocks * block_size, device=table.device)[None, :] <= q_pos[:, None]
-    bias = torch.zeros(visible.shape, dtype=dtype, device=table.device).masked_fill_(~visible, float("-inf"))
-    return _Prefill(start, start + query_len, table[:num_blocks].long(), bias[None, None])
+    hidden = torch.arange(num_blocks * block_size, device=table.device)[None, :] > q_pos[:, None]  # causal
+    return _Prefill(start, start + query_len, table[:num_blocks].long(), _additive_mask(hidden, dtype)[None, None])
 
 
 @dataclass
@@ -161,8 +170,8 @@ class AttentionMetadata:
                                         kv_cache.dtype) for s in range(num_prefills)]
         if num_prefills < num_seqs:
             part = slice(num_prefills, num_seqs)
-            meta.decode = _build_group(part, starts[num_prefills], context_lens[part], tables, block_size,
-                                       kv_cache.dtype)
+            meta.decode = _build_group(part, starts[num_prefills], max(context_lens[part]), ctx_t, tables,
+                                       block_size, kv_cache.dtype)
         return meta
 
 
@@ -240,21 +249,21 @@ def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     # KVCache.write without its per-call checks: the slots were built from block tables in build()
     k_flat.index_copy_(0, meta.slot_mapping, k_new.to(k_flat.dtype))
     v_flat.index_copy_(0, meta.slot_mapping, v_new.to(v_flat.dtype))
-    out = torch.empty_like(q)
-    for p in meta.prefills:
-        out[p.start:p.end] = _attend_prefill(p, q, k_new, v_new, key_cache, value_cache, scale).to(q.dtype)
+    parts = [_attend_prefill(p, q, k_new, v_new, key_cache, value_cache, scale) for p in meta.prefills]
     if meta.decode is not None:
         group = meta.decode
         if meta.backend == "triton":  # inputs built by build(): the unchecked launch, no host sync
             from paged.kernels import launch_decode
 
             seqs = group.seqs
-            out[group.tokens] = launch_decode(
+            parts.append(launch_decode(
                 q[group.tokens].contiguous(), key_cache, value_cache, meta.block_tables[seqs].contiguous(),
-                meta.context_lens[seqs].contiguous(), scale=scale)
+                meta.context_lens[seqs].contiguous(), scale=scale))
         else:
-            out[group.tokens] = _attend_decodes(group, q, key_cache, value_cache, scale).to(q.dtype)
-    return out.unsqueeze(0), None
+            parts.append(_attend_decodes(group, q, key_cache, value_cache, scale))
+    # parts are in packed-token order; a step of one kind (all decodes, or one prefill) needs no copy
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return out.to(q.dtype).unsqueeze(0), None
 
 
 def _no_mask(*args, **kwargs):

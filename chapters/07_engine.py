@@ -262,9 +262,9 @@ print("requests whose tokens equal transformers' (or part at a near-tie):",
 # our gather through block tables plus the engine's per-step bookkeeping. With ragged answers and more requests
 # the engine pulls ahead, because a static batch keeps computing for requests that are done. The full
 # benchmark (`python -m paged bench engine`: 48 requests, prompts 16-200, answers 8-96, one thread) measured on
-# this CPU 1.4-2.2x transformers' static `generate` (the spread is the shared machine's load) and about 5x
-# transformers' own continuous batching (`generate_batch`, which is not tuned for CPU; its one-time warm-up,
-# about 20 s here, is not timed, as our engine's construction is not), with the same tokens;
+# this CPU 1.4-2.2x transformers' static `generate` (the spread is the shared machine's load) and about 3x
+# transformers' own continuous batching (`generate_batch`, given our KV pool size and step budget and warmed up
+# like our engine; its start-up is not timed, as our engine's construction is not), with the same tokens;
 # with 64 running sequences about 90% of a step is the model forward and about 10% the engine (a third of it
 # the scheduler's Python). The speed-up is short of the 3x we aimed for, and the gap is structural here. With
 # the same model in the same fp32 arithmetic, the static batches push 1.67x as many tokens through the linear

@@ -297,17 +297,6 @@ def use_attention(model, name: str = "sdpa") -> None:
         model.set_attn_implementation(name)
 
 
-def default_backend(device: torch.device | str) -> str:
-    """``"triton"`` on CUDA when ``paged.kernels`` provides the decode kernel, else ``"torch"``."""
-    if torch.device(device).type != "cuda":
-        return "torch"
-    try:
-        from paged.kernels import launch_decode  # noqa: F401
-    except ImportError:
-        return "torch"
-    return "triton"
-
-
 def forward_logits(model, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """One packed forward: ``input_ids [T]`` -> logits ``[S, vocab]`` float32 of each sequence's last token."""
     out = model(input_ids=input_ids.unsqueeze(0), position_ids=meta.positions.unsqueeze(0), use_cache=False,

@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from paged.hf import AttentionMetadata, default_backend, forward_logits, use_paged_attention
+from paged.attention import select_backend
+from paged.hf import AttentionMetadata, forward_logits, use_paged_attention
 from paged.memory import spec_from_config
 
 
@@ -31,7 +32,7 @@ class ModelRunner:
             object can be used by ``model.generate`` in between after ``hf.use_attention(model)``).
         kv_cache: the ``KVCache`` pool (same device and dtype as the model).
         block_size: tokens per block.
-        backend: ``"torch"`` or ``"triton"`` (default: by device, see ``hf.default_backend``).
+        backend: ``"torch"`` or ``"triton"`` (default: by device, see ``attention.select_backend``).
 
     ``forward_seconds`` accumulates the time spent in the model, ``prepare_seconds`` the input packing.
     """
@@ -41,7 +42,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = kv_cache.device
-        self.backend = backend or default_backend(self.device)
+        self.backend = backend or select_backend(self.device)
         self.forward_seconds = 0.0  # inside the model (attention included)
         self.prepare_seconds = 0.0  # packing inputs and building AttentionMetadata
 
@@ -106,7 +107,7 @@ def profile_num_blocks(model, block_size: int, max_num_batched_tokens: int, max_
     torch.cuda.reset_peak_memory_stats(device)
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
     meta = AttentionMetadata.build(scratch, tables, [per_seq] * num_seqs, [per_seq] * num_seqs, num_seqs,
-                                   block_size, device, default_backend(device))
+                                   block_size, device, select_backend(device))
     use_paged_attention(model)
     forward_logits(model, torch.zeros(per_seq * num_seqs, dtype=torch.long, device=device), meta)
     torch.cuda.synchronize(device)

@@ -273,7 +273,7 @@ def _record(results: dict, ev: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paged grade", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m paged grade", description="Grade the exercises in a subprocess.")
     parser.add_argument("chapters", nargs="*", help="chapters to grade, e.g. ch01 ch03 (default: all)")
     parser.add_argument("--impl", choices=["exercises", "solutions"], default="exercises",
                         help="grade your exercises/ (default) or the reference solutions/")
@@ -296,7 +296,11 @@ def main(argv: list[str]) -> int:
         for ex_id in sorted({t.exercise for t in failing}):
             tests = [t for t in report.tests if t.exercise == ex_id]
             bad = [t for t in tests if t.status != "passed"]
-            print(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {bad[0].status}: {bad[0].reason}")
+            reason = bad[0].reason
+            stub = re.search(r"NotImplementedError: (ch\d\d\.ex\d+[a-z]?):", reason)
+            if stub and stub.group(1) != ex_id:  # this exercise calls an unfinished one
+                reason = f"needs {stub.group(1)} first ({reason})"
+            print(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {bad[0].status}: {reason}")
     for t in failing if args.verbose else []:
         print(f"\n{t.exercise} {t.nodeid}: {t.status}")
         print("\n".join("    " + ln for ln in t.output.splitlines()[-30:]))

@@ -36,7 +36,8 @@ def environment() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paged bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m paged bench",
+                                     description="Benchmarks: tables printed, JSON and PNG written.")
     parser.add_argument("name", choices=BENCHMARKS + ["all"])
     parser.add_argument("--quick", action="store_true", help="small sizes (all of them: < 3 min on 2 cores)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots")

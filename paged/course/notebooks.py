@@ -47,7 +47,8 @@ def execute(paths: list[Path], timeout: int = 600) -> dict[str, float]:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         seconds[path.stem] = time.perf_counter() - start
-        for cell in nb.cells:  # keep diffs small: no per-run timestamps
+        for i, cell in enumerate(nb.cells):  # keep diffs small: stable cell ids, no per-run timestamps
+            cell["id"] = f"cell-{i:03d}"
             cell.metadata.pop("execution", None)
         jupytext.write(nb, path.with_suffix(".ipynb"), fmt="ipynb")
         print(f"{path.stem}: executed in {seconds[path.stem]:.1f} s")

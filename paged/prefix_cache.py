@@ -59,11 +59,9 @@ class BlockHasher:
 
     def keys(self, token_ids: Sequence[int], block_size: int, extra: Any = None) -> list[int]:
         """Chained keys of every *full* block of ``token_ids`` (a partial last block gets none)."""
-        keys, parent = [], ROOT_KEY
-        for start in range(0, len(token_ids) - block_size + 1, block_size):
-            parent = self(parent, token_ids[start:start + block_size], extra)
-            keys.append(parent)
-        return keys
+        block_keys = BlockKeys(self.hash_fn, token_ids, extra)
+        block_keys.update(block_size)
+        return block_keys.keys
 
 
 class BlockKeys:

@@ -49,7 +49,7 @@ class SwapMaps:
         Raises ``NoFreeBlocksError`` before changing anything when the other pool is too small.
         """
         mapping, inverse = (self.out, self._out_by_cpu) if out else (self.in_, self._in_by_gpu)
-        needed = sum(1 for b in table if b not in mapping)
+        needed = self.blocks_to_copy_out(table) if out else self.blocks_to_copy_in(table)
         if needed > dst_allocator.num_free_blocks:
             raise NoFreeBlocksError(needed, dst_allocator.num_free_blocks,
                                     "CPU swap space" if out else "GPU KV cache")

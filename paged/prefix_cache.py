@@ -238,21 +238,16 @@ class PrefixCache:
         ``token_ids`` its tokens). Blocks already cached are kept; the chain stops at the first block
         that cannot be cached. Returns the number of new entries.
 
-        ``block_keys``: the sequence's ``BlockKeys`` (its keys are reused, nothing is hashed again).
+        ``block_keys``: the sequence's ``BlockKeys`` (its keys are reused, nothing is hashed again);
+        without it every full block of ``token_ids`` is hashed now.
+
+        Raises:
+            ValueError: ``block_keys`` hashed with another ``extra``; fewer than ``stop`` full blocks.
         """
         bs = self.block_size
         if block_keys is None:
-            added = 0
-            for i in range(first, stop):
-                block_id = block_ids[i]
-                if block_id in self._by_block:
-                    continue
-                parent = block_ids[i - 1] if i else None
-                if self.register(block_id, parent, token_ids[i * bs:(i + 1) * bs], extra) is None:
-                    break
-                added += 1
-            return added
-        if block_keys.extra != extra:
+            block_keys = self.block_keys(list(token_ids), extra)
+        elif block_keys.extra != extra:
             raise ValueError(f"register_blocks: block_keys were hashed with extra={block_keys.extra!r}, not {extra!r}")
         if block_keys.update(bs) < stop:
             raise ValueError(f"register_blocks: blocks up to {stop} requested, only {len(block_keys.keys)} are full")

@@ -211,9 +211,6 @@ class BlockAllocator:
             raise ValueError(f"block id {block_id!r} is not in 0..{self.num_blocks - 1}")
         return self._ref_counts[block_id]
 
-    def is_free(self, block_id: int) -> bool:
-        return self.ref_count(block_id) == 0
-
     def free_queue(self) -> list[int]:
         """The free block ids in the order ``allocate`` will hand them out (front first)."""
         return list(self._live_entries())

@@ -112,6 +112,12 @@ class BlockSpaceManager:
             raise ValueError(f"sequence {seq.seq_id} {where} (never allocated, or already freed)")
         return table
 
+    def _cpu_table(self, seq: Sequence) -> BlockTable:
+        table = self.cpu_block_tables.get(seq.seq_id)
+        if table is None:
+            raise ValueError(f"sequence {seq.seq_id} is not swapped out")
+        return table
+
     # ---- admission -----------------------------------------------------------------------------
     def block_keys(self, seq: Sequence) -> BlockKeys | None:
         """The prefix-cache keys of ``seq``'s full blocks, kept on the sequence (``seq.block_keys``) and
@@ -150,7 +156,12 @@ class BlockSpaceManager:
         gpu = self.gpu_allocator
         hits = self._cached_prefix(seq)
         needed -= len(hits) - gpu.num_free_among(hits)
-        return AllocStatus.OK if gpu.num_free_blocks - needed >= self.watermark_blocks else AllocStatus.LATER
+        return self._status_now(needed)
+
+    def _status_now(self, needed: int) -> AllocStatus:
+        """``OK`` if taking ``needed`` free GPU blocks leaves ``watermark_blocks`` free, else ``LATER``."""
+        ok = self.gpu_allocator.num_free_blocks - needed >= self.watermark_blocks
+        return AllocStatus.OK if ok else AllocStatus.LATER
 
     def allocate(self, seq: Sequence) -> None:
         """Give ``seq`` blocks for all its tokens; set ``num_cached_tokens`` and ``num_computed_tokens``.
@@ -289,20 +300,14 @@ class BlockSpaceManager:
 
     def can_swap_in(self, seq: Sequence) -> AllocStatus:
         """Watermark rule for bringing ``seq`` back: ``NEVER`` / ``LATER`` / ``OK`` as in ``can_allocate``."""
-        cpu_table = self.cpu_block_tables.get(seq.seq_id)
-        if cpu_table is None:
-            raise ValueError(f"sequence {seq.seq_id} is not swapped out")
-        needed = self.swaps.blocks_to_copy_in(cpu_table)
+        needed = self.swaps.blocks_to_copy_in(self._cpu_table(seq))
         if self.num_gpu_blocks - needed < self.watermark_blocks:
             return AllocStatus.NEVER
-        ok = self.gpu_allocator.num_free_blocks - needed >= self.watermark_blocks
-        return AllocStatus.OK if ok else AllocStatus.LATER
+        return self._status_now(needed)
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
         """Bring ``seq`` back to the GPU; returns ``(cpu_block, gpu_block)`` pairs to copy (shared once)."""
-        cpu_table = self.cpu_block_tables.get(seq.seq_id)
-        if cpu_table is None:
-            raise ValueError(f"sequence {seq.seq_id} is not swapped out")
+        cpu_table = self._cpu_table(seq)
         pairs, gpu_ids = self.swaps.move(cpu_table, self.gpu_allocator, self._new_gpu_block, out=False)
         self._release(cpu_table, self.cpu_allocator, self.swaps.forget_cpu)
         del self.cpu_block_tables[seq.seq_id]

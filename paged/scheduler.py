@@ -78,7 +78,6 @@ class Scheduler:
         self.swapped: deque[SequenceGroup] = deque()
         self._requests: dict[str, SequenceGroup] = {}  # every unfinished request, by id
         self._order: dict[str, int] = {}  # arrival rank (FCFS key)
-        self._holding: set[int] = set()  # seq ids that hold blocks (GPU or CPU) in the block manager
         self._next_rank = 0
         self.num_preemptions = self.num_recomputes = self.num_swap_outs = self.num_swap_ins = 0
 
@@ -127,7 +126,6 @@ class Scheduler:
         """Share ``parent``'s blocks with ``child`` (parallel sampling). The caller adds ``child`` to the group."""
         self.block_manager.fork(parent, child)
         child.status = parent.status
-        self._holding.add(child.seq_id)
 
     def free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences of running requests; drop finished requests. Returns those.
@@ -140,8 +138,7 @@ class Scheduler:
             for seq in group.seqs:
                 if seq.status not in _UNFINISHED:
                     finished += 1
-                    if seq.seq_id in self._holding:
-                        self._free(seq)
+                    self.block_manager.free(seq)  # a no-op once its blocks are freed
             if finished == len(group.seqs):
                 done.append(group)
         if done:
@@ -217,9 +214,7 @@ class Scheduler:
                 if self.running:
                     break  # later: running requests will free memory
                 self.swapped.popleft()  # nothing runs, yet it does not fit back: recompute it instead
-                for seq in seqs:
-                    self._free(seq)
-                    seq.reset_for_recompute()
+                self._free_for_recompute(seqs)
                 self.waiting.appendleft(group)
                 continue
             self.swapped.popleft()
@@ -297,14 +292,13 @@ class Scheduler:
             if bm.can_allocate(seq) is not AllocStatus.OK:
                 for s in done:  # undo; forget blocks cached on the promise of this step's compute
                     table = bm.get_block_table(s)
-                    self._free(s)
+                    bm.free(s)
                     s.num_computed_tokens = s.num_cached_tokens = 0
                     for b in table:
                         if bm.prefix_cache is not None and bm.gpu_allocator.ref_count(b) == 0:
                             bm.prefix_cache.evict(b)
                 return False
             bm.allocate(seq)
-            self._holding.add(seq.seq_id)
             done.append(seq)
         return True
 
@@ -380,9 +374,7 @@ class Scheduler:
             self.num_swap_outs += 1
             self.swapped.insert(bisect(self.swapped, self._rank(group), key=self._rank), group)  # oldest first
             return
-        for seq in seqs:
-            self._free(seq)
-            seq.reset_for_recompute()
+        self._free_for_recompute(seqs)
         self.num_recomputes += 1
         recomputed.append(group)
 
@@ -410,14 +402,16 @@ class Scheduler:
     def _rank(self, group: SequenceGroup) -> int:
         return self._order[group.request_id]
 
-    def _free(self, seq: Sequence) -> None:
-        if seq.seq_id in self._holding:
-            self._holding.discard(seq.seq_id)
+    def _free_for_recompute(self, seqs: list[Sequence]) -> None:
+        """Preemption by recompute: drop the blocks; each sequence is prefilled again from its tokens."""
+        for seq in seqs:
             self.block_manager.free(seq)
+            seq.reset_for_recompute()
 
     def _release(self, group: SequenceGroup) -> None:
+        """Free every block of the request (a no-op for sequences without blocks) and forget it."""
         for seq in group.seqs:
-            self._free(seq)
+            self.block_manager.free(seq)
         self._forget(group)
 
     def _forget(self, group: SequenceGroup) -> None:

@@ -40,6 +40,7 @@ from bisect import bisect
 from collections import deque
 
 from paged.block_manager import AllocStatus, BlockSpaceManager
+from paged.block_table import blocks_needed
 from paged.config import CacheConfig, SchedulerConfig
 from paged.scheduler_outputs import ScheduledGroup, ScheduledSeq, SchedulerOutputs
 from paged.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -253,7 +254,7 @@ class Scheduler:
                 if not alone:
                     break  # FCFS: wait for memory, nobody overtakes
                 bs, total = self.cache_config.block_size, self.cache_config.num_gpu_blocks
-                need = sum(-(-len(x) // bs) for x in seqs)
+                need = sum(blocks_needed(len(x), bs) for x in seqs)
                 self.waiting.popleft()  # even an empty pool cannot hold all its sequences at once
                 self._finish(group, f"its {len(seqs)} sequences need {need} blocks of {bs} tokens together; "
                              f"the KV cache has {total} blocks", out)
@@ -285,7 +286,7 @@ class Scheduler:
         """Give every sequence of a waiting request its blocks, all or nothing. False: not enough memory now."""
         bm, bs = self.block_manager, self.cache_config.block_size
         if len(seqs) > 1 and not alone:  # forked request after recompute: room for all, ignoring sharing
-            if sum(-(-len(s) // bs) for s in seqs) > bm.get_num_free_gpu_blocks() - bm.watermark_blocks:
+            if sum(blocks_needed(len(s), bs) for s in seqs) > bm.get_num_free_gpu_blocks() - bm.watermark_blocks:
                 return False
         done = []
         for seq in seqs:
@@ -316,7 +317,7 @@ class Scheduler:
         need = 0
         for seq in seqs:
             table = bm.get_block_table(seq)
-            need += -(-len(seq) // bs) - len(table)
+            need += blocks_needed(len(seq), bs) - len(table)
             if seq.num_computed_tokens % bs:  # the new token goes into a partial last block
                 last = table[-1]
                 count = holders.get(last, bm.gpu_allocator.ref_count(last))
@@ -335,8 +336,8 @@ class Scheduler:
         if self.block_manager.can_allocate(seq) is AllocStatus.NEVER:
             bs, total = self.cache_config.block_size, self.cache_config.num_gpu_blocks
             keep = self.block_manager.watermark_blocks
-            return (f"prompt of {len(seq)} tokens needs {-(-len(seq) // bs)} blocks of {bs} tokens; the KV cache "
-                    f"has {total} blocks and admission keeps {keep} free (watermark)")
+            return (f"prompt of {len(seq)} tokens needs {blocks_needed(len(seq), bs)} blocks of {bs} tokens; "
+                    f"the KV cache has {total} blocks and admission keeps {keep} free (watermark)")
         return None
 
     def _finish(self, group: SequenceGroup, reason: str, out: SchedulerOutputs) -> None:
@@ -353,7 +354,7 @@ class Scheduler:
     def _exhaust(self, group: SequenceGroup, seqs: list[Sequence], out: SchedulerOutputs) -> None:
         bs, total = self.cache_config.block_size, self.cache_config.num_gpu_blocks
         longest = max(len(s) for s in seqs)
-        msg = (f"KV cache exhausted: request {group.request_id!r} needs {-(-longest // bs)} blocks of {bs} "
+        msg = (f"KV cache exhausted: request {group.request_id!r} needs {blocks_needed(longest, bs)} blocks of {bs} "
                f"tokens for its {longest} tokens, but it alone already holds the whole cache of {total} blocks")
         for s in group.seqs:
             if not s.is_finished:
@@ -390,7 +391,7 @@ class Scheduler:
         bm, bs = self.block_manager, self.cache_config.block_size
         if not all(bm.can_swap_in(s) is AllocStatus.OK for s in seqs):
             return False
-        need = sum(-(-len(s) // bs) + (len(seqs) > 1) for s in seqs)
+        need = sum(blocks_needed(len(s), bs) + (len(seqs) > 1) for s in seqs)
         return need <= bm.get_num_free_gpu_blocks()
 
     def _num_seqs(self, group: SequenceGroup) -> int:

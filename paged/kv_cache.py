@@ -111,8 +111,9 @@ class KVCache:
 
     @property
     def bytes_per_block(self) -> int:
-        """Bytes of one block over all layers, K and V: 2 x layers x kv_heads x head_dim x block_size x bytes."""
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        """Bytes of one block over all layers, K and V: 2 x layers x kv_heads x head_dim x block_size x bytes
+        (``KVSpec.bytes_per_block``)."""
+        return KVSpec(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype).bytes_per_block(self.block_size)
 
     @property
     def bytes(self) -> int:

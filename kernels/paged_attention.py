@@ -166,10 +166,10 @@ def validate_decode_inputs(query, key_cache, value_cache, block_tables, context_
     if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
         raise ValueError("key_cache and value_cache must be contiguous in head_dim (stride 1)")
     if block_tables.dim() != 2 or block_tables.dtype not in INDEX_DTYPES:
-        raise ValueError("block_tables must be a 2-D int32 tensor [num_seqs, max_blocks_per_seq], "
+        raise ValueError("block_tables must be a 2-D int32 (or int64) tensor [num_seqs, max_blocks_per_seq], "
                          f"got {block_tables.dtype} of shape {tuple(block_tables.shape)}")
     if context_lens.dim() != 1 or context_lens.dtype not in INDEX_DTYPES:
-        raise ValueError(f"context_lens must be a 1-D int32 tensor [num_seqs], got {context_lens.dtype} "
+        raise ValueError(f"context_lens must be a 1-D int32 (or int64) tensor [num_seqs], got {context_lens.dtype} "
                          f"of shape {tuple(context_lens.shape)}")
     if block_tables.shape[0] != num_seqs or context_lens.shape[0] != num_seqs:
         raise ValueError(f"num_seqs differs: query {num_seqs}, block_tables {block_tables.shape[0]}, "

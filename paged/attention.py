@@ -17,6 +17,7 @@ there are fewer KV heads than query heads. They differ only in *how* the keys an
 Shared contract (the decode signature of ``paged.kernels.paged_attention_decode``):
 
     query        [num_seqs, num_heads, head_dim]                   float32 / float16 / bfloat16
+                 (these PyTorch references also accept float64, still computed in float32)
     key_cache    [num_blocks, block_size, num_kv_heads, head_dim]  same dtype and device as query
     value_cache  same shape, dtype and device as key_cache         (vLLM v1 / FlashAttention "NHD")
     block_tables [num_seqs, max_blocks_per_seq]  int32 (int64 accepted), physical block ids

@@ -112,10 +112,10 @@ def profile_num_blocks(model, block_size: int, max_num_batched_tokens: int, max_
     forward_logits(model, torch.zeros(per_seq * num_seqs, dtype=torch.long, device=device), meta)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - scratch.bytes
+    block_bytes = scratch.bytes_per_block  # the real pool's blocks have the scratch pool's shape and dtype
     del scratch, meta
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory
-    block_bytes = 2 * layers * kv_heads * head_dim * block_size * torch.empty((), dtype=dtype).element_size()
     available = int(total * gpu_memory_utilization) - peak
     num_blocks = available // block_bytes
     report = (f"GPU {total / 2**30:.1f} GiB x {gpu_memory_utilization:.2f} - peak {peak / 2**30:.2f} GiB "

@@ -117,7 +117,7 @@ class LLMEngine:
         forward_before = self.runner.forward_seconds
         entries = out.seq_block_tables()
         num_prefill_seqs = sum(len(g.seqs) for g in out.prefills)
-        self._track_memory(entries)
+        used = self._track_memory(entries)
         logits = self.runner.execute([(s.token_ids, len(s.seq), table) for s, table in entries], num_prefill_seqs)
         t4 = time.perf_counter()
         forward = self.runner.forward_seconds - forward_before
@@ -132,7 +132,7 @@ class LLMEngine:
         t6 = time.perf_counter()
         self.seconds["update"] += t6 - t5
         self.history.append({"prefill_tokens": sum(g.num_tokens for g in out.prefills),
-                             "decode_seqs": sum(len(g.seqs) for g in out.decodes), "used_blocks": self._used,
+                             "decode_seqs": sum(len(g.seqs) for g in out.decodes), "used_blocks": used,
                              "preempted": len(out.preempted), "finished": len(finished), "seconds": t6 - t0})
         return finished
 
@@ -175,15 +175,16 @@ class LLMEngine:
             self.scheduler.free_finished()
         return [self._output(g) for g in done]
 
-    def _track_memory(self, entries) -> None:
-        """Peak blocks in use and the fraction of allocated slots that hold a token (this step)."""
-        bm = self.scheduler.block_manager
-        used = self._used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
+    def _track_memory(self, entries) -> int:
+        """Peak blocks in use and the fraction of allocated slots that hold a token (this step).
+        Returns the GPU blocks in use."""
+        used = self.scheduler.block_manager.gpu_allocator.num_used_blocks
         self.peak_used_blocks = max(self.peak_used_blocks, used)
         if used:
             bs = self.cache_config.block_size
             empty = sum(-len(s.seq) % bs for s, _ in entries)  # unfilled slots of each last block
             self._util_sum += max(0.0, 1.0 - empty / (used * bs))
+        return used
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
         self._generators.pop(group.request_id, None)
@@ -206,7 +207,7 @@ class LLMEngine:
         steps = self.counters["steps"]
         return {
             "kv_blocks_total": bm.num_gpu_blocks,
-            "kv_blocks_used": bm.num_gpu_blocks - bm.get_num_free_gpu_blocks(),
+            "kv_blocks_used": bm.gpu_allocator.num_used_blocks,
             "kv_blocks_peak": self.peak_used_blocks,
             "block_size": self.cache_config.block_size,
             "kv_cache_bytes": self.kv_cache.bytes,

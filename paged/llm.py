@@ -17,9 +17,11 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
+from paged.block_table import blocks_needed
 from paged.config import CacheConfig, SchedulerConfig
 from paged.engine import LLMEngine
 from paged.kv_cache import KVCache
+from paged.memory import KVSpec
 from paged.model_runner import kv_shape, profile_num_blocks
 from paged.sequence import CompletionOutput, RequestOutput, SamplingParams
 
@@ -112,7 +114,7 @@ class LLM:
         scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                            max_model_len=max_model_len, preemption_mode=preemption_mode)
         layers, kv_heads, head_dim = kv_shape(model)
-        block_bytes = 2 * layers * kv_heads * head_dim * block_size * torch.empty((), dtype=dtype).element_size()
+        block_bytes = KVSpec(layers, kv_heads, head_dim, dtype).bytes_per_block(block_size)
         how = "num_gpu_blocks"
         if num_gpu_blocks is None and device.type == "cuda" and kv_cache_memory_bytes is None:
             num_gpu_blocks, how = profile_num_blocks(model, block_size, scheduler_config.max_num_batched_tokens,
@@ -122,7 +124,7 @@ class LLM:
             num_gpu_blocks = budget // block_bytes
             if num_gpu_blocks <= 0:
                 raise ValueError(f"kv_cache_memory_bytes={budget} holds no KV block of {block_bytes} bytes")
-            cap = max_num_seqs * -(-max_model_len // block_size)
+            cap = max_num_seqs * blocks_needed(max_model_len, block_size)
             how = f"budget {budget / 2**20:.0f} MiB"
             if kv_cache_memory_bytes is None and num_gpu_blocks > cap:
                 num_gpu_blocks, how = cap, how + f", capped at {max_num_seqs} seqs x {max_model_len} tokens"

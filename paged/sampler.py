@@ -18,11 +18,12 @@ import torch
 from paged.sequence import SamplingParams
 
 
-def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """A generator seeded with ``seed``, or ``None`` (use the engine's shared generator)."""
+def make_generator(seed: int | None) -> torch.Generator | None:
+    """A CPU generator seeded with ``seed`` (the sampler draws its uniforms on the CPU), or ``None`` (use
+    the engine's shared generator)."""
     if seed is None:
         return None
-    gen = torch.Generator(device=device)
+    gen = torch.Generator()
     gen.manual_seed(int(seed))
     return gen
 

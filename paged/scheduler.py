@@ -344,24 +344,25 @@ class Scheduler:
         """A waiting request that can never run: ignored if it never ran, exhausted if it was preempted."""
         ran = any(len(s) > s.num_prompt_tokens for s in group.seqs)
         status = SequenceStatus.FINISHED_KV_EXHAUSTED if ran else SequenceStatus.FINISHED_IGNORED
-        for seq in group.seqs:
-            if not seq.is_finished:
-                seq.status = status
-                seq.finish_message = ("KV cache exhausted: " if ran else "ignored: ") + reason
-        self._release(group)
-        (out.exhausted if ran else out.ignored).append(group)
+        message = ("KV cache exhausted: " if ran else "ignored: ") + reason
+        self._end(group, status, message, out.exhausted if ran else out.ignored)
 
     def _exhaust(self, group: SequenceGroup, seqs: list[Sequence], out: SchedulerOutputs) -> None:
         bs, total = self.cache_config.block_size, self.cache_config.num_gpu_blocks
         longest = max(len(s) for s in seqs)
         msg = (f"KV cache exhausted: request {group.request_id!r} needs {blocks_needed(longest, bs)} blocks of {bs} "
                f"tokens for its {longest} tokens, but it alone already holds the whole cache of {total} blocks")
-        for s in group.seqs:
-            if not s.is_finished:
-                s.status = SequenceStatus.FINISHED_KV_EXHAUSTED
-                s.finish_message = msg
+        self._end(group, SequenceStatus.FINISHED_KV_EXHAUSTED, msg, out.exhausted)
+
+    def _end(self, group: SequenceGroup, status: SequenceStatus, message: str, bucket: list) -> None:
+        """Finish every unfinished sequence of ``group`` with ``status`` and ``message``, free its blocks,
+        forget it, and list it in ``bucket`` (``out.ignored`` or ``out.exhausted``)."""
+        for seq in group.seqs:
+            if not seq.is_finished:
+                seq.status = status
+                seq.finish_message = message
         self._release(group)
-        out.exhausted.append(group)
+        bucket.append(group)
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutputs, recomputed: list) -> None:
         """Evict a whole running request: swap it out if asked and the CPU pool has room, else recompute."""

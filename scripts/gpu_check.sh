@@ -55,6 +55,14 @@ if [ "${ALLOW_CPU:-0}" != "1" ] && ! "$PYTHON" -c "import sys, torch; sys.exit(0
     exit 2
 fi
 
+if ! "$PYTHON" -c "import paged.kernels" 2>/dev/null; then
+    echo "gpu_check: cannot import paged.kernels: install the course first (pip install -e . --no-deps), or, on an"
+    echo "image whose packages you cannot change, run from the repository root with PYTHONPATH=\$PWD after"
+    echo "'ln -s ../kernels paged/kernels' (kernels/ is mapped to paged.kernels by the install)"
+    printf '{"gpu": true, "error": "paged.kernels not importable"}\n' > "$OUT/status.json"
+    exit 2
+fi
+
 run_part doctor 60 "$PYTHON" -m paged doctor
 run_part tests 150 "$PYTHON" -m pytest tests -m gpu -q -p no:cacheprovider --junitxml "$OUT/gpu-tests.xml"
 [ -f "$OUT/tests.log" ] && mv "$OUT/tests.log" "$OUT/gpu-tests.log"

@@ -17,11 +17,12 @@ small shared machine extra threads wait on each other and turn the comparison in
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import time
 
 import torch
+
+from paged.bench import timing_threads
 
 SYSTEM_PROMPT = "You are a helpful tutor on LLM serving. Answer briefly and name the data structure involved.\n"
 TOPICS = ["block tables", "copy-on-write", "prefix caching", "the watermark", "swapping to CPU",
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     if args.device != "cuda" and not torch.cuda.is_available():
-        torch.set_num_threads(int(os.environ.get("PAGED_BENCH_THREADS", "1")))
+        timing_threads()
     print(f"== paged demo: {args.model or 'built-in byte-level Llama (4 layers, hidden 256, GQA 8/2)'} ==")
     try:
         budget = None if args.kv_memory_mb is None else int(args.kv_memory_mb * 2**20)

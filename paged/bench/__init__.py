@@ -35,6 +35,21 @@ def environment() -> dict:
     return env
 
 
+def timing_threads() -> int:
+    """Set torch to ``$PAGED_BENCH_THREADS`` threads (default 1) for a timed comparison on CPU; return the count.
+
+    On a small shared machine extra threads wait on each other and turn both sides' timings into noise;
+    ``bench engine`` and ``python -m paged demo`` call this before timing on CPU.
+    """
+    import os
+
+    import torch
+
+    threads = int(os.environ.get("PAGED_BENCH_THREADS", "1"))
+    torch.set_num_threads(threads)
+    return threads
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m paged bench",
                                      description="Benchmarks: tables printed, JSON and PNG written.")

@@ -22,12 +22,12 @@ part at a near-tie, ``paged.compare``), the engine's time per phase with 64 runn
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import torch
 
+from paged.bench import timing_threads
 from paged.compare import greedy_agreement
 from paged.hf import use_attention
 from paged.sequence import SamplingParams
@@ -174,8 +174,7 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     if not torch.cuda.is_available():
-        threads = int(os.environ.get("PAGED_BENCH_THREADS", "1"))
-        torch.set_num_threads(threads)
+        threads = timing_threads()
     model = bench_model()
     num = 16 if quick else 48
     work = make_workload(num)

@@ -63,10 +63,11 @@ def check(paths: list[Path]) -> list[str]:
     bad = []
     for path in paths:
         ipynb = path.with_suffix(".ipynb")
-        if not ipynb.exists() or _cells(jupytext.read(path)) != _cells(nbformat.read(ipynb, as_version=4)):
+        executed = nbformat.read(ipynb, as_version=4) if ipynb.exists() else None
+        if executed is None or _cells(jupytext.read(path)) != _cells(executed):
             bad.append(path.stem)
         elif any(c.cell_type == "code" and c.source.strip() and not c.get("outputs") and c.execution_count
-                 is None for c in nbformat.read(ipynb, as_version=4).cells):
+                 is None for c in executed.cells):
             bad.append(path.stem + " (not executed)")
     return bad
 

@@ -29,8 +29,8 @@
 # 4. check three claims of the seed with your own numbers: the real-token share before and after paging (C1),
 #    the split between the kinds of waste (C2), and the at-most-one-partial-block bound of paging (C3).
 #
-# Everything below imports the finished package: `paged.memory` (the calculator), `paged.sim` (the trace and
-# the simulator) and `paged.viz.fragmentation` (the plots). Your own waste accounting goes in
+# Everything below imports the finished package: `paged_course.memory` (the calculator), `paged_course.sim` (the trace and
+# the simulator) and `paged_course.viz.fragmentation` (the plots). Your own waste accounting goes in
 # `exercises/ex01_fragmentation.py` at the end.
 
 # %%
@@ -41,10 +41,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 
-from paged.memory import KNOWN_MODELS, KVSpec, format_bytes, kv_spec
-from paged.sim.fragmentation import compare, max_concurrency, simulate, summary_table
-from paged.sim.workload import chat_trace
-from paged.viz.fragmentation import (fragmentation_widget, plot_pool_strip, plot_shares, plot_utilization,
+from paged_course.memory import KNOWN_MODELS, KVSpec, format_bytes, kv_spec
+from paged_course.sim.fragmentation import compare, max_concurrency, simulate, summary_table
+from paged_course.sim.workload import chat_trace
+from paged_course.viz.fragmentation import (fragmentation_widget, plot_pool_strip, plot_shares, plot_utilization,
                                      small_comparison)
 
 chapter_start = time.perf_counter()
@@ -60,7 +60,7 @@ chapter_start = time.perf_counter()
 #
 # With multi-head attention (MHA) `kv_heads` equals the number of attention heads. Grouped-query attention
 # (GQA) lets several query heads share one key/value head, which divides the cache by the group size: Llama-2-70B
-# has 64 query heads but only 8 KV heads. `paged.memory.KNOWN_MODELS` holds the public `config.json` values of a
+# has 64 query heads but only 8 KV heads. `paged_course.memory.KNOWN_MODELS` holds the public `config.json` values of a
 # few well-known models; `kv_spec` reads any other config through `transformers.AutoConfig`.
 
 # %% tags=["nbval-check-output"]
@@ -160,7 +160,7 @@ for length in (512, 1024, 2048):
 #
 # Requests do not know their final length when they arrive: the model stops when it emits an end token. A
 # memory manager must decide how much room to give a request *before* that. We compare three designs on one
-# fixed pool of token slots (`paged.sim.fragmentation`):
+# fixed pool of token slots (`paged_course.sim.fragmentation`):
 #
 # | manager | gives each request | like |
 # |---|---|---|
@@ -182,7 +182,7 @@ for length in (512, 1024, 2048):
 #   total (no single hole is large enough).
 #
 # The trace: 2,000 requests with log-normal prompt and output lengths (means near the ShareGPT averages of the
-# paper's Fig. 11, a long right tail; `paged.sim.workload` says exactly what it imitates and what it does not), an
+# paper's Fig. 11, a long right tail; `paged_course.sim.workload` says exactly what it imitates and what it does not), an
 # output cap `max_tokens` per request from {256, 512, 1024, 2048}, all queued at step 0. The pool holds 32,768
 # token slots (16 GiB of Llama-2-7B KV).
 
@@ -317,7 +317,7 @@ for bs in (1, 4, 16, 64, 256):
 # the block size and one past them, for block sizes 1, 3, 16 and 32.
 
 # %%
-from paged.grading import grade
+from paged_course.grading import grade
 
 print(grade(["ch01"], impl="exercises", timeout=60).table())
 

@@ -28,19 +28,19 @@
 # 4. see what the scheduler sees: `BlockSpaceManager.can_allocate` with vLLM's **watermark** (seed error E9);
 # 5. measure what the allocator costs on this CPU.
 #
-# The code is the package's: `paged/allocator.py`, `paged/block_table.py`, `paged/block_manager.py`.
+# The code is the package's: `paged/core/allocator.py`, `paged/core/block_table.py`, `paged/core/block_manager.py`.
 # Your own allocator goes in `exercises/ex02_allocator.py` at the end.
 
 # %%
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from paged.allocator import BlockAllocator, NoFreeBlocksError
-from paged.bench.allocator import allocator_vs_deque, manager_allocate_free
-from paged.block_manager import AllocStatus, BlockSpaceManager
-from paged.block_table import BlockTable, blocks_needed, width
-from paged.sequence import Sequence
-from paged.viz.blocks import (allocator_stepper, allocator_trace, draw_block_table, draw_pool, draw_trace, rows_for,
+from paged.core.allocator import BlockAllocator, NoFreeBlocksError
+from paged_course.bench.allocator import allocator_vs_deque, manager_allocate_free
+from paged.core.block_manager import AllocStatus, BlockSpaceManager
+from paged.core.block_table import BlockTable, blocks_needed, width
+from paged.core.sequence import Sequence
+from paged_course.viz.blocks import (allocator_stepper, allocator_trace, draw_block_table, draw_pool, draw_trace, rows_for,
                                trace_table)
 
 # %% [markdown]
@@ -153,7 +153,7 @@ print("last slot at L = 8 (exact block boundary):", boundary.slot(8 - 1), "(bloc
 # ## 4. What the scheduler sees: the block space manager
 #
 # The scheduler never touches the allocator directly. It asks the **block space manager**
-# (`paged/block_manager.py`, after vLLM v0's `vllm/core/block_manager.py`), which owns one block table
+# (`paged/core/block_manager.py`, after vLLM v0's `vllm/core/block_manager.py`), which owns one block table
 # per sequence:
 #
 # * `can_allocate(seq)` answers `OK`, `LATER` or `NEVER` for a waiting prompt;

@@ -29,7 +29,7 @@
 #    attention (GQA), and check it against PyTorch's `scaled_dot_product_attention`;
 # 5. correct a common misreading of vLLM (seed error E6): one block table per sequence serves *every* layer.
 #
-# Everything below imports the finished package (`paged.block_table`, `paged.kv_cache`, `paged.attention`);
+# Everything below imports the finished package (`paged.core.block_table`, `paged.worker.kv_cache`, `paged_course.reference`);
 # your own versions go in `exercises/ex03_block_tables.py` at the end.
 
 # %%
@@ -39,13 +39,13 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from paged.allocator import BlockAllocator
-from paged.attention import (contiguous_attention, gather_kv, paged_attention_blockwise, paged_attention_gather,
+from paged.core.allocator import BlockAllocator
+from paged_course.reference import (contiguous_attention, gather_kv, paged_attention_blockwise, paged_attention_gather,
                              select_backend)
-from paged.block_table import BlockTable, pad_block_tables
-from paged.kv_cache import KVCache
-from paged.memory import KVSpec, kv_spec
-from paged.viz.kv_pool import plot_memory_order, plot_pool, plot_slot_mapping, slot_explorer
+from paged.core.block_table import BlockTable, pad_block_tables
+from paged.worker.kv_cache import KVCache
+from paged_course.memory import KVSpec, kv_spec
+from paged_course.viz.kv_pool import plot_memory_order, plot_pool, plot_slot_mapping, slot_explorer
 
 torch.manual_seed(0)
 torch.set_num_threads(2)
@@ -229,7 +229,7 @@ print(pool, "| bytes per block:", pool.bytes_per_block)
 #   zeros with `torch.where`: multiplying by a zero weight is not enough, since `0 × NaN = NaN`.
 # - fp16 scores overflow (a dot product of 64 elements of 32.0 is 65536 > 65504), so the math runs in fp32.
 #
-# `paged.attention` holds three references with one signature,
+# `paged_course.reference` holds three references with one signature,
 # `(query, key_cache, value_cache, block_tables, context_lens, scale=None)`:
 # `paged_attention_gather` (the one above), `paged_attention_blockwise` (online softmax block by block: the
 # math of chapter 04's Triton kernel) and, for the unpaged picture, `contiguous_attention` on padded

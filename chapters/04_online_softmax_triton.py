@@ -31,7 +31,7 @@
 #    their log-sum-exp;
 # 6. say what the GPU benchmark measures, and what the paper measured about the paging overhead (seed claim E2).
 #
-# The kernels live in `paged.kernels` (the folder `kernels/`); the PyTorch references in `paged.attention`.
+# The kernels live in `paged.kernels` (the folder `kernels/`); the PyTorch references in `paged_course.reference`.
 
 # %%
 import inspect
@@ -43,9 +43,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
-from paged.attention import paged_attention_blockwise, paged_attention_gather
+from paged_course.reference import paged_attention_blockwise, paged_attention_gather
 from paged.kernels import HAS_TRITON, MODE, REASON
-from paged.viz.kernels import (online_softmax_trace, plot_online_softmax, plot_program_reads, plot_split_weights,
+from paged_course.viz.kernels import (online_softmax_trace, plot_online_softmax, plot_program_reads, plot_split_weights,
                                program_reads_explorer)
 
 torch.manual_seed(0)
@@ -217,7 +217,7 @@ fixed = fixed_sketch(q1, k_pool, v_pool, table1, n1)
 print(f"fixed sketch: max |error| = {(fixed - reference).abs().max().item():.6f}")
 
 # %% [markdown]
-# `paged.attention.paged_attention_blockwise` is this loop for a whole batch at once (all sequences, all heads,
+# `paged_course.reference.paged_attention_blockwise` is this loop for a whole batch at once (all sequences, all heads,
 # GQA), in PyTorch; it agrees with chapter 03's gather reference:
 
 # %% tags=["nbval-check-output"]
@@ -465,7 +465,7 @@ else:
 # end-to-end cost because attention is one operator among many (Kwon et al. 2023, §7.1, Fig. 18a).
 #
 # `python -m paged bench kernel` measures, on a GPU, for fp16 decode with 32 query heads over 8 KV heads of
-# dim 128 (`paged/bench/kernel.py`):
+# dim 128 (`paged_course/bench/kernel.py`):
 #
 # - **achieved bandwidth**: decode reads every context token's K and V once, so bytes read / kernel time, in
 #   GB/s and as a % of the device's peak HBM bandwidth, is the figure of merit (the issue's target: >= 80% at
@@ -489,12 +489,12 @@ else:
 
 # %%
 if HAS_TRITON and torch.cuda.is_available():
-    from paged.bench import kernel as bench_kernel
+    from paged_course.bench import kernel as bench_kernel
 
     result = bench_kernel.run(quick=True, out=Path(tempfile.mkdtemp()))
     print({k: v for k, v in result.items() if k in ("device", "targets")})
 elif HAS_TRITON:
-    from paged.bench.kernel import cpu_check
+    from paged_course.bench.kernel import cpu_check
 
     for r in cpu_check(shapes=[(2, 37, 8, 1), (2, 37, 8, 4)]):
         print(f"batch {r['batch']} context {r['context']} bs {r['block_size']} splits {r['num_splits']}: "

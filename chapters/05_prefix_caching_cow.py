@@ -33,7 +33,7 @@
 # 5. apply **copy-on-write** where vLLM v0 needs it: forked sequences of parallel sampling writing into
 #    a shared, partially filled last block (error E5).
 #
-# The code is the package's: `paged/prefix_cache.py`, `paged/block_manager.py`, `paged/kv_cache.py`.
+# The code is the package's: `paged/core/prefix_cache.py`, `paged/core/block_manager.py`, `paged/worker/kv_cache.py`.
 
 # %%
 import hashlib
@@ -42,13 +42,13 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import display
 
-from paged.allocator import BlockAllocator
-from paged.bench.prefix import allocation_cost, shared_prompt_savings
-from paged.block_manager import BlockSpaceManager
-from paged.kv_cache import KVCache
-from paged.prefix_cache import ROOT_KEY, BlockHasher
-from paged.sequence import Sequence
-from paged.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
+from paged.core.allocator import BlockAllocator
+from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
+from paged.core.block_manager import BlockSpaceManager
+from paged.worker.kv_cache import KVCache
+from paged.core.prefix_cache import ROOT_KEY, BlockHasher
+from paged.core.sequence import Sequence
+from paged_course.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
 
 torch.manual_seed(0)
 

@@ -16,7 +16,7 @@
 #
 # Paged blocks (chapters 02-05) make memory cheap to hand out one block at a time. The **scheduler** decides
 # what to do with that freedom: every step, which requests compute tokens, which wait, and who gives
-# memory back when the pool runs out. This chapter drives the real `paged.scheduler.Scheduler` (and the real
+# memory back when the pool runs out. This chapter drives the real `paged.core.scheduler.Scheduler` (and the real
 # `BlockSpaceManager` behind it) with a fake model and a clock, so every number below comes from the code the
 # engine of chapter 07 runs.
 #
@@ -38,10 +38,10 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from paged.config import CacheConfig, SchedulerConfig
-from paged.scheduler import Scheduler
-from paged.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
-from paged.sim.scheduling import CostModel, make_workload, recompute_vs_swap, simulate, simulate_static
-from paged.viz.scheduler import Stepper, plot_memory, plot_steps, plot_timelines, stepper_widget
+from paged.core.scheduler import Scheduler
+from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from paged_course.sim.scheduling import CostModel, make_workload, recompute_vs_swap, simulate, simulate_static
+from paged_course.viz.scheduler import Stepper, plot_memory, plot_steps, plot_timelines, stepper_widget
 
 chapter_start = time.perf_counter()
 
@@ -57,7 +57,7 @@ chapter_start = time.perf_counter()
 # request leaves at once and a waiting one takes its place in the next step. With paged blocks a request
 # holds only the blocks its tokens fill, so many more run at once.
 #
-# The simulator `paged.sim.scheduling` runs both on the same 200 requests (long-tailed prompt and output
+# The simulator `paged_course.sim.scheduling` runs both on the same 200 requests (long-tailed prompt and output
 # lengths, all arriving at once). Time comes from a documented cost model, not a stopwatch:
 # a step costs `step_overhead_s + per_token_s × tokens in the step` (defaults shaped like OPT-13B on an A100:
 # 20 ms to read the weights once, 0.15 ms per token). The KV pool holds 16,384 token slots in both runs;
@@ -281,7 +281,7 @@ for wm, res in by_watermark.items():
 # `python -m paged bench scheduler` times `schedule()` with 64, 256 and 1024 running requests. A quick taste:
 
 # %%
-from paged.bench.scheduler import _time_schedule
+from paged_course.bench.scheduler import _time_schedule
 
 for n in (64, 256):
     secs = _time_schedule(n, 16)
@@ -339,7 +339,7 @@ except NotImplementedError as err:
 # - Swap pays per transfer, so it loses at small block sizes and wins at large ones; recompute's cost does not
 #   depend on the block size (paper §7.3, reproduced by the cost model).
 # - The watermark is an admission reserve, not a preemption trigger (E9): a 10% reserve cut preemptions by 90% here.
-# - Chapter 07 puts this scheduler in front of a real transformers model: `paged/engine.py` executes each
+# - Chapter 07 puts this scheduler in front of a real transformers model: `paged/engine/llm_engine.py` executes each
 #   `SchedulerOutputs` (block copies, one packed forward, sampling).
 
 # %%

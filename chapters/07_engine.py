@@ -27,9 +27,9 @@
 # 5. measure seed claim C6 (throughput rises with concurrency) at small scale on this CPU, ours against
 #    transformers, and read what a GPU run adds.
 #
-# Code: `paged/engine.py` (the step loop), `paged/llm.py` (`LLM`), `paged/model_runner.py` (packing a step),
-# `paged/hf.py` (the attention function), `paged/sampler.py`, `paged/models.py` (the built-in model); plots in
-# `paged/viz/engine.py`.
+# Code: `paged/engine/llm_engine.py` (the step loop), `paged/engine/llm.py` (`LLM`), `paged/worker/model_runner.py` (packing a step),
+# `paged/worker/attention.py` (the attention function), `paged/worker/sampler.py`, `paged/models.py` (the built-in model); plots in
+# `paged_course/viz/engine.py`.
 
 # %%
 import copy
@@ -38,12 +38,12 @@ import time
 import matplotlib.pyplot as plt
 import torch
 
-from paged.compare import greedy_agreement
-from paged.hf import AttentionMetadata, use_attention
-from paged.llm import LLM
-from paged.models import tiny_model
-from paged.sequence import SamplingParams
-from paged.viz.engine import batching_schedules, plot_batching, plot_block_tables, plot_timeline
+from paged_course.compare import greedy_agreement
+from paged.worker.attention import AttentionMetadata, use_attention
+from paged.engine.llm import LLM
+from paged_course.models import tiny_model
+from paged.core.sequence import SamplingParams
+from paged_course.viz.engine import batching_schedules, plot_batching, plot_block_tables, plot_timeline
 
 torch.manual_seed(0)
 chapter_start = time.perf_counter()
@@ -116,7 +116,7 @@ print("slot mapping", meta.slot_mapping.tolist())
 print("logits from packed tokens", meta.last_token_index.tolist())
 
 # %% [markdown]
-# **(3) Model forward.** `paged.hf` registers an attention function and a no-op mask function under the name
+# **(3) Model forward.** `paged.worker.attention` registers an attention function and a no-op mask function under the name
 # `"paged"` with transformers (`AttentionInterface`, `AttentionMaskInterface`) and switches the model to it
 # (`model.set_attn_implementation("paged")`). transformers still computes the projections, rotary embeddings and
 # MLPs; in each layer our function receives the packed `query [1, H, T, D]` and `key/value [1, KVH, T, D]`,
@@ -135,7 +135,7 @@ print("logits", tuple(logits.shape), "(one row per sequence, vocabulary 128)")
 
 # %% [markdown]
 # **(4) Sample, (5) update.** The sampler picks one token per row (greedy here; temperature, top-k, top-p and
-# per-request seeds are batched in `paged/sampler.py`); the engine appends it, checks stop conditions and frees
+# per-request seeds are batched in `paged/worker/sampler.py`); the engine appends it, checks stop conditions and frees
 # finished sequences. From here we let `engine.step()` do all five parts until the requests finish.
 
 # %%
@@ -222,15 +222,15 @@ print(f"finished {sum(o.outputs[0].finish_reason == 'length' for o in outs)}/24 
 #
 # The seed (002, §4.3) reports for Llama-2-7B on an A100 that vLLM beats transformers' `generate` by 1.14x at one
 # request and more with concurrency, until `generate` runs out of memory at 32. We measure the shape at small scale
-# on this CPU with the benchmark's reference model (`paged.bench.engine`: Llama, 4 layers, hidden 256, vocabulary
+# on this CPU with the benchmark's reference model (`paged_course.bench.engine`: Llama, 4 layers, hidden 256, vocabulary
 # 2048) on a *ragged* workload, the case continuous batching is for: `c` requests at once with prompts of 16-64
 # tokens and answers of 4-32 tokens. transformers runs them as one static batch of `c` (left-padded; the batch
 # runs to its longest answer). Chapter 08 runs the equal-length variant, where a static batch wastes nothing.
 # Timings on a shared CPU vary by tens of percent between runs; the check cell compares tokens, not times.
 
 # %%
-from paged.bench.engine import agreement, bench_model, make_workload, run_paged, run_static  # noqa: E402
-from paged.viz.measure import plot_concurrency  # noqa: E402
+from paged_course.bench.engine import agreement, bench_model, make_workload, run_paged, run_static  # noqa: E402
+from paged_course.viz.measure import plot_concurrency  # noqa: E402
 
 threads = torch.get_num_threads()
 torch.set_num_threads(1)  # on a shared machine extra threads wait on each other; one keeps the comparison fair

@@ -32,8 +32,8 @@
 # 5. map every piece to vLLM's settings and source files (v0 and v1), and run the same workload on vLLM when
 #    it is installed.
 #
-# All measurements come from the package: `paged.ledger` (the ledger and its measurements), `paged.sim`
-# (simulators), `paged.bench` (benchmarks), `paged.viz.measure` (plots). No GPU is needed; where a number
+# All measurements come from the package: `paged_course.ledger` (the ledger and its measurements), `paged_course.sim`
+# (simulators), `paged_course.bench` (benchmarks), `paged_course.viz.measure` (plots). No GPU is needed; where a number
 # needs one, the chapter says what the GPU run (`scripts/gpu_check.sh`) measures and shows it when its JSON
 # is present.
 
@@ -52,10 +52,10 @@ import numpy as np
 import torch
 from IPython.display import Markdown, display
 
-from paged import ledger
-from paged.memory import KNOWN_MODELS, format_bytes
-from paged.sim.workload import chat_trace
-from paged.viz.measure import (block_size_widget, plot_block_size_study, plot_capacity, plot_concurrency,
+from paged_course import ledger
+from paged_course.memory import KNOWN_MODELS, format_bytes
+from paged_course.sim.workload import chat_trace
+from paged_course.viz.measure import (block_size_widget, plot_block_size_study, plot_capacity, plot_concurrency,
                                 plot_kernel_block_sizes)
 
 chapter_start = time.perf_counter()
@@ -172,7 +172,7 @@ else:
 # - **Paged** gives a request `ceil(length / 16)` blocks: its real length plus at most one partial block.
 #
 # We draw one million chat-like requests with `max_seq_len=4096` and count, for every starting request, how many
-# consecutive requests fit in the budget at their final lengths. `paged.ledger.capacity_at_scale` does it with
+# consecutive requests fit in the budget at their final lengths. `paged_course.ledger.capacity_at_scale` does it with
 # cumulative sums and `np.searchsorted`, no Python loop.
 
 # %% tags=["nbval-check-output"]
@@ -208,14 +208,14 @@ plt.show()
 # The seed's table (002, §4.3) claims, for Llama-2-7B on an A100, that vLLM is 1.14x faster than transformers'
 # `generate` at one request, 3.75x at 16, and that `generate` runs out of memory from 32 requests on. We cannot
 # run an A100 here; we can measure the shape of the claim on this CPU with the engine benchmark's reference model
-# (Llama, 4 layers, hidden 256, 8 heads over 2 KV heads, random weights) and its functions (`paged.bench.engine`):
+# (Llama, 4 layers, hidden 256, 8 heads over 2 KV heads, random weights) and its functions (`paged_course.bench.engine`):
 # `c` = 1, 16 and 64 requests of 32 prompt tokens each generate 16 tokens, greedy, EOS ignored, through our
 # `LLM.generate` and through `generate` in one static batch of `c`, and we check that both produced the same
 # tokens. Times are wall-clock, the fastest of three runs; on a CPU shared with other work single points can
 # still be off by several times (rerun the cell if one looks odd).
 
 # %%
-from paged.bench.engine import bench_model, make_workload, run_paged, run_static  # noqa: E402
+from paged_course.bench.engine import bench_model, make_workload, run_paged, run_static  # noqa: E402
 
 model = bench_model()
 run_paged(model, make_workload(2, (8, 8), (2, 2)))  # warm-up: the first forward pays one-time costs
@@ -258,7 +258,7 @@ else:
 # prompt and output lengths a static batch wastes nothing, so `generate` is a strong baseline here: over our runs
 # the ratio ranged from about 0.5 to 1.1, varying with the machine's load more than with concurrency. The step
 # profile of our engine (`LLM.stats()["seconds"]`) puts over 80% of its time in the model forward, which on CPU
-# includes gathering every sequence's K/V from the block pool in every layer (`paged.hf`); a contiguous cache
+# includes gathering every sequence's K/V from the block pool in every layer (`paged.worker.attention`); a contiguous cache
 # needs no gather, and scheduling takes a few percent.
 # Paging pays off when lengths differ and memory is the limit: the engine benchmark's mixed workload
 # (`python -m paged bench engine`, chapter 07) measures that case, and section 2 showed the memory side: a
@@ -268,10 +268,10 @@ else:
 #
 # ## 4. The seed claims ledger
 #
-# Every claim and error from `SEED_NOTES.md`, with what this course measured. `paged.ledger.measure_all()`
+# Every claim and error from `SEED_NOTES.md`, with what this course measured. `paged_course.ledger.measure_all()`
 # reruns the measurements of chapters 01-06 at small sizes (about a second); the throughput rows use the sweep
 # above, and E2 uses the GPU kernel JSON when there is one. The same table comes out of
-# `python -m paged.ledger --bench DIR` after `python -m paged bench all --out DIR`.
+# `python -m paged_course.ledger --bench DIR` after `python -m paged bench all --out DIR`.
 
 # %%
 measured = ledger.measure_all()
@@ -326,16 +326,16 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 #
 # | piece | here | vLLM v0 | vLLM v1 |
 # |---|---|---|---|
-# | block manager | `paged/block_manager.py` | `vllm/core/block_manager.py` | `vllm/v1/core/kv_cache_manager.py` |
-# | allocator, free queue | `paged/allocator.py` | `vllm/core/block/naive_block.py` | `vllm/v1/core/block_pool.py` |
-# | prefix caching | `paged/prefix_cache.py` | `vllm/core/block/prefix_caching_block.py` | `v1/core/kv_cache_utils.py` |
+# | block manager | `paged/core/block_manager.py` | `vllm/core/block_manager.py` | `vllm/v1/core/kv_cache_manager.py` |
+# | allocator, free queue | `paged/core/allocator.py` | `vllm/core/block/naive_block.py` | `vllm/v1/core/block_pool.py` |
+# | prefix caching | `paged/core/prefix_cache.py` | `vllm/core/block/prefix_caching_block.py` | `v1/core/kv_cache_utils.py` |
 # | copy-on-write | `BlockSpaceManager.append_slots` | `vllm/core/block/` (ref counts, COW) | none (no forks in v1) |
-# | scheduler, preemption | `paged/scheduler.py` | `vllm/core/scheduler.py` | `vllm/v1/core/sched/scheduler.py` |
-# | KV pool tensors, swap | `paged/kv_cache.py` | `vllm/worker/cache_engine.py` | `vllm/v1/worker/gpu_model_runner.py` |
-# | KV budget | `paged/model_runner.py` | `vllm/worker/worker.py` | `vllm/v1/worker/gpu_worker.py` |
+# | scheduler, preemption | `paged/core/scheduler.py` | `vllm/core/scheduler.py` | `vllm/v1/core/sched/scheduler.py` |
+# | KV pool tensors, swap | `paged/worker/kv_cache.py` | `vllm/worker/cache_engine.py` | `vllm/v1/worker/gpu_model_runner.py` |
+# | KV budget | `paged/worker/model_runner.py` | `vllm/worker/worker.py` | `vllm/v1/worker/gpu_worker.py` |
 # | decode kernel | `kernels/paged_attention.py` | `csrc/attention/attention_kernels.cu` | `v1/attention/backends/` |
 # | KV write | `kernels/cache_ops.py` | `csrc/cache_kernels.cu` | the backends' `reshape_and_cache_flash` |
-# | engine, `LLM` | `paged/engine.py`, `paged/llm.py` | `vllm/engine/llm_engine.py` | `vllm/v1/engine/core.py` |
+# | engine, `LLM` | `paged/engine/llm_engine.py`, `paged/engine/llm.py` | `vllm/engine/llm_engine.py` | `vllm/v1/engine/core.py` |
 #
 # vLLM v0's CUDA kernel comes in two versions: `paged_attention_v1` (one pass per sequence) and
 # `paged_attention_v2` (the context split into partitions, merged by a reduce kernel: our `num_splits`). The v1
@@ -372,7 +372,7 @@ else:
     work = make_workload(16, (32, 32), (16, 16), seed=2)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
-        from paged.hf import use_attention  # noqa: E402
+        from paged.worker.attention import use_attention  # noqa: E402
 
         use_attention(model, "sdpa")
         model.save_pretrained(model_dir)
@@ -397,13 +397,13 @@ else:
 #
 # ```bash
 # python -m paged bench all --quick --out bench-results  # every benchmark: JSON + PNG, about a minute
-# python -m paged.ledger --bench bench-results           # the ledger above, with the benchmarks' numbers
+# python -m paged_course.ledger --bench bench-results           # the ledger above, with the benchmarks' numbers
 # scripts/gpu_check.sh                                   # with a GPU: GPU tests, kernel and engine benchmarks
 # ```
 #
 # Then change one thing and watch a row move: the means of the chat trace (`chat_trace(..., mean_output=...)` with
 # `ledger.measure_fragmentation`: how does C2's split change?), the private question of
-# `paged.bench.prefix.shared_prompt_savings(1000, question_len=...)` (C5), or the pool of section 1's block-size
+# `paged_course.bench.prefix.shared_prompt_savings(1000, question_len=...)` (C5), or the pool of section 1's block-size
 # study. All graded exercises of the earlier chapters: `python -m paged grade`.
 #
 # ## Summary

@@ -3,7 +3,7 @@
 
 """Exercise 06: one scheduling step over a tiny model of paged memory (chapter 06).
 
-The real ``paged.scheduler.Scheduler`` asks a ``BlockSpaceManager`` about memory. Here memory is one
+The real ``paged.core.scheduler.Scheduler`` asks a ``BlockSpaceManager`` about memory. Here memory is one
 number, ``free_blocks``, and a request is its token count and the blocks it holds, so the policy stands
 alone (PagedAttention paper §4.5; vLLM v0 ``vllm/core/scheduler.py``):
 

@@ -1,7 +1,7 @@
 """Triton kernels for paged attention, imported as ``paged.kernels`` (the folder is ``kernels/``).
 
 * :func:`paged_attention_decode` -- decode attention through block tables, GQA, split-K
-  (``kernels/paged_attention.py``); same signature as the PyTorch reference in ``paged.attention``.
+  (``kernels/paged_attention.py``); same signature as the PyTorch reference in ``paged_course.reference``.
   :func:`launch_decode` is the same without input validation (no host sync), for hot loops.
 * :func:`reshape_and_cache` -- write new keys/values into the KV pool by slot mapping (``cache_ops.py``).
 * :func:`softmax`, :func:`online_softmax` -- the warm-up row-softmax kernels (``row_softmax.py``).

@@ -62,7 +62,7 @@ except ImportError as err:  # pragma: no cover - Linux CI always has triton
     HAS_TRITON = False
     REASON = (f"Triton is not installed ({err}). Triton publishes wheels for Linux only (this machine runs "
               f"{platform.system() or 'an unknown OS'}); without it the Triton kernels cannot run. The PyTorch "
-              "references in paged.attention compute the same results.")
+              "references in paged_course.reference compute the same results.")
 
 INTERPRET: bool = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 MODE: str = "unavailable" if not HAS_TRITON else ("interpreter (CPU)" if INTERPRET else "compiled (GPU)")

@@ -1,6 +1,6 @@
 """paged: vLLM's PagedAttention built from scratch, one readable module per idea.
 
-Public names are imported lazily so that ``import paged.allocator`` stays light (no transformers).
+Public names are imported lazily so that ``import paged.core.allocator`` stays light (no transformers).
 """
 
 from importlib import import_module
@@ -10,19 +10,19 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LLM": "paged.engine",
     "LLMEngine": "paged.engine",
-    "SamplingParams": "paged.sequence",
-    "RequestOutput": "paged.sequence",
-    "CompletionOutput": "paged.sequence",
-    "Sequence": "paged.sequence",
-    "SequenceStatus": "paged.sequence",
-    "BlockAllocator": "paged.allocator",
-    "NoFreeBlocksError": "paged.allocator",
-    "BlockTable": "paged.block_table",
-    "BlockSpaceManager": "paged.block_manager",
-    "AllocStatus": "paged.block_manager",
-    "KVCache": "paged.kv_cache",
-    "Scheduler": "paged.scheduler",
-    "SchedulerOutputs": "paged.scheduler",
+    "SamplingParams": "paged.core.sequence",
+    "RequestOutput": "paged.core.sequence",
+    "CompletionOutput": "paged.core.sequence",
+    "Sequence": "paged.core.sequence",
+    "SequenceStatus": "paged.core.sequence",
+    "BlockAllocator": "paged.core.allocator",
+    "NoFreeBlocksError": "paged.core.allocator",
+    "BlockTable": "paged.core.block_table",
+    "BlockSpaceManager": "paged.core.block_manager",
+    "AllocStatus": "paged.core.block_manager",
+    "KVCache": "paged.worker.kv_cache",
+    "Scheduler": "paged.core.scheduler",
+    "SchedulerOutputs": "paged.core.scheduler",
     "SchedulerConfig": "paged.config",
     "CacheConfig": "paged.config",
 }

@@ -72,9 +72,9 @@ run_part model 90 "$PYTHON" - "$OUT/model.json" "${MODEL:-}" <<'PY'
 # The engine on a real model: 64 seeded prompts of 32-256 tokens, 64 greedy tokens each (EOS ignored).
 import json, sys, time
 import torch
-from paged.bench import environment
-from paged.llm import LLM
-from paged.sequence import SamplingParams
+from paged_course.bench import environment
+from paged.engine.llm import LLM
+from paged.core.sequence import SamplingParams
 
 out, name = sys.argv[1], sys.argv[2] or None
 llm = LLM(name, seed=0)

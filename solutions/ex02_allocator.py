@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from paged.allocator import NoFreeBlocksError
+from paged.core.allocator import NoFreeBlocksError
 
 
 class BlockAllocator:

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from paged.allocator import NoFreeBlocksError
+from paged.core.allocator import NoFreeBlocksError
 
 
 class Model:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged.allocator import BlockAllocator, NoFreeBlocksError
+from paged.core.allocator import BlockAllocator, NoFreeBlocksError
 
 
 def test_allocate_hands_out_ids_in_order_and_counts_references():

@@ -1,7 +1,7 @@
-"""The reference attentions in ``paged.attention`` against ``scaled_dot_product_attention``.
+"""The reference attentions in ``paged_course.reference`` against ``scaled_dot_product_attention``.
 
 The naive reference here walks each sequence's tokens with the slot formula in Python and calls
-SDPA (``enable_gqa=True``) on the clean K/V, so it shares no code with ``paged.attention``.
+SDPA (``enable_gqa=True``) on the clean K/V, so it shares no code with ``paged_course.reference``.
 CASES.md 11 (garbage past the context), 12 (fp16 scores that overflow) and 13 (GQA head mapping)
 are written out with their expected values.
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged.attention import (
+from paged_course.reference import (
     contiguous_attention,
     gather_kv,
     paged_attention,

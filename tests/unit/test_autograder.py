@@ -1,4 +1,4 @@
-"""The Gradescope bundle (paged/course/autograder.py) and the GitHub Classroom config (paged/course/classroom.py)."""
+"""The Gradescope bundle (paged_course/autograder.py) and the GitHub Classroom config (paged_course/classroom.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from paged.course import classroom
-from paged.course.autograder import build_bundle, find_submission_files
-from paged.course.release import ROOT
-from paged.course.sync import exercise_ids
+from paged_course import classroom
+from paged_course.autograder import build_bundle, find_submission_files
+from paged_course.release import ROOT
+from paged_course.sync import exercise_ids
 from tests.unit.test_release import write_hidden_tests
 
 
@@ -133,7 +133,7 @@ def test_run_autograder_scores_complete_and_empty_submissions(bundle, tmp_path):
 
 def test_committed_classroom_config_is_current():
     stale = classroom.write(ROOT, check=True)
-    assert stale == [], "run `python -m paged.course.classroom`: .github/classroom/autograding.json is stale"
+    assert stale == [], "run `python -m paged_course.classroom`: .github/classroom/autograding.json is stale"
 
 
 def test_classroom_config_sums_points_per_chapter():
@@ -144,10 +144,10 @@ def test_classroom_config_sums_points_per_chapter():
                         "ch02": {"points": 9, "tests": 3, "exercises": ["ch02.ex1", "ch02.ex3"]}}
     config = classroom.autograding_config(chapters)
     assert [(t["run"], t["points"]) for t in config["tests"]] == [
-        ("python -m paged.course.classroom grade ch01", 3), ("python -m paged.course.classroom grade ch02", 9)]
+        ("python -m paged grade ch01 --strict", 3), ("python -m paged grade ch02 --strict", 9)]
     assert config["tests"][0]["setup"].startswith("python -m pip install") and config["tests"][1]["setup"] == ""
     hidden = classroom.autograding_config(chapters, hidden=True)
-    assert hidden["tests"][0]["run"] == "env PAGED_HIDDEN=1 python -m paged.course.classroom grade ch01"
+    assert hidden["tests"][0]["run"] == "env PAGED_HIDDEN=1 python -m paged grade ch01 --strict"
     yaml = classroom.workflow_yaml(config)
     assert re.findall(r"max-score: (\d+)", yaml) == ["3", "9"] and "runners: ch01,ch02" in yaml
     assert 'CH02_RESULTS: "${{steps.ch02.outputs.result}}"' in yaml

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged.allocator import NoFreeBlocksError
-from paged.block_manager import AllocStatus, BlockSpaceManager
-from paged.sequence import Sequence
+from paged.core.allocator import NoFreeBlocksError
+from paged.core.block_manager import AllocStatus, BlockSpaceManager
+from paged.core.sequence import Sequence
 
 
 def weak_hash(parent, tokens, extra):

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.block_table import BlockTable, SequenceTooLongError, blocks_needed, check_length, pad_block_tables, width
+from paged.core.block_table import (
+    BlockTable,
+    SequenceTooLongError,
+    blocks_needed,
+    check_length,
+    pad_block_tables,
+    width,
+)
 
 
 def test_case5_slot_at_an_exact_block_boundary():

@@ -1,4 +1,4 @@
-"""paged/course/sync.py: exercises/ generated from solutions/ (stubs, STUB lines, bad markers, idempotence, --check)."""
+"""paged_course/sync.py: exercises/ generated from solutions/ (stubs, STUB lines, bad markers, idempotence, --check)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paged.course.sync import MarkerError, exercise_ids, main, make_stub, sync
+from paged_course.sync import MarkerError, exercise_ids, main, make_stub, sync
 
 ROOT = Path(__file__).resolve().parents[2]
 

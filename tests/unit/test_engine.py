@@ -2,7 +2,7 @@
 (Llama, Qwen2, Mistral, GPT-2; prefix caching on and off; preemption by recompute and by swap),
 CASES.md 1-4, 9 and 10, parallel sampling, stop conditions, bad input, and no block left in use.
 
-Comparison as vLLM's tests do (``paged.compare``): tokens equal, or the first differing position is a
+Comparison as vLLM's tests do (``paged_course.compare``): tokens equal, or the first differing position is a
 near-tie of the two tokens' logits under a plain forward pass.
 """
 
@@ -13,12 +13,12 @@ import copy
 import pytest
 import torch
 
-from paged.block_manager import BlockSpaceManager
-from paged.compare import greedy_agreement
-from paged.hf import use_attention
-from paged.llm import LLM
-from paged.models import tiny_model
-from paged.sequence import SamplingParams
+from paged.core.block_manager import BlockSpaceManager
+from paged.core.sequence import SamplingParams
+from paged.engine.llm import LLM
+from paged.worker.attention import use_attention
+from paged_course.compare import greedy_agreement
+from paged_course.models import tiny_model
 
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 

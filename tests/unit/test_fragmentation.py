@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged.sim.fragmentation import MANAGERS, compare, max_concurrency, simulate, summary_table
-from paged.sim.workload import Trace, chat_trace
+from paged_course.sim.fragmentation import MANAGERS, compare, max_concurrency, simulate, summary_table
+from paged_course.sim.workload import Trace, chat_trace
 
 
 def naive_paged(trace: Trace, pool: int, bs: int, watermark: float):
@@ -156,7 +156,7 @@ def test_max_concurrency():
 
 
 def test_pool_snapshot_matches_the_per_step_counts():
-    from paged.viz.fragmentation import pool_snapshot
+    from paged_course.viz.fragmentation import pool_snapshot
 
     trace = chat_trace(120, seed=2, max_seq_len=512, mean_prompt=60, mean_output=80)
     for manager, res in compare(trace, 4096, block_size=8).items():

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from paged.grading import grade, normalize_chapter
+from paged_course.grading import grade, normalize_chapter
 
 CONFTEST = '''
 def pytest_addoption(parser):

@@ -1,4 +1,4 @@
-"""paged.hf: the attention function registered with transformers, on packed batches over the KV pool."""
+"""paged.worker.attention: the attention function registered with transformers, on packed batches over the KV pool."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
-from paged.hf import AttentionMetadata, forward_logits, use_attention, use_paged_attention
-from paged.kv_cache import KVCache
-from paged.model_runner import kv_shape
-from paged.models import TINY_ARCHS, tiny_model
+from paged.worker.attention import AttentionMetadata, forward_logits, use_attention, use_paged_attention
+from paged.worker.kv_cache import KVCache
+from paged.worker.model_runner import kv_shape
+from paged_course.models import TINY_ARCHS, tiny_model
 
 
 def _pool(model, num_blocks=32, block_size=4, fill=1e4):

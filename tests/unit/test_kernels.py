@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paged import kernels
-from paged.attention import paged_attention_gather
 from paged.kernels import online_softmax, paged_attention_decode, reshape_and_cache, softmax
+from paged_course.reference import paged_attention_gather
 
 if not kernels.HAS_TRITON:  # pragma: no cover - Linux always has triton
     pytest.skip(kernels.REASON, allow_module_level=True)
@@ -29,7 +29,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}  # max ab
 
 
 def naive_decode(query, key_cache, value_cache, block_tables, context_lens, scale=None):
-    """Token by token with the slot formula, softmax in float64 (shares no code with paged.attention)."""
+    """Token by token with the slot formula, softmax in float64 (shares no code with paged_course.reference)."""
     query, key_cache, value_cache, block_tables, context_lens = (
         t.cpu() for t in (query, key_cache, value_cache, block_tables, context_lens))
     num_seqs, num_heads, head_dim = query.shape
@@ -104,7 +104,7 @@ def test_decode_matches_references(dtype, heads, kv_heads, head_dim, block_size)
     naive = naive_decode(*[t.cpu() for t in inputs])
     assert max_err(out, naive) < TOL[dtype], f"kernel differs from the float64 naive reference ({dtype})"
     gather = paged_attention_gather(*[t.cpu() for t in inputs]).double()
-    assert max_err(out, gather) < TOL[dtype] * 2, "kernel differs from paged.attention.paged_attention_gather"
+    assert max_err(out, gather) < TOL[dtype] * 2, "kernel differs from paged_course.reference.paged_attention_gather"
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

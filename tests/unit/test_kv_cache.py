@@ -1,13 +1,13 @@
-"""``paged.kv_cache.KVCache``: layout, writes by slot mapping, copy-on-write copies, swapping, sizing."""
+"""``paged.worker.kv_cache.KVCache``: layout, writes by slot mapping, copy-on-write copies, swapping, sizing."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from paged.attention import paged_attention_gather
-from paged.kv_cache import KVCache
-from paged.memory import KVSpec
+from paged.worker.kv_cache import KVCache
+from paged_course.memory import KVSpec
+from paged_course.reference import paged_attention_gather
 
 
 def small_cache(**kw) -> KVCache:

@@ -1,4 +1,4 @@
-"""The seed claims ledger (paged.ledger): each measurement's exact value on a fixed input, and a full table."""
+"""The seed claims ledger (paged_course.ledger): each measurement's exact value on a fixed input, and a full table."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from paged import ledger
-from paged.memory import KNOWN_MODELS
-from paged.sim.workload import Trace, chat_trace
+from paged_course import ledger
+from paged_course.memory import KNOWN_MODELS
+from paged_course.sim.workload import Trace, chat_trace
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_memory_numbers_c4_e7_e8():
 
 
 def test_prefix_rows_use_the_prefix_benchmark(measured):
-    # C5/E4 come from paged.bench.prefix.shared_prompt_savings: 100 prompts = system prompt + 50-token
+    # C5/E4 come from paged_course.bench.prefix.shared_prompt_savings: 100 prompts = system prompt + 50-token
     # question, block 16; the system prompt's full blocks are held once with caching.
     rows = {r["system_len"]: r for r in measured["prefix"]}
     assert sorted(rows) == list(ledger.PREFIX_LENS)

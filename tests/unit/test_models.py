@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from paged import models
+from paged_course import models as tiny_models
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +61,21 @@ def test_default_model_rebuilt_when_incomplete(cache_dir):
                                                  ("mistral", "MistralForCausalLM", 2),
                                                  ("gpt2", "GPT2LMHeadModel", 4)])
 def test_tiny_models(arch, cls, kv_heads):
-    from paged.model_runner import kv_shape
+    from paged.worker.model_runner import kv_shape
 
-    model = models.tiny_model(arch)
+    model = tiny_models.tiny_model(arch)
     assert type(model).__name__ == cls and not model.training
     assert kv_shape(model) == (2, kv_heads, 16), "2 layers, head_dim 64 / 4 heads; GPT-2 has no GQA"
-    assert torch.equal(models.tiny_model(arch).lm_head.weight, model.lm_head.weight), "fixed seed"
+    assert torch.equal(tiny_models.tiny_model(arch).lm_head.weight, model.lm_head.weight), "fixed seed"
 
 
 def test_tiny_config_unknown_arch():
     with pytest.raises(ValueError, match="arch must be one of"):
-        models.tiny_config("opt")
+        tiny_models.tiny_config("opt")
 
 
 def test_demo_runs_and_agrees_with_transformers(cache_dir, capsys):
-    from paged import demo
+    from paged_course import demo
 
     assert demo.main(["--num-requests", "6", "--check", "2", "--no-baseline", "--kv-memory-mb", "4"]) == 0
     out = capsys.readouterr().out
@@ -88,9 +89,9 @@ def test_loading_shows_no_transformers_progress_bars(tmp_path, monkeypatch):
     import transformers.core_model_loading as loading
     from transformers.utils import logging
 
-    from paged.llm import load_model
+    from paged.engine.llm import load_model
 
-    models.tiny_model("llama").save_pretrained(tmp_path)
+    tiny_models.tiny_model("llama").save_pretrained(tmp_path)
     seen = []
     real_tqdm = loading.tqdm
 

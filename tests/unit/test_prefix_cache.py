@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from paged.block_manager import BlockSpaceManager
-from paged.prefix_cache import ROOT_KEY, BlockHasher, PrefixCache
-from paged.sequence import Sequence
+from paged.core.block_manager import BlockSpaceManager
+from paged.core.prefix_cache import ROOT_KEY, BlockHasher, PrefixCache
+from paged.core.sequence import Sequence
 
 
 def weak_hash(parent, tokens, extra):

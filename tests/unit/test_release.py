@@ -1,4 +1,4 @@
-"""The student release (paged/course/release.py): what the tree holds, and (slow) that it installs and grades."""
+"""The student release (paged_course/release.py): what the tree holds, and (slow) that it installs and grades."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from paged.course import classroom
-from paged.course.release import (
+from paged_course import classroom
+from paged_course.release import (
     HIDDEN_CONFTEST,
     ROOT,
     ReleaseError,
@@ -24,7 +24,7 @@ from paged.course.release import (
     set_default_impl,
     without_solution_tests,
 )
-from paged.course.sync import make_stub
+from paged_course.sync import make_stub
 
 
 def _impl_default(conftest: str) -> str:
@@ -37,7 +37,7 @@ def _impl_default(conftest: str) -> str:
 
 def write_hidden_tests(folder: Path) -> tuple[str, int]:
     """An instructor's hidden-test folder for the first chapter with exercises; returns (chapter, points)."""
-    from paged.course.sync import exercise_ids
+    from paged_course.sync import exercise_ids
 
     path = sorted(p for p in (ROOT / "solutions").glob("ex*.py") if exercise_ids(p.read_text()))[0]
     chapter = exercise_ids(path.read_text())[0].split(".")[0]
@@ -80,8 +80,10 @@ def test_student_tree_holds_every_exercise_and_the_package(student):
                                                                      f"solutions/{name}"), \
             f"exercises/{name} must be the stub generated from solutions/{name}"
     for rel in ("pyproject.toml", "environment.yml", "paged/__init__.py", "kernels/__init__.py",
-                "tests/exercises/conftest.py", "paged/grading.py"):
+                "tests/exercises/conftest.py", "paged_course/grading.py"):
         assert (out / rel).is_file(), f"the release misses {rel}"
+    for rel in ("paged_course/release.py", "paged_course/classroom.py", "paged_course/autograder.py"):
+        assert not (out / rel).exists(), f"the student release ships the instructor tool {rel}"
     graded = sorted(p.name for p in (out / "tests" / "exercises").glob("test_*.py"))
     assert graded == sorted(p.name for p in (ROOT / "tests" / "exercises").glob("test_*.py")), "graded tests copied"
     chapters = sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.*"))
@@ -266,7 +268,7 @@ def test_release_installs_runs_a_chapter_and_grades_by_itself(tmp_path):
     res = run("-m", "paged", "grade", "--report", str(tmp_path / "stubs"))
     stubs = json.loads((tmp_path / "stubs" / "results.json").read_text())
     assert stubs["tests"] and stubs["score"] == 0, f"the stubs must score 0: {res.stdout[-2000:]}"
-    res = run("-m", "paged.course.classroom", "grade", chapter)
+    res = run("-m", "paged", "grade", chapter, "--strict")
     assert res.returncode == 1, f"a GitHub Classroom entry must fail below full marks:\n{res.stdout[-2000:]}"
     for path in (ROOT / "solutions").glob("ex*.py"):
         shutil.copyfile(path, tree / "exercises" / path.name)
@@ -274,7 +276,7 @@ def test_release_installs_runs_a_chapter_and_grades_by_itself(tmp_path):
     full = json.loads((tmp_path / "full" / "results.json").read_text())
     assert full["score"] == full["max_score"] == stubs["max_score"] > 0, \
         f"the solutions must score full marks in the release: {res.stdout[-3000:]}"
-    res = run("-m", "paged.course.classroom", "grade", chapter)
+    res = run("-m", "paged", "grade", chapter, "--strict")
     assert res.returncode == 0, f"a GitHub Classroom entry must pass at full marks:\n{res.stdout[-2000:]}"
     env["PAGED_HIDDEN"] = "1"
     res = run("-m", "paged", "grade", chapter, "--report", str(tmp_path / "hidden"))

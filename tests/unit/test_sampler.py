@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.sampler import Sampler, filter_top_k_top_p, make_generator
-from paged.sequence import SamplingParams
+from paged.core.sequence import SamplingParams
+from paged.worker.sampler import Sampler, filter_top_k_top_p, make_generator
 
 
 def _logits(rows=4, vocab=32, seed=0):

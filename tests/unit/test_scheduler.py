@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paged.scheduler import CacheConfig, Scheduler, SchedulerConfig
-from paged.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from paged.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 
 S = SequenceStatus
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from paged.scheduler import CacheConfig, SchedulerConfig
-from paged.sim.scheduling import CostModel, Request, make_workload, recompute_vs_swap, simulate, simulate_static
+from paged.core.scheduler import CacheConfig, SchedulerConfig
+from paged_course.sim.scheduling import CostModel, Request, make_workload, recompute_vs_swap, simulate, simulate_static
 
 COST = CostModel(step_overhead_s=1.0, per_token_s=0.1)  # easy numbers for hand-computed expectations
 
@@ -87,7 +87,7 @@ def test_swap_overhead_falls_with_block_size_recompute_does_not_depend_on_it():
 
 
 def test_stepper_tiny_memory_preempts_newest_first():
-    from paged.viz.scheduler import Stepper
+    from paged_course.viz.scheduler import Stepper
 
     s = Stepper([("A", 6, 6, 0), ("B", 5, 6, 0), ("C", 3, 3, 1)], block_size=4, num_gpu_blocks=5)
     for _ in range(8):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pytest
 
-from paged.bench import allocator, prefix, scheduler
-from paged.viz.blocks import draw_prefix_savings, prefix_savings_widget
-from paged.viz.fragmentation import fragmentation_widget
-from paged.viz.measure import draw_block_size_choice
+from paged_course.bench import allocator, prefix, scheduler
+from paged_course.viz.blocks import draw_prefix_savings, prefix_savings_widget
+from paged_course.viz.fragmentation import fragmentation_widget
+from paged_course.viz.measure import draw_block_size_choice
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,1 @@
+"""The engine's core: blocks, block tables, prefix cache, block manager, swap, scheduler, sequences."""

@@ -1,0 +1,247 @@
+"""The KV cache pool: one preallocated tensor that holds every layer's keys and values, in blocks.
+
+Layout of the device pool (``KVCache.kv``)::
+
+    [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+                 ^ 0 = key, 1 = value
+
+so that, per layer, ``key_cache[layer]`` and ``value_cache[layer]`` are views of shape
+``[num_blocks, block_size, num_kv_heads, head_dim]``: the "NHD" layout of vLLM v1's FlashAttention
+backend (``vllm/v1/attention/backends/flash_attn.py``, per layer ``[2, num_blocks, block_size,
+num_kv_heads, head_dim]``), FlashAttention's ``flash_attn_with_kvcache`` and FlashInfer. Each token's
+``head_dim`` vector per head is contiguous, and one block of one layer is one contiguous chunk of
+``block_size * num_kv_heads * head_dim`` elements. A physical block id means the same slots in every
+layer: one block table per sequence serves all layers (seed error E6).
+
+The pool is the tensor side only; which block belongs to whom is the block manager's business
+(``paged/core/block_manager.py``). The operations mirror vLLM's:
+
+- ``write``: scatter this step's K/V to their slots (``slot = block_id * block_size + offset``,
+  slot -1 = skip), the job of vLLM's ``reshape_and_cache`` / ``reshape_and_cache_flash`` ops
+  (``csrc/cache_kernels.cu``), called from the attention backends.
+- ``copy_blocks``: copy-on-write copies, all pairs and all layers in one batched op (vLLM v0
+  ``CacheEngine.copy``, ``vllm/worker/cache_engine.py``).
+- ``swap_out`` / ``swap_in``: move blocks to and from a CPU pool in pinned memory (vLLM v0
+  ``CacheEngine.swap_out`` / ``swap_in``, one copy per block).
+
+Sizing from a memory budget: ``KVCache.from_budget`` and ``block_bytes`` (vLLM profiles free
+GPU memory and divides by the bytes of one block: ``CacheEngine.get_cache_block_size`` in v0,
+``vllm/v1/worker/gpu_model_runner.py`` / ``vllm/v1/core/kv_cache_utils.py`` in v1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one KV block over all layers, K and V: ``2 x layers x kv_heads x head_dim x block_size x
+    dtype bytes`` (vLLM ``CacheEngine.get_cache_block_size``; seed error E8 corrected)."""
+    return 2 * num_layers * num_kv_heads * head_dim * block_size * dtype.itemsize
+
+
+def _positive(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class KVCache:
+    """Preallocated paged K/V storage for all layers, plus an optional CPU pool for swapping.
+
+    Args:
+        num_layers: decoder layers, > 0.
+        num_blocks: blocks in the device pool, > 0.
+        block_size: tokens per block, > 0.
+        num_kv_heads: key/value heads per layer (GQA: fewer than query heads), > 0.
+        head_dim: elements per head vector, > 0.
+        dtype: element type (``torch.float32``, ``float16``, ``bfloat16``).
+        device: where the pool lives (``"cpu"`` or ``"cuda"``).
+        num_cpu_blocks: blocks in the CPU swap pool, >= 0 (pinned memory when ``device`` is CUDA).
+
+    Attributes:
+        kv: the device pool ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``, zeroed.
+        cpu_kv: the CPU pool ``[num_layers, 2, num_cpu_blocks, block_size, num_kv_heads, head_dim]``.
+        key_cache, value_cache: lists with one view per layer, ``[num_blocks, block_size, kv_heads, D]``.
+
+    Raises:
+        ValueError: a size that is not a positive integer (``num_cpu_blocks`` may be 0).
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", num_cpu_blocks: int = 0):
+        for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
+                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            _positive(name, value)
+        _positive("num_cpu_blocks", num_cpu_blocks, minimum=0)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        self.device = torch.device(device)
+        self.num_cpu_blocks = num_cpu_blocks
+        block = (block_size, num_kv_heads, head_dim)
+        self.kv = torch.zeros((num_layers, 2, num_blocks, *block), dtype=dtype, device=self.device)
+        pin = self.device.type == "cuda"  # pinned host memory: DMA transfers, async with the GPU
+        self.cpu_kv = torch.zeros((num_layers, 2, num_cpu_blocks, *block), dtype=dtype, pin_memory=pin)
+        self.key_cache = [self.kv[layer, 0] for layer in range(num_layers)]
+        self.value_cache = [self.kv[layer, 1] for layer in range(num_layers)]
+
+    # ---- sizing -------------------------------------------------------------------------------
+    @staticmethod
+    def num_blocks_for_budget(budget_bytes: int, num_layers: int, block_size: int, num_kv_heads: int,
+                              head_dim: int, dtype: torch.dtype = torch.float32) -> int:
+        """Whole blocks that fit in ``budget_bytes``: ``budget // (2 x layers x kv_heads x D x bs x bytes)``."""
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes!r}")
+        return int(budget_bytes // block_bytes(num_layers, num_kv_heads, head_dim, block_size, dtype))
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                    cpu_budget_bytes: int = 0) -> KVCache:
+        """A pool with as many blocks as fit in ``budget_bytes`` (and ``cpu_budget_bytes`` for swapping).
+
+        Raises:
+            ValueError: the budget holds no whole block (the message gives the bytes of one block).
+        """
+        per_block = block_bytes(num_layers, num_kv_heads, head_dim, block_size, dtype)
+        num_blocks = cls.num_blocks_for_budget(budget_bytes, num_layers, block_size, num_kv_heads, head_dim, dtype)
+        if num_blocks == 0:
+            raise ValueError(f"budget_bytes={budget_bytes} holds no block of {per_block} bytes")
+        num_cpu = cls.num_blocks_for_budget(cpu_budget_bytes, num_layers, block_size, num_kv_heads, head_dim, dtype)
+        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device, num_cpu)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block over all layers, K and V: 2 x layers x kv_heads x head_dim x block_size x bytes
+        (``block_bytes``)."""
+        return block_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the device pool (``num_blocks * bytes_per_block``)."""
+        return self.kv.numel() * self.kv.element_size()
+
+    @property
+    def cpu_bytes(self) -> int:
+        """Bytes of the CPU swap pool."""
+        return self.cpu_kv.numel() * self.cpu_kv.element_size()
+
+    @property
+    def num_slots(self) -> int:
+        """Token slots per layer in the device pool: ``num_blocks * block_size``."""
+        return self.num_blocks * self.block_size
+
+    # ---- writing this step's K/V ----------------------------------------------------------------
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store ``key[i]`` and ``value[i]`` of layer ``layer`` at slot ``slot_mapping[i]``.
+
+        Slot ``s`` is block ``s // block_size``, offset ``s % block_size``; ``-1`` means skip that token
+        (vLLM pads with -1; e.g. a token whose KV is already cached). One vectorized ``index_copy_`` on
+        the flat ``[num_slots, kv_heads, head_dim]`` view of each cache, like ``reshape_and_cache``.
+
+        Args:
+            layer: ``0 <= layer < num_layers``.
+            key, value: ``[num_tokens, num_kv_heads, head_dim]``, the pool's dtype and device.
+            slot_mapping: int64 (int32 accepted) ``[num_tokens]`` on the pool's device; each entry in
+                ``[-1, num_slots)``, no slot twice.
+
+        Raises:
+            ValueError: a bad layer, shape, dtype, device, slot out of range or repeated slot. The pool
+                is unchanged after an error (everything is checked before the first write).
+        """
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer!r}")
+        want = (self.num_kv_heads, self.head_dim)
+        for name, t in (("key", key), ("value", value)):
+            if t.dim() != 3 or tuple(t.shape[1:]) != want:
+                raise ValueError(f"{name} must be [num_tokens, {want[0]}, {want[1]}], got {list(t.shape)}")
+            if t.dtype != self.dtype:
+                raise ValueError(f"{name} dtype {t.dtype} != pool dtype {self.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}, the pool on {self.device}")
+        num_tokens = key.shape[0]
+        if value.shape[0] != num_tokens:
+            raise ValueError(f"key has {num_tokens} tokens, value {value.shape[0]}")
+        if slot_mapping.dim() != 1 or slot_mapping.shape[0] != num_tokens:
+            raise ValueError(f"slot_mapping must be [num_tokens={num_tokens}], got {list(slot_mapping.shape)}")
+        if slot_mapping.dtype not in _INDEX_DTYPES:
+            raise ValueError(f"slot_mapping must be int64 or int32, got {slot_mapping.dtype}")
+        if slot_mapping.device != self.device:
+            raise ValueError(f"slot_mapping is on {slot_mapping.device}, the pool on {self.device}")
+        if num_tokens == 0:
+            return
+        lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
+        if lo < -1 or hi >= self.num_slots:
+            bad = lo if lo < -1 else hi
+            raise ValueError(f"slot {bad} outside [-1, {self.num_slots}) (num_blocks {self.num_blocks} x "
+                             f"block_size {self.block_size})")
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep].long()
+        if slots.unique().numel() != slots.numel():
+            raise ValueError(f"slot_mapping writes a slot twice: {slots.tolist()}")
+        flat_k = self.key_cache[layer].view(self.num_slots, *want)  # row = slot
+        flat_v = self.value_cache[layer].view(self.num_slots, *want)
+        flat_k.index_copy_(0, slots, key[keep])
+        flat_v.index_copy_(0, slots, value[keep])
+
+    # ---- block copies -----------------------------------------------------------------------------
+    def _check_pairs(self, pairs, num_src: int, num_dst: int, what: str) -> tuple[list[int], list[int]]:
+        src = [int(s) for s, _ in pairs]
+        dst = [int(d) for _, d in pairs]
+        for ids, n, side in ((src, num_src, "source"), (dst, num_dst, "destination")):
+            bad = [b for b in ids if not 0 <= b < n]
+            if bad:
+                raise ValueError(f"{what}: {side} block {bad[0]} outside [0, {n})")
+        if len(set(dst)) != len(dst):
+            raise ValueError(f"{what}: a destination block appears twice in {list(zip(src, dst))}")
+        return src, dst
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: for each ``(src, dst)``, copy block ``src`` to block ``dst``, in every layer, K and V.
+
+        One gather + scatter over the whole ``[layers, 2, blocks, ...]`` pool for all pairs at once
+        (vLLM fuses this into one ``copy_blocks`` kernel launch; ``vllm/worker/cache_engine.py``).
+
+        Raises:
+            ValueError: a block id outside ``[0, num_blocks)``, a repeated destination, or a block that is
+                both a source and a destination (the result would depend on the order). Pool unchanged.
+        """
+        src, dst = self._check_pairs(pairs, self.num_blocks, self.num_blocks, "copy_blocks")
+        if set(src) & set(dst):
+            raise ValueError(f"copy_blocks: blocks {sorted(set(src) & set(dst))} are both source and destination")
+        if not src:
+            return
+        src_t = torch.tensor(src, device=self.device)
+        dst_t = torch.tensor(dst, device=self.device)
+        self.kv[:, :, dst_t] = self.kv[:, :, src_t]
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy device blocks to the CPU pool: ``(device_block, cpu_block)`` pairs, all layers, K and V.
+
+        One copy per block (as vLLM's ``swap_blocks``): on CUDA each is an async DMA into pinned memory,
+        and the call waits for them before returning. Raises ``ValueError`` for an id out of range or a
+        repeated destination (pools unchanged).
+        """
+        src, dst = self._check_pairs(pairs, self.num_blocks, self.num_cpu_blocks, "swap_out")
+        self._copy_each(self.kv, self.cpu_kv, src, dst)
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy CPU-pool blocks back to the device: ``(cpu_block, device_block)`` pairs. Errors as ``swap_out``."""
+        src, dst = self._check_pairs(pairs, self.num_cpu_blocks, self.num_blocks, "swap_in")
+        self._copy_each(self.cpu_kv, self.kv, src, dst)
+
+    def _copy_each(self, source: torch.Tensor, target: torch.Tensor, src: list[int], dst: list[int]) -> None:
+        non_blocking = self.device.type == "cuda"
+        for s, d in zip(src, dst):
+            target[:, :, d].copy_(source[:, :, s], non_blocking=non_blocking)
+        if non_blocking:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def __repr__(self) -> str:
+        return (f"KVCache(layers={self.num_layers}, blocks={self.num_blocks} x {self.block_size} tokens, "
+                f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {self.dtype}, {self.device}, "
+                f"{self.bytes / 2**20:.1f} MiB; cpu_blocks={self.num_cpu_blocks})")

@@ -1,0 +1,71 @@
+"""Benchmarks: ``python -m paged bench {sim,allocator,prefix,scheduler,kernel,engine,all} [--quick] [--out DIR]``.
+
+Each benchmark lives in ``paged_course/bench/<name>.py`` with ``run(quick: bool, out: Path) -> dict``; it
+prints its table, returns JSON-able results, and reports every figure as a ratio against a baseline
+measured in the same run, or as an absolute time marked with its device. This module records the
+machine and versions with the results and writes ``<out>/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from importlib import import_module, metadata
+from pathlib import Path
+
+BENCHMARKS = ["sim", "allocator", "prefix", "scheduler", "kernel", "engine"]
+
+
+def environment() -> dict:
+    """Machine, versions and device, stored beside every result."""
+    import os
+
+    import torch
+
+    env = {"python": platform.python_version(), "platform": platform.platform(),
+           "machine": platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+           "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    try:  # metadata only: importing triton before paged.kernels would fix it in compiled mode
+        env["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        env["triton"] = None
+    return env
+
+
+def timing_threads() -> int:
+    """Set torch to ``$PAGED_BENCH_THREADS`` threads (default 1) for a timed comparison on CPU; return the count.
+
+    On a small shared machine extra threads wait on each other and turn both sides' timings into noise;
+    ``bench engine`` and ``python -m paged demo`` call this before timing on CPU.
+    """
+    import os
+
+    import torch
+
+    threads = int(os.environ.get("PAGED_BENCH_THREADS", "1"))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m paged bench",
+                                     description="Benchmarks: tables printed, JSON and PNG written.")
+    parser.add_argument("name", choices=BENCHMARKS + ["all"])
+    parser.add_argument("--quick", action="store_true", help="small sizes (all of them: < 3 min on 2 cores)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = BENCHMARKS if args.name == "all" else [args.name]
+    env = environment()
+    for name in names:
+        print(f"== bench {name} ({'quick' if args.quick else 'full'}) on {env['device']} ==")
+        start = time.perf_counter()
+        results = import_module(f"paged_course.bench.{name}").run(quick=args.quick, out=args.out)
+        record = {"benchmark": name, "quick": args.quick, "environment": env,
+                  "wall_seconds": round(time.perf_counter() - start, 2), "results": results}
+        (args.out / f"{name}.json").write_text(json.dumps(record, indent=2, default=str))
+        print(f"-> {args.out / (name + '.json')} ({record['wall_seconds']} s)\n")
+    return 0

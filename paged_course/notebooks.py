@@ -1,0 +1,95 @@
+"""Execute the chapter notebooks from their paired ``py:percent`` sources, and check the pairs agree.
+
+Each chapter is written as ``chapters/NN_slug.py`` (jupytext percent format, reviewable diffs) and
+committed with its executed twin ``chapters/NN_slug.ipynb`` (outputs render on GitHub). ``execute``
+rebuilds the notebook from the ``.py`` and runs it top to bottom on this machine (Triton's interpreter
+when there is no GPU, progress bars off, fixed seeds in the chapters); ``check`` fails when a ``.py``
+and its ``.ipynb`` hold different cells (CI runs it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
+
+
+def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(c.cell_type, c.source.strip(), tuple(c.metadata.get("tags", ()))) for c in nb.cells]
+
+
+def chapter_sources(names: list[str] | None = None) -> list[Path]:
+    paths = sorted(CHAPTERS.glob("[0-9][0-9]_*.py"))
+    if names:
+        paths = [p for p in paths if any(p.stem.startswith(n) or p.name == n or str(p) == n for n in names)]
+    return paths
+
+
+def execute(paths: list[Path], timeout: int = 600) -> dict[str, float]:
+    """Run each chapter, write ``NN_slug.ipynb`` with outputs; return seconds per chapter."""
+    import jupytext
+    import torch
+    from nbclient import NotebookClient
+
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    seconds = {}
+    for path in paths:
+        nb = jupytext.read(path)
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,py:percent"
+        start = time.perf_counter()
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        seconds[path.stem] = time.perf_counter() - start
+        for i, cell in enumerate(nb.cells):  # keep diffs small: stable cell ids, no per-run timestamps
+            cell["id"] = f"cell-{i:03d}"
+            cell.metadata.pop("execution", None)
+        jupytext.write(nb, path.with_suffix(".ipynb"), fmt="ipynb")
+        print(f"{path.stem}: executed in {seconds[path.stem]:.1f} s")
+    return seconds
+
+
+def check(paths: list[Path]) -> list[str]:
+    """Names of chapters whose ``.ipynb`` is missing or holds other cells than the ``.py``."""
+    import jupytext
+    import nbformat
+
+    bad = []
+    for path in paths:
+        ipynb = path.with_suffix(".ipynb")
+        executed = nbformat.read(ipynb, as_version=4) if ipynb.exists() else None
+        if executed is None or _cells(jupytext.read(path)) != _cells(executed):
+            bad.append(path.stem)
+        elif any(c.cell_type == "code" and c.source.strip() and not c.get("outputs") and c.execution_count
+                 is None for c in executed.cells):
+            bad.append(path.stem + " (not executed)")
+    return bad
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m paged course notebooks")
+    parser.add_argument("action", choices=["execute", "check"])
+    parser.add_argument("chapters", nargs="*", help="chapter numbers or names (default: all)")
+    args = parser.parse_args(argv)
+    paths = chapter_sources(args.chapters)
+    if not paths:
+        print("no chapter matched")
+        return 1
+    if args.action == "execute":
+        execute(paths)
+        return 0
+    bad = check(paths)
+    if bad:
+        print("notebooks out of sync with their .py source (run `python -m paged course notebooks "
+              "execute NN`): " + ", ".join(bad))
+        return 1
+    print(f"{len(paths)} notebooks in sync")
+    return 0

@@ -4,8 +4,8 @@ The tree holds what a learner needs and nothing else: the chapters, the engine (
 ``kernels/``), the course tooling a learner runs (``paged_course/`` without the release, classroom and
 autograder builders, which stay with the instructor), the exercise stubs, the public tests,
 ``pyproject.toml``, ``environment.yml``, a README and a CI script. Built caches (``__pycache__``,
-``*.egg-info``, checkpoints) are left out. The stubs in ``exercises/`` are generated afresh from ``solutions/`` (``paged_course/sync.py``), so an instructor's
-filled-in local copy never ships.
+``*.egg-info``, checkpoints) are left out. The stubs in ``exercises/`` are generated afresh from
+``solutions/`` (``paged_course/sync.py``), so an instructor's filled-in local copy never ships.
 
 ``--without-solutions`` leaves out ``solutions/`` and everything that needs it, and makes the tree
 grade the learner by default:

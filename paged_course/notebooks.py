@@ -1,7 +1,9 @@
 """Execute the chapter notebooks from their paired ``py:percent`` sources, and check the pairs agree.
 
-Each chapter is written as ``chapters/NN_slug.py`` (jupytext percent format, reviewable diffs) and
-committed with its executed twin ``chapters/NN_slug.ipynb`` (outputs render on GitHub). ``execute``
+Each chapter is written as ``chapters/src/NN_slug.py`` (jupytext percent format, reviewable diffs) and
+committed with its executed twin ``chapters/NN_slug.ipynb`` (outputs render on GitHub). The sources sit
+in a subfolder so that JupyterLab's file browser shows one entry per chapter (jupytext would open a
+``.py`` beside the notebook as a second copy of it). ``execute``
 rebuilds the notebook from the ``.py`` and runs it top to bottom on this machine (Triton's interpreter
 when there is no GPU, progress bars off, fixed seeds in the chapters); ``check`` fails when a ``.py``
 and its ``.ipynb`` hold different cells (CI runs it).
@@ -14,6 +16,8 @@ import time
 from pathlib import Path
 
 CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
+SOURCES = CHAPTERS / "src"
+FORMATS = "ipynb,src//py:percent"  # jupytext pairing: chapters/NN.ipynb <-> chapters/src/NN.py
 
 
 def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -21,10 +25,15 @@ def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def chapter_sources(names: list[str] | None = None) -> list[Path]:
-    paths = sorted(CHAPTERS.glob("[0-9][0-9]_*.py"))
+    paths = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
     if names:
         paths = [p for p in paths if any(p.stem.startswith(n) or p.name == n or str(p) == n for n in names)]
     return paths
+
+
+def notebook_path(source: Path) -> Path:
+    """``chapters/src/NN_slug.py`` -> ``chapters/NN_slug.ipynb``."""
+    return CHAPTERS / (source.stem + ".ipynb")
 
 
 def execute(paths: list[Path], timeout: int = 600) -> dict[str, float]:
@@ -42,15 +51,15 @@ def execute(paths: list[Path], timeout: int = 600) -> dict[str, float]:
     for path in paths:
         nb = jupytext.read(path)
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,py:percent"
+        nb.metadata.setdefault("jupytext", {})["formats"] = FORMATS
         start = time.perf_counter()
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+                       resources={"metadata": {"path": str(CHAPTERS)}}).execute()
         seconds[path.stem] = time.perf_counter() - start
         for i, cell in enumerate(nb.cells):  # keep diffs small: stable cell ids, no per-run timestamps
             cell["id"] = f"cell-{i:03d}"
             cell.metadata.pop("execution", None)
-        jupytext.write(nb, path.with_suffix(".ipynb"), fmt="ipynb")
+        jupytext.write(nb, notebook_path(path), fmt="ipynb")
         print(f"{path.stem}: executed in {seconds[path.stem]:.1f} s")
     return seconds
 
@@ -62,7 +71,7 @@ def check(paths: list[Path]) -> list[str]:
 
     bad = []
     for path in paths:
-        ipynb = path.with_suffix(".ipynb")
+        ipynb = notebook_path(path)
         executed = nbformat.read(ipynb, as_version=4) if ipynb.exists() else None
         if executed is None or _cells(jupytext.read(path)) != _cells(executed):
             bad.append(path.stem)

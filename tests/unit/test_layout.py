@@ -90,3 +90,13 @@ def test_no_import_cycle_in_either_package():
             visit(node)
     assert not cycles, "import cycles: " + "; ".join(cycles)
 
+
+
+def test_jupyterlab_shows_one_entry_per_chapter():
+    """The paired jupytext sources live in chapters/src/, so the file browser lists each chapter once."""
+    chapters = ROOT / "chapters"
+    notebooks = sorted(p.stem for p in chapters.glob("[0-9][0-9]_*.ipynb"))
+    sources = sorted(p.stem for p in (chapters / "src").glob("[0-9][0-9]_*.py"))
+    assert notebooks and notebooks == sources, f"one source per notebook: {notebooks} vs {sources}"
+    beside = sorted(p.name for p in chapters.iterdir() if p.is_file() and p.suffix != ".ipynb")
+    assert not beside, f"files beside the notebooks show up in JupyterLab as extra chapters: {beside}"

@@ -25,6 +25,7 @@ _EXPORTS = {
     "SchedulerOutputs": "paged.core.scheduler",
     "SchedulerConfig": "paged.config",
     "CacheConfig": "paged.config",
+    "Parts": "paged.engine.parts",
 }
 
 __all__ = sorted(_EXPORTS)

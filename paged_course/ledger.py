@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from paged.core.block_manager import BlockSpaceManager
-from paged.core.prefix_cache import BlockHasher
+from paged.core.prefix_cache import hash_blocks
 from paged.core.sequence import Sequence
 from paged_course.bench.prefix import shared_prompt_savings
 from paged_course.memory import KNOWN_MODELS, KVSpec
@@ -110,18 +110,18 @@ def measure_memory() -> dict:
 def measure_chained_keys(block_size: int = 16) -> dict:
     """E3: two prompts with the same first 40 tokens and different tails.
 
-    Per-block chained keys (``BlockHasher.keys``) share the two full blocks of the common part; one
+    Per-block chained keys (``hash_blocks``) share the two full blocks of the common part; one
     hash over each whole prompt shares nothing. Equal *tokens* after different prefixes get different
     keys: ``same_block_other_prefix`` must be False.
     """
     common = list(range(100, 140))
     a, b = common + [1, 2, 3], common + [7, 8, 9]
-    ka, kb = BlockHasher().keys(a, block_size), BlockHasher().keys(b, block_size)
+    ka, kb = hash_blocks(a, block_size, []), hash_blocks(b, block_size, [])
     shared_blocks = sum(1 for x, y in zip(ka, kb) if x == y)
     whole_prompt_equal = hash(tuple(a)) == hash(tuple(b))
     block = list(range(16))
-    k1 = BlockHasher().keys([5] * 16 + block, block_size)[1]
-    k2 = BlockHasher().keys([6] * 16 + block, block_size)[1]
+    k1 = hash_blocks([5] * 16 + block, block_size, [])[1]
+    k2 = hash_blocks([6] * 16 + block, block_size, [])[1]
     return {"shared_blocks": shared_blocks, "shared_tokens": shared_blocks * block_size,
             "whole_prompt_hash_shares": int(whole_prompt_equal), "same_block_other_prefix": k1 == k2}
 

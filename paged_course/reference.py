@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from paged.worker.attention import select_backend
+from paged.worker.kv_cache import KVCache, block_bytes
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -139,6 +140,97 @@ def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     denom = p.sum(dim=-1, keepdim=True)
     out = torch.einsum("skgl,slkd->skgd", p, v) / torch.where(denom > 0, denom, 1.0)
     return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def write_kv(cache, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store ``key[i]`` and ``value[i]`` of layer ``layer`` of ``cache`` (a ``KVCache``) at slot ``slot_mapping[i]``,
+    checked: the teaching version of the engine's unchecked ``paged.worker.attention.write_kv``.
+
+    Slot ``s`` is block ``s // block_size``, offset ``s % block_size``; ``-1`` means skip that token
+    (vLLM pads with -1; e.g. a token whose KV is already cached). One vectorized ``index_copy_`` on
+    the flat ``[num_slots, kv_heads, head_dim]`` view of each cache, like ``reshape_and_cache``.
+
+    Args:
+        layer: ``0 <= layer < num_layers``.
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, the pool's dtype and device.
+        slot_mapping: int64 (int32 accepted) ``[num_tokens]`` on the pool's device; each entry in
+            ``[-1, num_slots)``, no slot twice.
+
+    Raises:
+        ValueError: a bad layer, shape, dtype, device, slot out of range or repeated slot. The pool
+            is unchanged after an error (everything is checked before the first write).
+    """
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < cache.num_layers:
+        raise ValueError(f"layer must be in [0, {cache.num_layers}), got {layer!r}")
+    want = (cache.num_kv_heads, cache.head_dim)
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != 3 or tuple(t.shape[1:]) != want:
+            raise ValueError(f"{name} must be [num_tokens, {want[0]}, {want[1]}], got {list(t.shape)}")
+        if t.dtype != cache.dtype:
+            raise ValueError(f"{name} dtype {t.dtype} != pool dtype {cache.dtype}")
+        if t.device != cache.device:
+            raise ValueError(f"{name} is on {t.device}, the pool on {cache.device}")
+    num_tokens = key.shape[0]
+    if value.shape[0] != num_tokens:
+        raise ValueError(f"key has {num_tokens} tokens, value {value.shape[0]}")
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != num_tokens:
+        raise ValueError(f"slot_mapping must be [num_tokens={num_tokens}], got {list(slot_mapping.shape)}")
+    if slot_mapping.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"slot_mapping must be int64 or int32, got {slot_mapping.dtype}")
+    if slot_mapping.device != cache.device:
+        raise ValueError(f"slot_mapping is on {slot_mapping.device}, the pool on {cache.device}")
+    if num_tokens == 0:
+        return
+    lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
+    if lo < -1 or hi >= cache.num_slots:
+        bad = lo if lo < -1 else hi
+        raise ValueError(f"slot {bad} outside [-1, {cache.num_slots}) (num_blocks {cache.num_blocks} x "
+                         f"block_size {cache.block_size})")
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    if slots.unique().numel() != slots.numel():
+        raise ValueError(f"slot_mapping writes a slot twice: {slots.tolist()}")
+    flat_k = cache.key_cache[layer].view(cache.num_slots, *want)  # row = slot
+    flat_v = cache.value_cache[layer].view(cache.num_slots, *want)
+    flat_k.index_copy_(0, slots, key[keep])
+    flat_v.index_copy_(0, slots, value[keep])
+
+
+def kv_cache_from_budget(budget_bytes: int, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                         dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                         cpu_budget_bytes: int = 0):
+    """A ``KVCache`` with as many whole blocks as fit in ``budget_bytes`` (and ``cpu_budget_bytes`` for swap):
+    ``budget // block_bytes(...)``, as vLLM sizes its pool.
+
+    Raises:
+        ValueError: a negative budget, or one that holds no whole block (the message gives one block's bytes).
+    """
+    per_block = block_bytes(num_layers, num_kv_heads, head_dim, block_size, dtype)
+    if budget_bytes < 0 or cpu_budget_bytes < 0:
+        raise ValueError(f"budgets must be >= 0 bytes, got {budget_bytes} and {cpu_budget_bytes}")
+    if budget_bytes < per_block:
+        raise ValueError(f"budget_bytes={budget_bytes} holds no block of {per_block} bytes")
+    return KVCache(num_layers, budget_bytes // per_block, block_size, num_kv_heads, head_dim, dtype, device,
+                   cpu_budget_bytes // per_block)
+
+
+def pad_block_tables(tables: list[list[int]], max_blocks: int | None = None, pad: int = 0) -> torch.Tensor:
+    """Stack block tables into an int32 tensor ``[num_seqs, max_blocks]`` for the attention kernels.
+
+    Rows shorter than ``max_blocks`` are padded with ``pad`` (default 0, as vLLM v0's
+    ``make_tensor_with_pad``): block 0 is a real block, so a stray read of a padded entry stays inside
+    the pool; kernels never use it because they stop at each sequence's ``context_len``. Pass ``pad=-1``
+    to make padding visible (any use of it then fails loudly in a gather).
+
+    Raises:
+        ValueError: a table longer than ``max_blocks``.
+    """
+    longest = max((len(t) for t in tables), default=0)
+    max_blocks = longest if max_blocks is None else max_blocks
+    if longest > max_blocks:
+        raise ValueError(f"a block table has {longest} blocks, more than max_blocks={max_blocks}")
+    rows = [list(t) + [pad] * (max_blocks - len(t)) for t in tables]
+    return torch.tensor(rows, dtype=torch.int32).reshape(len(tables), max_blocks)
 
 
 def contiguous_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -303,5 +395,6 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
 
 
-__all__ = ["contiguous_attention", "gather_kv", "paged_attention", "paged_attention_blockwise",
+__all__ = ["kv_cache_from_budget", "pad_block_tables", "write_kv", "contiguous_attention", "gather_kv",
+           "paged_attention", "paged_attention_blockwise",
            "paged_attention_decode", "paged_attention_gather", "select_backend"]

@@ -38,7 +38,7 @@ from IPython.display import display
 from paged.core.allocator import BlockAllocator, NoFreeBlocksError
 from paged_course.bench.allocator import allocator_vs_deque, manager_allocate_free
 from paged.core.block_manager import AllocStatus, BlockSpaceManager
-from paged.core.block_table import BlockTable, blocks_needed, width
+from paged.core.block_table import BlockTable, blocks_needed
 from paged.core.sequence import Sequence
 from paged_course.viz.blocks import (allocator_stepper, allocator_trace, draw_block_table, draw_pool, draw_trace, rows_for,
                                trace_table)
@@ -145,7 +145,7 @@ plt.show()
 
 # %% tags=["nbval-check-output"]
 print("slots of positions 0..9:", table.slot_mapping(0, 10))
-print("blocks for 10 tokens:", blocks_needed(10, 4), "| table width for max_model_len 10:", width(10, 4))
+print("blocks for 10 tokens:", blocks_needed(10, 4), "| table width for max_model_len 10:", blocks_needed(10, 4))
 boundary = BlockTable(4, [10, 11, 12])
 print("last slot at L = 8 (exact block boundary):", boundary.slot(8 - 1), "(block 11, offset 3; not 43)")
 

@@ -22,7 +22,7 @@
 # **You will learn to**
 #
 # 1. map a token position to its physical **slot** with the slot formula, for one sequence and for a batch;
-# 2. write a step's keys and values into the pool by **slot mapping** (`KVCache.write`);
+# 2. write a step's keys and values into the pool by **slot mapping** (`write_kv`, the checked version of the engine's write);
 # 3. explain the pool's layout, `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, and why
 #    vLLM v1, FlashAttention and FlashInfer all use it ("NHD");
 # 4. compute decode attention over the paged pool by **gathering** through the block tables, with grouped-query
@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 
 from paged.core.allocator import BlockAllocator
-from paged_course.reference import (contiguous_attention, gather_kv, paged_attention_blockwise, paged_attention_gather,
-                             select_backend)
-from paged.core.block_table import BlockTable, pad_block_tables
+from paged.core.block_table import BlockTable
 from paged.worker.kv_cache import KVCache
 from paged_course.memory import KVSpec, kv_spec
+from paged_course.reference import (contiguous_attention, gather_kv, kv_cache_from_budget, pad_block_tables,
+                                    paged_attention_blockwise, paged_attention_gather, select_backend, write_kv)
 from paged_course.viz.kv_pool import plot_memory_order, plot_pool, plot_slot_mapping, slot_explorer
 
 torch.manual_seed(0)
@@ -139,7 +139,7 @@ slots = torch.tensor([s for name, start, n in step for s in tables[name].slot_ma
 print("slot mapping of the step:", slots.tolist())
 new_k = torch.randn(len(slots), KV_HEADS, HEAD_DIM)
 new_v = torch.randn(len(slots), KV_HEADS, HEAD_DIM)
-cache.write(0, new_k, new_v, slots)
+write_kv(cache, 0, new_k, new_v, slots)
 # position 9 of A lands in physical block 9 (its logical block 2), offset 1:
 print("A's token 9 is stored:", torch.equal(cache.key_cache[0][tables["A"][9 // BS], 9 % BS], new_k[3]))
 
@@ -148,11 +148,11 @@ print("A's token 9 is stored:", torch.equal(cache.key_cache[0][tables["A"][9 // 
 
 # %%
 try:
-    cache.write(0, new_k.half(), new_v, slots)
+    write_kv(cache, 0, new_k.half(), new_v, slots)
 except ValueError as err:
     print("ValueError:", err)
 try:
-    cache.write(0, new_k, new_v, torch.tensor([1, 2, 3, 4, 48]))
+    write_kv(cache, 0, new_k, new_v, torch.tensor([1, 2, 3, 4, 48]))
 except ValueError as err:
     print("ValueError:", err)
 
@@ -206,11 +206,11 @@ print("tiny pool: tensor bytes / blocks =", tiny.bytes // tiny.num_blocks,
       "| formula =", KVSpec(NUM_LAYERS, KV_HEADS, HEAD_DIM, torch.float16).bytes_per_block(BS))
 
 # %% [markdown]
-# `KVCache.from_budget(budget_bytes, ...)` sizes the pool the way vLLM does: whole blocks that fit in the
+# `kv_cache_from_budget(budget_bytes, ...)` sizes the pool the way vLLM does: whole blocks that fit in the
 # memory left after the model (vLLM measures that budget by profiling a forward pass).
 
 # %%
-pool = KVCache.from_budget(1_000_000, num_layers=2, block_size=16, num_kv_heads=2, head_dim=64)
+pool = kv_cache_from_budget(1_000_000, num_layers=2, block_size=16, num_kv_heads=2, head_dim=64)
 print(pool, "| bytes per block:", pool.bytes_per_block)
 
 # %% [markdown]
@@ -251,7 +251,7 @@ def random_paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_si
         table = BlockTable(block_size, [free.pop() for _ in range(blocks)], num_tokens=n)
         k = torch.randn(n, num_kv_heads, head_dim, generator=gen)
         v = torch.randn(n, num_kv_heads, head_dim, generator=gen)
-        kv.write(0, k, v, torch.tensor(table.slot_mapping(0, n)))
+        write_kv(kv, 0, k, v, torch.tensor(table.slot_mapping(0, n)))
         tables.append(table.block_ids)
         clean.append((k, v))
     query = torch.randn(len(context_lens), num_heads, head_dim, generator=gen)
@@ -384,7 +384,7 @@ q4 = torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(4))
 worst = 0.0
 for layer in range(layers):
     k, v = torch.randn(10, 2, 16), torch.randn(10, 2, 16)  # each layer has its own K/V
-    kv4.write(layer, k, v, slot_map)  # same slots
+    write_kv(kv4, layer, k, v, slot_map)  # same slots
     out = paged_attention_gather(q4, kv4.key_cache[layer], kv4.value_cache[layer], bt, cl)  # same table
     worst = max(worst, (out - sdpa_per_sequence(q4, [(k, v)])).abs().max().item())
 print(f"{layers} layers, 1 block table {table.block_ids}: max abs error vs SDPA = {worst:.5f}")

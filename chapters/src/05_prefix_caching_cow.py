@@ -46,8 +46,9 @@ from paged.core.allocator import BlockAllocator
 from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
 from paged.core.block_manager import BlockSpaceManager
 from paged.worker.kv_cache import KVCache
-from paged.core.prefix_cache import ROOT_KEY, BlockHasher
+from paged.core.prefix_cache import ROOT_KEY, hash_blocks
 from paged.core.sequence import Sequence
+from paged_course.reference import write_kv
 from paged_course.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
 
 torch.manual_seed(0)
@@ -134,9 +135,9 @@ print("A expects positions 9..11 =", [201, 202, 203], "| pool holds", pool[table
 # ## 2. Full blocks under chained keys
 #
 # vLLM caches each **full** block under a key that hashes the **parent block's key** together with the
-# block's token ids (and an optional extra key, such as a LoRA adapter id):
+# block's token ids (vLLM adds an optional extra key, such as a LoRA adapter id, which this course leaves out):
 #
-# $$k_i = \text{hash}(k_{i-1}, \text{tokens of block } i, \text{extra}), \qquad k_{-1} = \text{ROOT\_KEY}.$$
+# $$k_i = \text{hash}(k_{i-1}, \text{tokens of block } i), \qquad k_{-1} = \text{ROOT\_KEY}.$$
 #
 # Chaining matters because a block's K/V depend on every token before it: `[5, 6, 7, 8]` after
 # `[1, 2, 3, 4]` and `[5, 6, 7, 8]` after `[9, 9, 9, 9]` are different K/V, and get different keys.
@@ -144,26 +145,24 @@ print("A expects positions 9..11 =", [201, 202, 203], "| pool holds", pool[table
 # key at all. (vLLM v1: `hash_block_tokens` in `vllm/v1/core/kv_cache_utils.py`.)
 
 # %% tags=["nbval-check-output"]
-hasher = BlockHasher()
-a = hasher.keys([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
-b = hasher.keys([9, 9, 9, 9, 5, 6, 7, 8], 4)
+a = hash_blocks([1, 2, 3, 4, 5, 6, 7, 8, 9], 4, [])
+b = hash_blocks([9, 9, 9, 9, 5, 6, 7, 8], 4, [])
 print("full blocks with a key:", len(a), "of 3 (the 1-token tail has none)")
 print("same tokens [5,6,7,8], different parents -> same key?", a[1] == b[1])
 
 # %% [markdown]
 # **A hash is not proof.** Keys are 64-bit numbers; two different blocks can collide (vLLM v1 offers
 # SHA-256 to make this practically impossible). Our cache never trusts the key alone: each entry stores
-# its block's token ids, its extra key and which cached entry came before it, and a hit must match all
-# three. To see it work, plug in a deliberately terrible hash, `(parent * 7 + sum(tokens)) % 5`, under
+# its block's token ids and which cached entry came before it, and a hit must match both. To see it work, plug in a deliberately terrible hash, `(parent * 7 + sum(tokens)) % 5`, under
 # which `[1, 2, 3, 4]` and `[4, 3, 2, 1]` collide (CASES.md case 1):
 
 # %% tags=["nbval-check-output"]
-def weak_hash(parent, tokens, extra):
+def weak_hash(parent, tokens):
     return (parent * 7 + sum(tokens)) % 5
 
 
 manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True, hash_fn=weak_hash)
-print("keys collide:", weak_hash(ROOT_KEY, (1, 2, 3, 4), None) == weak_hash(ROOT_KEY, (4, 3, 2, 1), None))
+print("keys collide:", weak_hash(ROOT_KEY, (1, 2, 3, 4)) == weak_hash(ROOT_KEY, (4, 3, 2, 1)))
 first = Sequence(0, [1, 2, 3, 4, 9], 4)
 manager.allocate(first)
 manager.free(first)
@@ -282,7 +281,7 @@ plt.show()
 
 # %% tags=["nbval-check-output"]
 print("free queue (front first):", manager.gpu_allocator.free_queue())
-print("eviction order of cached blocks:", manager.prefix_cache.evictable(manager.gpu_allocator.free_queue()))
+print("eviction order of cached blocks:", [b for b in manager.gpu_allocator.free_queue() if b in manager.prefix_cache])
 d = Sequence(3, list(range(41, 70)), 4)  # 29 tokens: 8 blocks, no hit
 manager.allocate(d)
 print("D took blocks", manager.get_block_table(d))
@@ -330,7 +329,7 @@ def write(seq, start):
     table = manager.block_tables[seq.seq_id]
     slots = torch.tensor(table.slot_mapping(start, len(seq)))
     keys = torch.tensor(seq.token_ids[start:], dtype=torch.float32).view(-1, 1, 1)
-    kv.write(0, keys, keys.clone(), slots)
+    write_kv(kv, 0, keys, keys.clone(), slots)
 
 
 def context(seq):

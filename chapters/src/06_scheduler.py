@@ -118,7 +118,7 @@ plt.close(fig)
 # their next slot before admission, a new prompt never takes the slot an older request needs.
 #
 # Here is one step on a pool of 8 blocks of 4 tokens. `SchedulerOutputs` tells the engine, per scheduled
-# sequence, which tokens to compute (`start`, `num_tokens`) and where they go (`seq_block_tables()`). The
+# sequence, which tokens to compute (`start`, `num_tokens`) and where they go (`block_table`). The
 # scheduler marks them computed as it schedules them; the engine runs the model, samples, and appends the
 # sampled token.
 
@@ -129,10 +129,10 @@ for i, (prompt_len, max_tokens) in enumerate([(6, 4), (3, 2), (40, 2)]):
     sched.add_request(SequenceGroup(f"req{i}", [Sequence(i, list(range(1, prompt_len + 1)), 4)],
                                     SamplingParams(max_tokens=max_tokens)))
 out = sched.schedule()
-for entry, table in out.seq_block_tables():
+for entry in out.scheduled:
     print(f"seq {entry.seq.seq_id}: compute positions {entry.start}..{entry.start + entry.num_tokens - 1}, "
-          f"block table {table}")
-print("ignored:", [(g.request_id, g.seqs[0].finish_message) for g in out.ignored])
+          f"block table {entry.block_table}")
+print("ignored:", [(seq.group.request_id, seq.finish_message) for seq in out.ignored])
 print("tokens in the step:", out.num_batched_tokens, "| free blocks:", sched.block_manager.get_num_free_gpu_blocks())
 
 # %% [markdown]
@@ -189,8 +189,8 @@ def run_alone(prompt_len, new_tokens, num_blocks):
     while s.has_unfinished_requests():
         out = s.schedule()
         steps += 1
-        for sg in out.scheduled:
-            for e in sg.seqs:
+        for e in out.scheduled:
+            if e.samples:
                 e.seq.append_token_id(1)
                 if len(e.seq.output_token_ids) >= new_tokens:
                     e.seq.status = SequenceStatus.FINISHED_LENGTH

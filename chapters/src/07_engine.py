@@ -93,27 +93,28 @@ for name, prompt in prompts.items():
 
 # %% tags=["nbval-check-output"]
 out = engine.scheduler.schedule()
-entries = out.seq_block_tables()
-for s, table in entries:
-    print(f"request {s.seq.seq_id}: computes tokens {s.start}..{s.start + s.num_tokens - 1}, block table {table}")
+entries = out.scheduled
+for s in entries:
+    print(f"request {s.seq.seq_id}: computes tokens {s.start}..{s.start + s.num_tokens - 1}, "
+          f"block table {s.block_table}")
 
 # %%
-plot_block_tables({f"seq {s.seq.seq_id}": t for s, t in entries}, num_blocks=12, block_size=4,
-                  lengths={f"seq {s.seq.seq_id}": len(s.seq) for s, _ in entries})
+plot_block_tables({f"seq {s.seq.seq_id}": s.block_table for s in entries}, num_blocks=12, block_size=4,
+                  lengths={f"seq {s.seq.seq_id}": len(s.seq) for s in entries})
 plt.show()
 
 # %% [markdown]
 # **(2) Block tables → slot mapping.** The model runner packs every new token of every sequence into one row
 # (`input_ids [1, T]`), each with its position in its own sequence, and computes where its key and value go:
 # `slot = block_table[p // block_size] * block_size + p % block_size`. `AttentionMetadata.build` does this once
-# per step; every layer reuses it.
+# per step (`ModelRunner.prepare`); every layer reuses it.
 
 # %% tags=["nbval-check-output"]
-meta = AttentionMetadata.build(engine.kv_cache, [t for _, t in entries], [len(s.seq) for s, _ in entries],
-                               [s.num_tokens for s, _ in entries], len(entries), block_size=4)
+batch = engine.runner.prepare(entries)
+meta = batch.meta
 print("positions   ", meta.positions.tolist())
 print("slot mapping", meta.slot_mapping.tolist())
-print("logits from packed tokens", meta.last_token_index.tolist())
+print("logits from packed tokens", meta.keep.tolist())
 
 # %% [markdown]
 # **(3) Model forward.** `paged.worker.attention` registers an attention function and a no-op mask function under the name
@@ -130,7 +131,7 @@ print("logits from packed tokens", meta.last_token_index.tolist())
 # from the step's own keys.
 
 # %% tags=["nbval-check-output"]
-logits = engine.runner.execute([(s.token_ids, len(s.seq), t) for s, t in entries], len(entries))
+logits = engine.runner.forward(batch)
 print("logits", tuple(logits.shape), "(one row per sequence, vocabulary 128)")
 
 # %% [markdown]
@@ -139,7 +140,7 @@ print("logits", tuple(logits.shape), "(one row per sequence, vocabulary 128)")
 # finished sequences. From here we let `engine.step()` do all five parts until the requests finish.
 
 # %%
-for (s, _), token in zip(entries, engine.sampler.sample(logits, [SamplingParams()] * len(entries))):
+for s, token in zip(batch.sampling, engine.sampler.sample(logits, [SamplingParams()] * len(batch.sampling))):
     s.seq.append_token_id(token)
 finished = []
 while engine.has_unfinished_requests():
@@ -208,7 +209,7 @@ print(f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}, preemptions 
 small = LLM(num_gpu_blocks=40, max_num_seqs=16)
 params = [SamplingParams(max_tokens=48 + 8 * (i % 4), ignore_eos=True) for i in range(24)]
 outs = small.generate([system + q for q in questions + questions[:8]], params, use_tqdm=False)
-plot_timeline(small.engine.history, num_blocks=40)
+plot_timeline(small.engine.metrics.history, num_blocks=40)
 plt.show()
 
 # %% tags=["nbval-check-output"]

@@ -10,18 +10,13 @@ The *slot* of token position ``p`` is its row in the pool flattened to ``[num_bl
     slot(p) = table[p // block_size] * block_size + p % block_size
 
 One table per sequence serves every layer (each layer has its own pool tensor with the same layout).
-The *slot mapping* of a step lists the slot of every token computed in that step; kernels read the
-tables of a batch as an int32 tensor ``[num_seqs, max_blocks_per_seq]`` (``pad_block_tables``).
+The *slot mapping* of a step lists the slot of every token computed in that step (``slot_mapping``).
 
 Sources: vLLM v0 ``vllm/core/block/block_table.py`` (``BlockTable``), ``vllm/attention/backends/utils.py``
 (``compute_slot_mapping``); v1 ``vllm/v1/worker/block_table.py``.
 """
 
 from __future__ import annotations
-
-
-class SequenceTooLongError(ValueError):
-    """A sequence needs more tokens than ``max_model_len`` allows (numbers in the message)."""
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -37,25 +32,17 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def width(max_model_len: int, block_size: int) -> int:
-    """Columns of a padded block-table tensor: ``ceil(max_model_len / block_size)`` blocks per sequence.
+def slot_mapping(block_tables: list[list[int]], start_positions: list[int], num_tokens: list[int],
+                 block_size: int) -> list[int]:
+    """Slots of the tokens one step computes, for a packed batch: sequence ``s`` computes positions
+    ``start_positions[s] .. start_positions[s] + num_tokens[s] - 1`` (a prefill chunk, or one decode token).
 
-    Example: ``max_model_len=10, block_size=4`` -> 3 (two full blocks and one holding 2 tokens).
+    Returns the slots of every sequence's tokens, concatenated in batch order (``[sum(num_tokens)]`` ints).
+    Example: tables ``[[10, 11, 12]]``, start ``[7]``, 2 tokens, block size 4 -> ``[47, 48]``.
+    The engine's part for this step (``paged.parts.Parts.slot_mapping``); inputs are built by the engine.
     """
-    if max_model_len <= 0:
-        raise ValueError(f"max_model_len must be a positive number of tokens, got {max_model_len}")
-    return blocks_needed(max_model_len, block_size)
-
-
-def check_length(num_tokens: int, max_model_len: int) -> None:
-    """Reject a sequence of ``num_tokens`` (prompt + tokens to generate) longer than ``max_model_len``.
-
-    Raises:
-        SequenceTooLongError: ``num_tokens > max_model_len``.
-    """
-    if num_tokens > max_model_len:
-        raise SequenceTooLongError(f"the sequence needs {num_tokens} tokens but max_model_len is "
-                                   f"{max_model_len}: it can never run")
+    return [table[p // block_size] * block_size + p % block_size
+            for table, start, n in zip(block_tables, start_positions, num_tokens) for p in range(start, start + n)]
 
 
 class BlockTable:
@@ -100,6 +87,7 @@ class BlockTable:
         return len(self.block_ids) * self.block_size
 
     def append(self, block_id: int) -> None:
+        """Add one physical block at the end (the sequence grew into a new logical block)."""
         self.block_ids.append(block_id)
 
     def copy(self) -> BlockTable:
@@ -107,39 +95,16 @@ class BlockTable:
 
     def slot(self, position: int) -> int:
         """Row of token ``position`` in the flattened pool: ``table[p // bs] * bs + p % bs``."""
-        bs = self.block_size
-        if not 0 <= position < len(self.block_ids) * bs:
+        if not 0 <= position < self.capacity:
             raise ValueError(f"position {position} is outside the {len(self.block_ids)} blocks of this "
                              f"table (capacity {self.capacity} tokens)")
-        return self.block_ids[position // bs] * bs + position % bs
+        return self.block_ids[position // self.block_size] * self.block_size + position % self.block_size
 
     def slot_mapping(self, start: int, end: int) -> list[int]:
         """Slots of token positions ``start .. end - 1`` (the tokens one step computes)."""
         if not 0 <= start <= end <= self.capacity:
             raise ValueError(f"positions {start}..{end - 1} are outside capacity {self.capacity}")
-        bs, table = self.block_size, self.block_ids
-        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+        return slot_mapping([self.block_ids], [start], [end - start], self.block_size)
 
 
-def pad_block_tables(tables: list[list[int]], max_blocks: int | None = None, pad: int = 0):
-    """Stack block tables into an int32 tensor ``[num_seqs, max_blocks]`` for the attention kernels.
-
-    Rows shorter than ``max_blocks`` are padded with ``pad`` (default 0, as vLLM v0's
-    ``make_tensor_with_pad``): block 0 is a real block, so a stray read of a padded entry stays
-    inside the pool; kernels never use it because they stop at each sequence's ``context_len``.
-    Pass ``pad=-1`` to make padding visible (any use of it then fails loudly in a gather).
-
-    Raises:
-        ValueError: a table longer than ``max_blocks``.
-    """
-    import torch
-
-    longest = max((len(t) for t in tables), default=0)
-    max_blocks = longest if max_blocks is None else max_blocks
-    if longest > max_blocks:
-        raise ValueError(f"a block table has {longest} blocks, more than max_blocks={max_blocks}")
-    rows = [list(t) + [pad] * (max_blocks - len(t)) for t in tables]
-    return torch.tensor(rows, dtype=torch.int32).reshape(len(tables), max_blocks)
-
-
-__all__ = ["BlockTable", "SequenceTooLongError", "blocks_needed", "check_length", "pad_block_tables", "width"]
+__all__ = ["BlockTable", "blocks_needed", "slot_mapping"]

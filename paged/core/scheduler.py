@@ -1,90 +1,84 @@
-"""The scheduler: which requests run in the next step, and who gives up memory when it runs out.
+"""The scheduler: which sequences compute which tokens in the next step, and who gives up memory.
 
-Requests live in three queues, oldest first: ``waiting`` (not yet admitted, or preempted by
-recompute), ``running`` (their KV blocks are in the GPU pool) and ``swapped`` (blocks moved to the CPU
-pool). One ``schedule()`` call builds one step, in this order:
+vLLM v1's scheduler (``vllm/v1/core/sched/scheduler.py``) has no prefill or decode phase: every step
+spends one token budget (``max_num_batched_tokens``), and each sequence's ``num_computed_tokens``
+catches up with its token count. One ``schedule()`` call, in this order:
 
-1. **running** (oldest first): every sequence gets a slot for its next token (``append_slots``).
-   When the pool is full, the most recently admitted running request is preempted, all or nothing,
-   until the older one can grow (PagedAttention paper §4.5: FCFS, preempt the latest first,
-   gang-scheduled sequence groups). Preemption by *recompute* frees the victim's blocks and puts it at
-   the front of ``waiting``: everything it holds (prompt + generated tokens) is prefilled again later.
-   Preemption by *swap* moves its blocks to the CPU pool (``swapped``); when the CPU pool is full the
-   victim is recomputed instead. A request that cannot grow although it is alone in the pool can
-   never finish: it ends with ``FINISHED_KV_EXHAUSTED`` rather than preempting itself forever.
-2. **swapped** (only if nobody was preempted in this step): swapped requests come back, oldest first.
-3. **waiting** (only if nobody was preempted and nothing is swapped out, so swapped requests go
-   before new prefills): FCFS admission while ``max_num_seqs``, ``max_num_batched_tokens`` and the
-   block manager's watermark (``can_allocate``) allow; the first request that does not fit stops
-   admission (no overtaking). A request that can never run (prompt over ``max_model_len``, or too big
-   for the whole pool) is moved to ``ignored`` with its reason and does not block the queue.
+1. **running** (admission order): each sequence gets its next tokens: 1 for a decode, the next chunk of
+   a partly computed prompt (as large as the budget allows, capped by ``long_prefill_token_threshold``).
+   When the pool is full the most recently admitted running sequence is preempted until the older one
+   fits (paper §4.5: FCFS, preempt the latest first). *Recompute* frees the victim's blocks and puts it
+   at the front of ``waiting`` (all its tokens are prefilled again later); *swap* moves its blocks to the
+   CPU pool (``swapped``), or recomputes when the CPU pool is full. A sequence that cannot grow although
+   it alone holds the pool ends ``FINISHED_KV_EXHAUSTED`` (this course's state: vLLM instead refuses to
+   start when ``max_model_len`` tokens do not fit the KV cache) rather than preempting itself forever.
+2. **swapped** (only if nobody was preempted in this step): swapped sequences come back, oldest first.
+3. **waiting** (only if nobody was preempted and nothing is swapped out): first come, first served,
+   while ``max_num_seqs``, the budget and the watermark (``can_allocate``) allow; the first that does not
+   fit stops admission (no overtaking). A prefix-cache hit counts as computed; the last prompt token is
+   always computed. A sequence that can never run (over ``max_model_len`` or the whole pool) is moved
+   to ``ignored`` with its reason and does not block the queue.
 
-Batching: continuous, and **mixed** -- a step holds the decodes of the running requests and the
-prefills of newly admitted ones together (as vLLM v1 and vLLM v0's chunked-prefill scheduler do, minus
-the chunking). vLLM v0's default instead runs prefill-only steps whenever a prompt is admitted, which
-stalls every running decode for that step. Mixed steps keep decodes flowing, cost one forward pass
-instead of two, and because running requests reserve their next slot before admission, a new prompt
-can never take the slot a running request needs.
+With ``enable_chunked_prefill=False`` a prompt is never cut: it waits until its whole remaining length
+fits the budget (vLLM v0). The orders differ: vLLM v0's default scheduler runs prefills first (a step
+with new prefills runs no decodes); vLLM v0 *with chunked prefill* and vLLM v1 run decodes first, as here.
 
-Who updates ``Sequence.num_computed_tokens``: **the scheduler**, when it schedules the tokens (as
-vLLM v1's ``_update_after_schedule`` does). Each scheduled sequence's entry records where its new
-tokens start; the engine must not change ``num_computed_tokens``.
-
-Source: vLLM v0 ``vllm/core/scheduler.py`` (``_schedule_running`` / ``_schedule_swapped`` /
-``_schedule_prefills``, ``_preempt``), vLLM v1 ``vllm/v1/core/sched/scheduler.py``.
+The scheduling unit is the sequence: the ``n`` samples of a request share the prompt's blocks after
+the fork but are scheduled, preempted and swapped one by one (vLLM v1 runs each sample as a request),
+so siblings never crowd each other into an exhausted state. The scheduler advances
+``num_computed_tokens`` when it schedules tokens (v1's ``_update_after_schedule``).
 """
 
 from __future__ import annotations
 
-from bisect import bisect
+from bisect import insort
 from collections import deque
 
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_manager import AllocStatus, BlockSpaceManager
 from paged.core.block_table import blocks_needed
-from paged.core.scheduler_outputs import ScheduledGroup, ScheduledSeq, SchedulerOutputs
+from paged.core.scheduler_outputs import ScheduledSeq, SchedulerOutputs
 from paged.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
-__all__ = ["CacheConfig", "ScheduledGroup", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerOutputs"]
+__all__ = ["CacheConfig", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerOutputs"]
 
 RUNNING, SWAPPED, WAITING = SequenceStatus.RUNNING, SequenceStatus.SWAPPED, SequenceStatus.WAITING
-_UNFINISHED = (RUNNING, WAITING, SWAPPED)  # ``status in _UNFINISHED``: ``not seq.is_finished``, by identity
 
 
 class Scheduler:
-    """Continuous batching over a paged KV cache with preemption by recompute or swap (module docstring).
+    """Continuous batching with chunked prefill over a paged KV cache (module docstring).
 
     Args:
-        scheduler_config: step limits and the preemption mode.
-        cache_config: pool sizes, block size, watermark, prefix caching; the scheduler builds the
-            ``BlockSpaceManager`` (``self.block_manager``), its only view of memory.
+        scheduler_config: step limits, chunking and the preemption mode.
+        cache_config: pool sizes, block size, watermark, prefix caching.
+        block_manager: the ``BlockSpaceManager`` (its only view of memory); default: built from ``cache_config``.
 
     Raises:
         ValueError: ``cache_config.num_gpu_blocks`` unset, or swap mode without CPU blocks.
     """
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 block_manager: BlockSpaceManager | None = None):
         if cache_config.num_gpu_blocks is None:
             raise ValueError("cache_config.num_gpu_blocks must be set (the engine sizes the pool first)")
         if scheduler_config.preemption_mode == "swap" and cache_config.num_cpu_blocks <= 0:
             raise ValueError("preemption_mode='swap' needs cache_config.num_cpu_blocks > 0, "
                              f"got {cache_config.num_cpu_blocks}; use 'recompute' or give CPU blocks")
-        self.config = scheduler_config
-        self.cache_config = cache_config
-        self.block_manager = BlockSpaceManager(
+        self.config, self.cache_config = scheduler_config, cache_config
+        self.block_manager = block_manager or BlockSpaceManager(
             cache_config.block_size, cache_config.num_gpu_blocks, cache_config.num_cpu_blocks,
             watermark=cache_config.watermark, enable_prefix_caching=cache_config.enable_prefix_caching)
-        self.waiting: deque[SequenceGroup] = deque()
-        self.running: deque[SequenceGroup] = deque()  # in admission order: the last one is the next victim
-        self.swapped: deque[SequenceGroup] = deque()
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()  # admission order: the last one is the next victim
+        self.swapped: list[Sequence] = []  # oldest first
         self._requests: dict[str, SequenceGroup] = {}  # every unfinished request, by id
-        self._order: dict[str, int] = {}  # arrival rank (FCFS key)
+        self._order: dict[str, int] = {}  # arrival rank of each request (FCFS key)
         self._next_rank = 0
         self.num_preemptions = self.num_recomputes = self.num_swap_outs = self.num_swap_ins = 0
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, seq_group: SequenceGroup) -> None:
-        """Queue a request at the back of ``waiting``. Its sequences must be ``WAITING`` with this cache's block size.
+        """Queue a request at the back of ``waiting``. Its sequences must be ``WAITING`` with this block size.
 
         Raises:
             ValueError: a request with this id is unfinished here already, a sequence is not waiting,
@@ -99,54 +93,42 @@ class Scheduler:
             if seq.block_size != self.cache_config.block_size:
                 raise ValueError(f"request {rid!r}: sequence block_size {seq.block_size} != cache block_size "
                                  f"{self.cache_config.block_size}")
-        for seq in seq_group.seqs:  # prefix caching: hash the prompt's full blocks once, now (as vLLM v1)
-            self.block_manager.block_keys(seq)
         self._requests[rid] = seq_group
-        self._order[rid] = self._next_rank
-        self._next_rank += 1
-        self.waiting.append(seq_group)
+        self._order[rid], self._next_rank = self._next_rank, self._next_rank + 1
+        self.waiting.extend(seq_group.seqs)
 
     def abort_request(self, request_id: str) -> bool:
-        """Finish a request wherever it is (waiting, running, swapped) as ``FINISHED_ABORTED`` and free its blocks.
-
-        Returns False (and changes nothing) when no unfinished request has this id.
-        """
+        """Finish a request wherever its sequences are as ``FINISHED_ABORTED`` and free their blocks.
+        Returns False (and changes nothing) when no unfinished request has this id."""
         group = self._requests.get(request_id)
         if group is None:
             return False
         for queue in (self.waiting, self.running, self.swapped):
-            if group in queue:
-                queue.remove(group)
+            for seq in [s for s in queue if s.group is group]:
+                queue.remove(seq)
         for seq in group.seqs:
             if not seq.is_finished:
                 seq.status = SequenceStatus.FINISHED_ABORTED
-        self._release(group)
+            self.block_manager.free(seq)
+        self._forget(group)
         return True
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
-        """Share ``parent``'s blocks with ``child`` (parallel sampling). The caller adds ``child`` to the group."""
+        """Share ``parent``'s blocks with ``child`` (parallel sampling); ``child`` runs from now on.
+        The caller appends ``child`` to the request's ``seqs``."""
         self.block_manager.fork(parent, child)
-        child.status = parent.status
+        child.status = RUNNING
+        self.running.append(child)
 
     def free_finished(self) -> list[SequenceGroup]:
-        """Free the blocks of finished sequences of running requests; drop finished requests. Returns those.
-
-        ``schedule()`` calls it first; the engine may call it right after a step to free memory sooner.
-        """
-        done = []
-        for group in self.running:
-            finished = 0
-            for seq in group.seqs:
-                if seq.status not in _UNFINISHED:
-                    finished += 1
-                    self.block_manager.free(seq)  # a no-op once its blocks are freed
-            if finished == len(group.seqs):
-                done.append(group)
-        if done:
-            self.running = deque(g for g in self.running if not g.is_finished)
-            for group in done:
-                self._forget(group)
-        return done
+        """Free the blocks of finished running sequences; drop finished requests. Returns those requests.
+        ``schedule()`` calls it first; the engine may call it right after a step to free memory sooner."""
+        finished = [s for s in self.running if s.is_finished]
+        if finished:
+            self.running = deque(s for s in self.running if not s.is_finished)
+        for seq in finished:
+            self.block_manager.free(seq)
+        return [g for g in {s.group.request_id: s.group for s in finished}.values() if self._forget(g)]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -159,263 +141,181 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutputs:
-        """Build the next step (module docstring: running, then swapped, then waiting). See ``SchedulerOutputs``.
+        """Build the next step (module docstring: running, then swapped, then waiting).
 
         Raises:
-            RuntimeError: a running sequence got no new token since its last step (engine bug); nothing changes.
+            RuntimeError: a running sequence has no token left to compute (its sampled token was not
+                appended: an engine bug); nothing changes.
         """
-        for group in self.running:  # check the engine's side of the contract before changing anything
-            for seq in group.seqs:
-                if seq.status is RUNNING and len(seq) <= seq.num_computed_tokens:
-                    raise RuntimeError(f"sequence {seq.seq_id} of request {group.request_id!r} has no new token: "
-                                       "append the sampled token (or finish the sequence) before schedule()")
+        for seq in self.running:  # check the engine's side of the contract before changing anything
+            if not seq.is_finished and len(seq) <= seq.num_computed_tokens:
+                raise RuntimeError(f"sequence {seq.seq_id} of request {seq.group.request_id!r} has no new token: "
+                                   "append the sampled token (or finish the sequence) before schedule()")
         self.free_finished()
-        out = SchedulerOutputs(block_manager=self.block_manager)
-        budget = {"tokens": 0, "seqs": 0}
-        recomputed: list[SequenceGroup] = []
-        self._schedule_running(out, budget, recomputed)
-        if recomputed:  # front of waiting, oldest first
-            self.waiting.extendleft(sorted(recomputed, key=self._rank, reverse=True))
+        out = SchedulerOutputs()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
-            self._schedule_swapped(out, budget)
+            budget = self._schedule_swapped(out, budget)
             if not self.swapped:
                 self._schedule_waiting(out, budget)
-        out.num_batched_tokens = budget["tokens"]
         return out
 
-    def _schedule_running(self, out: SchedulerOutputs, budget: dict, recomputed: list) -> None:
-        queue, self.running = self.running, deque()
-        bm = self.block_manager
+    def _schedule_running(self, out: SchedulerOutputs, budget: int) -> int:
+        queue, self.running, bm = self.running, deque(), self.block_manager
         while queue:
-            group = queue.popleft()
-            seqs = group.get_seqs(RUNNING)
-            while not self._can_grow(seqs):
-                if queue:  # evict the most recently admitted request, all or nothing
-                    self._preempt(queue.pop(), out, recomputed)
-                    continue
-                if self.running:  # older requests already hold memory this step: yield to them
-                    self._preempt(group, out, recomputed)
+            seq = queue.popleft()
+            n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+            if n == 0:  # no budget left: it keeps its blocks and waits for the next step
+                self.running.append(seq)
+                continue
+            while not bm.can_append_slots(seq, n):
+                if queue:  # evict the most recently admitted sequence
+                    self._preempt(queue.pop(), out)
+                elif self.running:  # older sequences already hold memory this step: yield to them
+                    self._preempt(seq, out)
+                    break
                 else:  # alone in the pool and still no room: it can never grow
-                    self._exhaust(group, seqs, out)
-                break
+                    self._exhaust(seq, out)
+                    break
             else:
-                for seq in seqs:
-                    out.blocks_to_copy.extend(bm.append_slots(seq))
-                self.running.append(group)
-                out.decodes.append(self._mark_scheduled(group, seqs, budget, is_prefill=False))
+                out.blocks_to_copy += bm.append_slots(seq, n)
+                self.running.append(seq)
+                budget -= self._mark_scheduled(seq, n, out)
+        return budget
 
-    def _schedule_swapped(self, out: SchedulerOutputs, budget: dict) -> None:
+    def _schedule_swapped(self, out: SchedulerOutputs, budget: int) -> int:
         bm = self.block_manager
-        while self.swapped:
-            group = self.swapped[0]
-            seqs = group.get_seqs(SWAPPED)
-            if budget["seqs"] + self._num_seqs(group) > self.config.max_num_seqs:
+        while self.swapped and self._num_seats() < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+            if n == 0:
                 break
-            if not self._can_swap_in(seqs):
+            if not bm.can_swap_in(seq, n):
                 if self.running:
-                    break  # later: running requests will free memory
-                self.swapped.popleft()  # nothing runs, yet it does not fit back: recompute it instead
-                self._free_for_recompute(seqs)
-                self.waiting.appendleft(group)
+                    break  # later: running sequences will free memory
+                self.swapped.pop(0)  # nothing runs, yet it does not fit back: recompute it instead
+                self._recompute(seq)
                 continue
-            self.swapped.popleft()
-            for seq in seqs:
-                out.blocks_to_swap_in.extend(bm.swap_in(seq))
-                seq.status = RUNNING
-            for seq in seqs:
-                out.blocks_to_copy.extend(bm.append_slots(seq))
+            self.swapped.pop(0)
+            out.blocks_to_swap_in += bm.swap_in(seq)
+            out.blocks_to_copy += bm.append_slots(seq, n)
+            seq.status = RUNNING
             self.num_swap_ins += 1
-            self.running.append(group)
-            out.swapped_in.append(group)
-            out.decodes.append(self._mark_scheduled(group, seqs, budget, is_prefill=False))
+            self.running.append(seq)
+            out.swapped_in.append(seq)
+            budget -= self._mark_scheduled(seq, n, out)
+        return budget
 
-    def _schedule_waiting(self, out: SchedulerOutputs, budget: dict) -> None:
-        cfg = self.config
+    def _schedule_waiting(self, out: SchedulerOutputs, budget: int) -> None:
+        bm, seats = self.block_manager, self._num_seats()
         while self.waiting:
-            group = self.waiting[0]
-            seqs = group.get_seqs(WAITING)
-            if not seqs:  # nothing left to run (every sequence finished): drop it
-                self.waiting.popleft()
-                self._release(group)
-                continue
-            reason = self._never_reason(group, seqs)
+            seq = self.waiting[0]
+            reason = self._never_reason(seq)
             if reason is not None:
                 self.waiting.popleft()
-                self._finish(group, reason, out)
+                self._finish(seq, reason, out)
                 continue
-            if budget["seqs"] + self._num_seqs(group) > cfg.max_num_seqs:
+            if seats + self._seats(seq) > self.config.max_num_seqs:
                 break
-            # A lone request may exceed the token budget (only possible with n > 1 after recompute).
-            alone = not (out.prefills or out.decodes)
-            cost = sum(self._prefill_cost(s) for s in seqs)
-            if not alone and budget["tokens"] + cost > cfg.max_num_batched_tokens:
-                break
-            if not self._allocate(seqs, alone):
-                if not alone:
-                    break  # FCFS: wait for memory, nobody overtakes
-                bs, total = self.cache_config.block_size, self.cache_config.num_gpu_blocks
-                need = sum(blocks_needed(len(x), bs) for x in seqs)
-                self.waiting.popleft()  # even an empty pool cannot hold all its sequences at once
-                self._finish(group, f"its {len(seqs)} sequences need {need} blocks of {bs} tokens together; "
-                             f"the KV cache has {total} blocks", out)
-                continue
+            n = self._chunk(len(seq) - bm.num_cached_tokens(seq), budget)
+            if n == 0 or bm.can_allocate(seq, n) is not AllocStatus.OK:
+                break  # FCFS: wait for budget or memory, nobody overtakes
             self.waiting.popleft()
-            for seq in seqs:
-                seq.status = RUNNING
-            self.running.append(group)
-            out.prefills.append(self._mark_scheduled(group, seqs, budget, is_prefill=True))
+            bm.allocate(seq, n)
+            seq.status = RUNNING
+            seats += self._seats(seq)
+            self.running.append(seq)
+            budget -= self._mark_scheduled(seq, n, out)
 
     # ------------------------------------------------------------------ helpers
-    def _mark_scheduled(self, group: SequenceGroup, seqs: list[Sequence], budget: dict,
-                        is_prefill: bool) -> ScheduledGroup:
-        """Record each sequence's new tokens and mark them computed (see the module docstring)."""
-        entries = []
-        for seq in seqs:
-            n = len(seq) - seq.num_computed_tokens
-            entries.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
-            seq.num_computed_tokens = len(seq)
-            budget["tokens"] += n
-        budget["seqs"] += self._num_seqs(group)  # n before the fork: room for the samples to come
-        return ScheduledGroup(group, entries, is_prefill)
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens of a sequence with ``remaining`` uncomputed tokens that run now (0: not this step)."""
+        threshold = self.config.long_prefill_token_threshold
+        n = min(remaining, threshold) if threshold and remaining > 1 else remaining
+        if n <= budget:
+            return n
+        return budget if self.config.enable_chunked_prefill else 0
 
-    def _prefill_cost(self, seq: Sequence) -> int:
-        """Tokens this sequence's prefill computes: a prefix-cache hit is free, the last token never is."""
-        return len(seq) - seq.num_computed_tokens - self.block_manager.num_cached_prompt_tokens(seq)
+    def _mark_scheduled(self, seq: Sequence, n: int, out: SchedulerOutputs) -> int:
+        """List ``seq``'s next ``n`` tokens in ``out`` and mark them computed. Returns ``n``."""
+        table = self.block_manager.block_tables[seq.seq_id].block_ids
+        out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, table))
+        seq.num_computed_tokens += n
+        out.num_batched_tokens += n
+        return n
 
-    def _allocate(self, seqs: list[Sequence], alone: bool) -> bool:
-        """Give every sequence of a waiting request its blocks, all or nothing. False: not enough memory now."""
-        bm, bs = self.block_manager, self.cache_config.block_size
-        if len(seqs) > 1 and not alone:  # forked request after recompute: room for all, ignoring sharing
-            if sum(blocks_needed(len(s), bs) for s in seqs) > bm.get_num_free_gpu_blocks() - bm.watermark_blocks:
-                return False
-        done = []
-        for seq in seqs:
-            if bm.can_allocate(seq) is not AllocStatus.OK:
-                for s in done:  # undo; forget blocks cached on the promise of this step's compute
-                    table = bm.get_block_table(s)
-                    bm.free(s)
-                    s.num_computed_tokens = s.num_cached_tokens = 0
-                    for b in table:
-                        if bm.prefix_cache is not None and bm.gpu_allocator.ref_count(b) == 0:
-                            bm.prefix_cache.evict(b)
-                return False
-            bm.allocate(seq)
-            done.append(seq)
-        return True
+    def _seats(self, seq: Sequence) -> int:
+        """Running sequences ``seq`` stands for: ``n`` for a request that has not forked yet, else 1."""
+        group = seq.group
+        return group.sampling_params.n if len(group.seqs) < group.sampling_params.n else 1
 
-    def _can_grow(self, seqs: list[Sequence]) -> bool:
-        """Whether every running sequence of a request can get a slot for its next token.
+    def _num_seats(self) -> int:
+        """Seats the running sequences hold (``max_num_seqs`` bounds it): their forks to come included."""
+        return sum(map(self._seats, self.running))
 
-        One sequence: the block manager's ``can_append_slots``. Forked sequences: count new blocks and
-        copy-on-write copies together (each sibling writing into a shared partial block copies it, the
-        last holder writes in place), so a request is never half-grown.
-        """
-        bm, bs = self.block_manager, self.cache_config.block_size
-        if len(seqs) == 1:
-            return bm.can_append_slots(seqs[0])
-        holders: dict[int, int] = {}
-        need = 0
-        for seq in seqs:
-            table = bm.get_block_table(seq)
-            need += blocks_needed(len(seq), bs) - len(table)
-            if seq.num_computed_tokens % bs:  # the new token goes into a partial last block
-                last = table[-1]
-                count = holders.get(last, bm.gpu_allocator.ref_count(last))
-                if count > 1:
-                    need += 1
-                    holders[last] = count - 1
-        return need <= bm.get_num_free_gpu_blocks()
-
-    def _never_reason(self, group: SequenceGroup, seqs: list[Sequence]) -> str | None:
-        """Why the head of ``waiting`` can never run, or None. Checks length, ``n`` and the whole pool."""
-        cfg, seq = self.config, seqs[0]
+    def _never_reason(self, seq: Sequence) -> str | None:
+        """Why the head of ``waiting`` can never run, or None: its length, ``n`` or the whole pool."""
+        cfg, bm = self.config, self.block_manager
         if len(seq) > cfg.max_model_len:
-            return (f"prompt of {len(seq)} tokens is longer than max_model_len={cfg.max_model_len}")
-        if self._num_seqs(group) > cfg.max_num_seqs:
-            return f"n={self._num_seqs(group)} sequences exceed max_num_seqs={cfg.max_num_seqs}"
-        if self.block_manager.can_allocate(seq) is AllocStatus.NEVER:
-            bs, total = self.cache_config.block_size, self.cache_config.num_gpu_blocks
-            keep = self.block_manager.watermark_blocks
+            return f"prompt of {len(seq)} tokens is longer than max_model_len={cfg.max_model_len}"
+        if self._seats(seq) > cfg.max_num_seqs:
+            return f"n={self._seats(seq)} sequences exceed max_num_seqs={cfg.max_num_seqs}"
+        if bm.can_allocate(seq, 0) is AllocStatus.NEVER:
+            bs = self.cache_config.block_size
             return (f"prompt of {len(seq)} tokens needs {blocks_needed(len(seq), bs)} blocks of {bs} tokens; "
-                    f"the KV cache has {total} blocks and admission keeps {keep} free (watermark)")
+                    f"the KV cache has {bm.num_gpu_blocks} blocks and admission keeps {bm.watermark_blocks} "
+                    "free (watermark)")
         return None
 
-    def _finish(self, group: SequenceGroup, reason: str, out: SchedulerOutputs) -> None:
-        """A waiting request that can never run: ignored if it never ran, exhausted if it was preempted."""
-        ran = any(len(s) > s.num_prompt_tokens for s in group.seqs)
-        status = SequenceStatus.FINISHED_KV_EXHAUSTED if ran else SequenceStatus.FINISHED_IGNORED
-        message = ("KV cache exhausted: " if ran else "ignored: ") + reason
-        self._end(group, status, message, out.exhausted if ran else out.ignored)
-
-    def _exhaust(self, group: SequenceGroup, seqs: list[Sequence], out: SchedulerOutputs) -> None:
-        bs, total = self.cache_config.block_size, self.cache_config.num_gpu_blocks
-        longest = max(len(s) for s in seqs)
-        msg = (f"KV cache exhausted: request {group.request_id!r} needs {blocks_needed(longest, bs)} blocks of {bs} "
-               f"tokens for its {longest} tokens, but it alone already holds the whole cache of {total} blocks")
-        self._end(group, SequenceStatus.FINISHED_KV_EXHAUSTED, msg, out.exhausted)
-
-    def _end(self, group: SequenceGroup, status: SequenceStatus, message: str, bucket: list) -> None:
-        """Finish every unfinished sequence of ``group`` with ``status`` and ``message``, free its blocks,
-        forget it, and list it in ``bucket`` (``out.ignored`` or ``out.exhausted``)."""
-        for seq in group.seqs:
-            if not seq.is_finished:
-                seq.status = status
-                seq.finish_message = message
-        self._release(group)
-        bucket.append(group)
-
-    def _preempt(self, group: SequenceGroup, out: SchedulerOutputs, recomputed: list) -> None:
-        """Evict a whole running request: swap it out if asked and the CPU pool has room, else recompute."""
-        seqs, bm = group.get_seqs(RUNNING), self.block_manager
+    def _preempt(self, seq: Sequence, out: SchedulerOutputs) -> None:
+        """Evict a running sequence: swap it out if asked and the CPU pool has room, else recompute."""
         self.num_preemptions += 1
-        out.preempted.append(group)
-        if self.config.preemption_mode == "swap" and self._can_swap_out(seqs):
-            for seq in seqs:
-                out.blocks_to_swap_out.extend(bm.swap_out(seq))
-                seq.status = SWAPPED
+        out.preempted.append(seq)
+        if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
+            out.blocks_to_swap_out += self.block_manager.swap_out(seq)
+            seq.status = SWAPPED
             self.num_swap_outs += 1
-            self.swapped.insert(bisect(self.swapped, self._rank(group), key=self._rank), group)  # oldest first
-            return
-        self._free_for_recompute(seqs)
-        self.num_recomputes += 1
-        recomputed.append(group)
+            insort(self.swapped, seq, key=self._rank)
+        else:
+            self._recompute(seq)
+            self.num_recomputes += 1
 
-    def _can_swap_out(self, seqs: list[Sequence]) -> bool:
-        bm = self.block_manager
-        if not all(bm.can_swap_out(s) for s in seqs):
+    def _recompute(self, seq: Sequence) -> None:
+        """Drop ``seq``'s blocks; it waits at the front of ``waiting`` and is prefilled again from its tokens.
+        Victims go newest first, so the front stays oldest first."""
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+
+    def _finish(self, seq: Sequence, reason: str, out: SchedulerOutputs) -> None:
+        """A waiting sequence that can never run: ignored if it never ran, exhausted if it was preempted."""
+        ran = len(seq) > seq.num_prompt_tokens
+        self._end(seq, SequenceStatus.FINISHED_KV_EXHAUSTED if ran else SequenceStatus.FINISHED_IGNORED,
+                  ("KV cache exhausted: " if ran else "ignored: ") + reason, out.exhausted if ran else out.ignored)
+
+    def _exhaust(self, seq: Sequence, out: SchedulerOutputs) -> None:
+        bs, total = self.cache_config.block_size, self.block_manager.num_gpu_blocks
+        need = blocks_needed(seq.num_computed_tokens + 1, bs)
+        self._end(seq, SequenceStatus.FINISHED_KV_EXHAUSTED,
+                  f"KV cache exhausted: sequence {seq.seq_id} of request {seq.group.request_id!r} needs {need} "
+                  f"blocks of {bs} tokens to grow past {seq.num_computed_tokens} tokens, but it alone already "
+                  f"holds the whole cache of {total} blocks", out.exhausted)
+
+    def _end(self, seq: Sequence, status: SequenceStatus, message: str, bucket: list) -> None:
+        """The one terminal path of ``schedule()``: finish ``seq`` with ``status`` and ``message``, free its
+        blocks, list it in ``bucket`` (``out.ignored`` or ``out.exhausted``), forget a finished request."""
+        seq.status, seq.finish_message = status, message
+        self.block_manager.free(seq)
+        bucket.append(seq)
+        self._forget(seq.group)
+
+    def _rank(self, seq: Sequence) -> tuple[int, int]:
+        return self._order[seq.group.request_id], seq.seq_id
+
+    def _forget(self, group: SequenceGroup) -> bool:
+        """Drop a request whose sequences are all finished. Returns whether it was dropped."""
+        if not group.is_finished:
             return False
-        return len(seqs) == 1 or sum(len(bm.get_block_table(s)) for s in seqs) <= bm.get_num_free_cpu_blocks()
-
-    def _can_swap_in(self, seqs: list[Sequence]) -> bool:
-        """Watermark rule of the block manager, and room for each sequence's next token too
-        (counted without sharing, plus one copy-on-write block per forked sequence)."""
-        bm, bs = self.block_manager, self.cache_config.block_size
-        if not all(bm.can_swap_in(s) is AllocStatus.OK for s in seqs):
-            return False
-        need = sum(blocks_needed(len(s), bs) + (len(seqs) > 1) for s in seqs)
-        return need <= bm.get_num_free_gpu_blocks()
-
-    def _num_seqs(self, group: SequenceGroup) -> int:
-        """Sequences the request will run: ``n`` before the fork, then its unfinished sequences."""
-        if len(group.seqs) < group.sampling_params.n:
-            return group.sampling_params.n
-        return sum(1 for s in group.seqs if s.status in _UNFINISHED)
-
-    def _rank(self, group: SequenceGroup) -> int:
-        return self._order[group.request_id]
-
-    def _free_for_recompute(self, seqs: list[Sequence]) -> None:
-        """Preemption by recompute: drop the blocks; each sequence is prefilled again from its tokens."""
-        for seq in seqs:
-            self.block_manager.free(seq)
-            seq.reset_for_recompute()
-
-    def _release(self, group: SequenceGroup) -> None:
-        """Free every block of the request (a no-op for sequences without blocks) and forget it."""
-        for seq in group.seqs:
-            self.block_manager.free(seq)
-        self._forget(group)
-
-    def _forget(self, group: SequenceGroup) -> None:
         self._requests.pop(group.request_id, None)
         self._order.pop(group.request_id, None)
+        return True

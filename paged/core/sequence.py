@@ -5,14 +5,15 @@ while the prompt is prefilled; with ``n > 1`` the engine forks it into ``n`` seq
 sampled token (parallel sampling, PagedAttention paper §4.4), and the forks share the prompt's KV
 blocks until one of them writes into a shared block (copy-on-write, ``block_manager.py``).
 
-The scheduler gang-schedules a request: all its unfinished sequences run, wait, swap or are preempted
-together (paper §4.5). Source of the design: vLLM v0 ``vllm/sequence.py``.
+The scheduler's unit is the sequence (as vLLM v1, where each of the ``n`` samples is its own request
+sharing the prompt's blocks): siblings run, wait, swap or are preempted independently, so ``n``
+samples never need room in the pool all at once. Source of the design: vLLM v0 ``vllm/sequence.py``
+(``Sequence``, ``SequenceGroup``) and v1 ``vllm/v1/request.py`` (``num_computed_tokens``).
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 
 
@@ -26,7 +27,7 @@ class SequenceStatus(enum.Enum):
     FINISHED_LENGTH = "length"  # max_tokens or max_model_len reached
     FINISHED_ABORTED = "abort"  # abort_request()
     FINISHED_IGNORED = "ignored"  # can never run: prompt over max_model_len or over the whole cache
-    FINISHED_KV_EXHAUSTED = "kv_cache_exhausted"  # alone in the pool and no block left to grow into
+    FINISHED_KV_EXHAUSTED = "kv_cache_exhausted"  # this course's state: alone in the pool, no block to grow into
 
     @property
     def is_finished(self) -> bool:
@@ -44,10 +45,11 @@ class Sequence:
     Args:
         seq_id: unique integer id (the block manager's key for this sequence's block table).
         prompt_token_ids: the prompt, a non-empty list of int token ids.
-        block_size: tokens per KV block (> 0); used to count the logical blocks of the sequence.
+        block_size: tokens per KV block (> 0).
 
-    ``num_computed_tokens`` counts the leading tokens whose K/V are already written (by an earlier
-    step or found in the prefix cache); the next forward pass computes ``token_ids[num_computed_tokens:]``.
+    ``num_computed_tokens`` counts the leading tokens whose K/V are written (by earlier steps or found in
+    the prefix cache); the scheduler advances it when it schedules tokens (vLLM v1). ``block_hashes``
+    holds the prefix-cache keys of the full blocks, each computed once. ``group`` is the request.
 
     Raises:
         ValueError: empty prompt, non-integer token ids, or ``block_size <= 0``.
@@ -59,17 +61,18 @@ class Sequence:
         prompt = list(prompt_token_ids)
         if not prompt:
             raise ValueError(f"sequence {seq_id}: the prompt is empty; at least one token id is needed")
-        if not all(isinstance(t, int) and t >= 0 for t in prompt):
+        if not all(type(t) is int and t >= 0 for t in prompt):
             raise ValueError(f"sequence {seq_id}: prompt token ids must be non-negative ints")
         self.seq_id = seq_id
         self.block_size = block_size
         self.token_ids: list[int] = prompt
         self.num_prompt_tokens = len(prompt)
         self.num_computed_tokens = 0
-        self.num_cached_tokens = 0  # tokens served from the prefix cache at the last allocation
+        self.num_cached_tokens = 0  # tokens served from the prefix cache at the last admission
         self.status = SequenceStatus.WAITING
         self.finish_message: str | None = None  # human-readable reason for ignored / exhausted
-        self.block_keys = None  # prefix caching: keys of the full blocks (prefix_cache.BlockKeys), hashed once
+        self.block_hashes: list[int] = []  # prefix-cache keys of the full blocks (prefix_cache.py)
+        self.group: SequenceGroup | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -77,10 +80,6 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, tokens={len(self)}, computed={self.num_computed_tokens}, "
                 f"status={self.status.value})")
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -91,20 +90,6 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
-    def last_token_id(self) -> int:
-        return self.token_ids[-1]
-
-    @property
-    def num_blocks(self) -> int:
-        """Logical blocks needed to hold every token: ceil(num_tokens / block_size)."""
-        return math.ceil(len(self.token_ids) / self.block_size)
-
-    def block_token_ids(self, logical_block: int) -> list[int]:
-        """Token ids stored in logical block ``logical_block`` (the last one may be partial)."""
-        start = logical_block * self.block_size
-        return self.token_ids[start : start + self.block_size]
-
-    @property
     def is_finished(self) -> bool:
         return self.status.is_finished
 
@@ -113,17 +98,18 @@ class Sequence:
         self.token_ids.append(int(token_id))
 
     def fork(self, new_seq_id: int) -> Sequence:
-        """A copy with the same tokens and computed count (its blocks are shared by ``BlockSpaceManager.fork``)."""
+        """A copy with the same tokens, computed count and request (its blocks are shared by
+        ``BlockSpaceManager.fork``)."""
         child = Sequence.__new__(Sequence)
         child.__dict__.update(self.__dict__)
         child.seq_id = new_seq_id
         child.token_ids = list(self.token_ids)
+        child.block_hashes = list(self.block_hashes)
         return child
 
     def reset_for_recompute(self) -> None:
-        """Preemption by recompute: drop all KV; the next prefill recomputes every token so far."""
-        self.num_computed_tokens = 0
-        self.num_cached_tokens = 0
+        """Preemption by recompute: drop all KV; a later prefill recomputes every token so far."""
+        self.num_computed_tokens = self.num_cached_tokens = 0
         self.status = SequenceStatus.WAITING
 
 
@@ -168,10 +154,7 @@ class SamplingParams:
 
 
 class SequenceGroup:
-    """One request: a prompt, its sampling parameters and its sequences (1 before the fork, then n).
-
-    The scheduler's unit: every unfinished sequence of a group is scheduled together.
-    """
+    """One request: a prompt, its sampling parameters and its sequences (1 before the fork, then n)."""
 
     def __init__(self, request_id: str, seqs: list[Sequence], sampling_params: SamplingParams,
                  arrival_time: float = 0.0, prompt: str | None = None):
@@ -183,24 +166,15 @@ class SequenceGroup:
         self.arrival_time = arrival_time
         self.prompt = prompt
         self.prompt_token_ids = list(seqs[0].prompt_token_ids)
+        for seq in self.seqs:
+            seq.group = self
 
     def __repr__(self) -> str:
         return f"SequenceGroup({self.request_id!r}, seqs={self.seqs})"
 
-    def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
-        return list(self.seqs) if status is None else [s for s in self.seqs if s.status is status]
-
-    def unfinished_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs if not s.is_finished]
-
     @property
     def is_finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
-
-    @property
-    def is_prefill(self) -> bool:
-        """True while some unfinished sequence still has more than one token to compute."""
-        return any(len(s) - s.num_computed_tokens > 1 for s in self.unfinished_seqs())
 
 
 @dataclass

@@ -21,6 +21,7 @@ from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_table import blocks_needed
 from paged.core.sequence import CompletionOutput, RequestOutput, SamplingParams
 from paged.engine.llm_engine import LLMEngine
+from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache, block_bytes
 from paged.worker.model_runner import kv_shape, profile_num_blocks
 
@@ -81,7 +82,8 @@ class LLM:
         num_gpu_blocks: pool size in blocks (skips the sizing below).
         num_cpu_blocks: CPU swap space in blocks (``preemption_mode="swap"`` needs > 0).
         max_model_len: most tokens per sequence (default: the model's position limit).
-        enable_prefix_caching, preemption_mode, watermark, max_num_seqs, max_num_batched_tokens:
+        enable_prefix_caching, preemption_mode, watermark, max_num_seqs, max_num_batched_tokens,
+            enable_chunked_prefill (on by default, as in vLLM v1), long_prefill_token_threshold:
             see ``paged/config.py``.
         kv_cache_memory_bytes: KV budget in bytes (CPU default 256 MiB).
         gpu_memory_utilization: CUDA: fraction of GPU memory for weights + activations + KV.
@@ -89,6 +91,8 @@ class LLM:
         dtype: model and cache dtype (default: the model's).
         seed: seed of the sampler's shared generator.
         verbose: print the KV sizing.
+        parts: the engine's pieces (``paged.engine.parts.Parts``): a learner's allocator, prefix cache,
+            scheduler, slot mapping, KV write or decode attention in place of the reference ones.
 
     Raises:
         ValueError: unknown model, ``max_model_len`` over the model's positions, bad sizes (from the
@@ -100,7 +104,9 @@ class LLM:
                  preemption_mode: str = "recompute", watermark: float = 0.01, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, kv_cache_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, seed: int | None = 0, verbose: bool = True):
+                 dtype: torch.dtype | None = None, seed: int | None = 0, verbose: bool = True,
+                 enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
+                 parts: Parts | None = None):
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         model, found_tokenizer = load_model(model, dtype)
         self.model = model.to(device)
@@ -111,7 +117,9 @@ class LLM:
         if max_model_len > int(limit):
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's {int(limit)} positions")
         scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                           max_model_len=max_model_len, preemption_mode=preemption_mode)
+                                           max_model_len=max_model_len, preemption_mode=preemption_mode,
+                                           enable_chunked_prefill=enable_chunked_prefill,
+                                           long_prefill_token_threshold=long_prefill_token_threshold)
         layers, kv_heads, head_dim = kv_shape(model)
         bytes_per_block = block_bytes(layers, kv_heads, head_dim, block_size, dtype)
         how = "num_gpu_blocks"
@@ -138,7 +146,7 @@ class LLM:
         if verbose:
             print(self.sizing)
         self.engine = LLMEngine(self.model, kv_cache, scheduler_config, cache_config,
-                                _eos_ids(self.model, self.tokenizer), self.tokenizer, seed)
+                                _eos_ids(self.model, self.tokenizer), self.tokenizer, seed, parts)
 
     def _encode(self, prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
@@ -170,6 +178,7 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         results: dict[str, RequestOutput] = {}
         order = []
+        self.engine.metrics.new_window()  # TTFT / ITL of this call
         for prompt, sp in zip(prompts, params):
             token_ids, text = self._encode(prompt)
             try:
@@ -189,5 +198,5 @@ class LLM:
         return [results[rid] for rid in order]
 
     def stats(self) -> dict:
-        """See ``LLMEngine.stats``."""
+        """See ``LLMEngine.stats`` (latencies are those of the last ``generate``)."""
         return self.engine.stats()

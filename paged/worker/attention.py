@@ -1,90 +1,83 @@
-"""Run any transformers decoder on the paged KV cache, through transformers' public extension points.
+"""The engine's attention backend: any transformers decoder on the paged KV cache, through public hooks.
 
-Nothing in transformers is patched. ``register()`` adds two functions under the name ``"paged"``:
+Nothing in transformers is patched. ``use_paged_attention(model)`` registers two functions under ``"paged"``:
 
 - an attention function (``transformers.AttentionInterface``): it receives one layer's
   ``query [1, H, T, D]`` and ``key``/``value [1, KVH, T, D]`` (rotary already applied) for a *packed*
   batch of ``T`` new tokens from many sequences, writes the new K/V into the pool at their slots, then
-  attends each token to its own sequence's cached context, and returns ``[1, T, H, D]``;
+  attends each token to its own sequence's context, and returns ``[1, T, H, D]``;
 - a mask function (``transformers.masking_utils.AttentionMaskInterface``) that returns ``None``, so
-  transformers never builds a ``T x T`` mask: our attention knows each sequence's extent.
+  transformers never builds a ``T x T`` mask: the metadata knows each sequence's extent.
 
-``use_paged_attention(model)`` switches a model to it (``model.set_attn_implementation("paged")``).
-The engine then calls ``model(input_ids [1, T], position_ids [1, T], use_cache=False,
-logits_to_keep=<last token of each sequence>, paged_metadata=AttentionMetadata(...))``. The extra
-keyword reaches the attention function unchanged (no globals): it carries the slot mapping, the block
-tables, the context lengths and the ``KVCache``; the layer is ``module.layer_idx``.
+The model runner calls ``model(input_ids [1, T], position_ids [1, T], use_cache=False,
+logits_to_keep=<last token of each sampling sequence>, paged_metadata=AttentionMetadata(...))``; the
+extra keyword reaches the attention function unchanged (no globals), the layer is ``module.layer_idx``.
+
+A step packs **chunks** first (sequences computing several tokens: a prompt, a prompt chunk, a
+recomputed sequence) and **decodes** last (one token each). A chunk attends causally to itself and to its
+already computed context, read from the pool through its block table (vLLM v1's chunked prefill); a
+chunk with no computed context runs a causal SDPA on its own new K/V without touching the pool. All
+decodes go through one call of the decode part (``paged.engine.parts``): the vectorized PyTorch
+``decode_attention`` here on CPU, the Triton kernel on CUDA. The idea is vLLM's backend split
+(``vllm/v1/attention/backends/``): metadata built once per step, read by every layer.
 
 Trap: ``set_attn_implementation`` writes into the model's config object, shared by every module and by
 any other model built from the same object. Deep-copy a config before building a reference model from it.
-
-Backends: ``"torch"`` (CPU, or any device): all decode tokens at once (one gather of their context
-blocks, two batched matmuls, a padded additive mask; no per-sequence loop); prefills one sequence at a
-time (a causal SDPA over its own new tokens, or over its gathered context after a prefix-cache hit),
-which spends nothing on padding ragged prompt lengths. ``"triton"`` (CUDA): decode tokens go to the
-chapter 04 kernel ``paged.kernels.paged_attention_decode``; prefills as above. The idea is vLLM's
-attention backend split (``vllm/attention/backends/``): a metadata object built once per step, read by
-every layer.
-
-Where the CPU time goes (``python -m paged bench engine``, one thread): the linear layers first, then the
-decode attention, about a third of a run: each layer gathers every decoding sequence's context blocks (one
-``index_select`` per cache, padded to the longest context) and runs two small batched matmuls per KV head.
-Everything per step is built once in ``AttentionMetadata.build`` (slots, block index, masks); a layer only
-reads it, and a step of one kind (all decodes, or one prefill) returns its attention output without a copy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from paged.core.block_table import slot_mapping as compute_slot_mapping
+
 ATTN_NAME = "paged"
-_registered = False
 
 
-@dataclass
-class _Group:
-    """The decode sequences of a step (one new token each), built once per step for every layer.
+def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store ``key[i]`` / ``value[i]`` ``[T, KVH, D]`` at slot ``slot_mapping[i]`` (int64 ``[T]``) of one
+    layer's caches ``[num_blocks, block_size, KVH, D]``: one ``index_copy_`` on the flat
+    ``[num_blocks * block_size, KVH, D]`` view (vLLM's ``reshape_and_cache_flash``). Unchecked: the engine
+    built the slots from its block tables."""
+    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
+    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
 
-    Decodes are packed last: sequences ``seqs`` (a slice of the batch) own tokens ``start ..``, one each.
-    block_index [G * B] int64: the first ``B = ceil(max context / block_size)`` entries of each block
-                table, flattened: gathering these blocks gives every context, padded to ``B`` blocks.
-    bias        [G, 1, B * block_size] float: 0 for positions < context length, -inf after.
+
+def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query token per sequence over its paged context, vectorized over sequences: ``[S, H, D]``.
+
+    query ``[S, H, D]``; caches ``[num_blocks, block_size, KVH, D]``; block_tables int32 ``[S, W]`` whose
+    width covers every context (entries past a context hold any valid block id); context_lens int32 ``[S]``.
+    One ``index_select`` of whole blocks per cache gives ``[S, W * block_size, KVH, D]``; positions past a
+    context get ``-inf`` scores. Then per KV head (a loop over ``KVH``, not over sequences) two batched
+    matmuls serve the ``H / KVH`` query heads that share it (GQA). Unchecked (the engine's inputs): the
+    pool's unused slots hold finite stale K/V, so masking the scores suffices.
     """
-
-    seqs: slice
-    start: int
-    block_index: torch.Tensor
-    bias: torch.Tensor
-
-    @property
-    def tokens(self) -> slice:
-        return slice(self.start, self.start + self.seqs.stop - self.seqs.start)
-
-
-def _additive_mask(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``-inf`` where ``hidden`` is True, 0 elsewhere (one fill, one masked write)."""
-    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(hidden, float("-inf"))
-
-
-def _build_group(seqs: slice, start: int, max_context: int, context_lens: torch.Tensor, block_tables: torch.Tensor,
-                 block_size: int, dtype: torch.dtype) -> _Group:
-    """Built once per step, read by every layer: the index and mask tensors are never rebuilt per layer."""
-    device = block_tables.device
-    num_blocks = -(-max_context // block_size)  # pad every context to the longest one, in whole blocks
-    block_index = block_tables[seqs, :num_blocks].long().reshape(-1)
-    # context position p of a sequence sits at gathered row p: block p // block_size, offset p % block_size
-    hidden = torch.arange(num_blocks * block_size, device=device)[None, :] >= context_lens[seqs, None]
-    return _Group(seqs, start, block_index, _additive_mask(hidden, dtype)[:, None, :])
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
+    index = block_tables.long().flatten()
+    keys = key_cache.index_select(0, index).view(num_seqs, -1, num_kv_heads, head_dim)  # [S, C, KVH, D]
+    values = value_cache.index_select(0, index).view(num_seqs, -1, num_kv_heads, head_dim)
+    hidden = torch.arange(keys.shape[1], device=query.device)[None, :] >= context_lens[:, None]
+    bias = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device).masked_fill_(hidden, float("-inf"))
+    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = torch.empty_like(q)
+    for h in range(num_kv_heads):  # scores = bias + scale * q k^T in one op: [S, group, C]
+        scores = torch.baddbmm(bias[:, None, :], q[:, h], keys[:, :, h].transpose(1, 2), alpha=scale)
+        out[:, h] = torch.bmm(scores.softmax(dim=-1), values[:, :, h])
+    return out.view(num_seqs, num_heads, head_dim)
 
 
 @dataclass
-class _Prefill:
-    """One prefill sequence: packed tokens ``start:end``. Without a cached prefix (``block_index`` None)
-    it attends causally to its own new K/V; after a prefix-cache hit it gathers its context blocks
-    (``block_index`` [B]) and masks with ``bias`` [1, 1, q, B * block_size]."""
+class _Chunk:
+    """Packed tokens ``start:end`` of one sequence computing several tokens. With computed context before
+    them, ``block_index`` [B] lists the blocks to gather and ``bias`` [1, 1, q, B * block_size] is causal."""
 
     start: int
     end: int
@@ -92,135 +85,97 @@ class _Prefill:
     bias: torch.Tensor | None = None
 
 
-def _build_prefill(start: int, query_len: int, context_len: int, table: torch.Tensor, block_size: int,
-                   dtype: torch.dtype) -> _Prefill:
-    if query_len == context_len:
-        return _Prefill(start, start + query_len)
-    num_blocks = -(-context_len // block_size)
-    q_pos = torch.arange(context_len - query_len, context_len, device=table.device)
-    hidden = torch.arange(num_blocks * block_size, device=table.device)[None, :] > q_pos[:, None]  # causal
-    return _Prefill(start, start + query_len, table[:num_blocks].long(), _additive_mask(hidden, dtype)[None, None])
-
-
 @dataclass
 class AttentionMetadata:
-    """What every layer needs for one engine step over a packed batch of ``T`` tokens from ``S`` sequences.
-
-    Sequences ``0 .. num_prefills-1`` are prefills (several new tokens, possibly after a cached prefix),
-    the rest decodes (one new token). Tokens are packed in sequence order.
+    """What every layer needs for one engine step over a packed batch of ``T`` tokens (chunks, then decodes).
 
     Fields (on the model's device):
-        kv_cache: the ``paged.worker.kv_cache.KVCache`` pool; layer ``l`` uses ``key_cache[l]``/``value_cache[l]``
-            ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        kv_cache: the ``KVCache`` pool; layer ``l`` uses ``key_cache[l]`` / ``value_cache[l]``.
         positions [T] int64: each token's position in its own sequence (``position_ids``).
         slot_mapping [T] int64: pool slot of each new token, ``block * block_size + offset``.
-        block_tables [S, max_blocks] int32, padded with 0.
-        context_lens [S] int32: tokens of each sequence after this step (cached + new).
-        query_start_loc [S + 1] int32: packed offset of each sequence's first new token.
-        last_token_index [S] int64: packed index of each sequence's last token (``logits_to_keep``).
-        backend: ``"torch"`` or ``"triton"``.
+        keep [K] int64: packed index of the last token of each sequence whose logits are kept.
+        chunks: one ``_Chunk`` per multi-token sequence.
+        decode_start: packed index of the first decode token (``T`` when there are none).
+        block_tables [D, W] int32 / context_lens [D] int32: the decodes' tables and lengths.
+        write_kv, decode: the parts that write the K/V and attend the decodes.
     """
 
     kv_cache: object
     positions: torch.Tensor
     slot_mapping: torch.Tensor
+    keep: torch.Tensor
+    chunks: list[_Chunk]
+    decode_start: int
     block_tables: torch.Tensor
     context_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    last_token_index: torch.Tensor
-    num_prefills: int
-    backend: str
-    prefills: list[_Prefill] | None = None
-    decode: _Group | None = None
+    write_kv: Callable = write_kv
+    decode: Callable = decode_attention
 
     @classmethod
     def build(cls, kv_cache, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              num_prefills: int, block_size: int, device: torch.device | str = "cpu",
-              backend: str = "torch") -> AttentionMetadata:
-        """Tensors for one step from per-sequence Python lists (``S`` entries each).
+              block_size: int, device: torch.device | str = "cpu", keep: list[int] | None = None,
+              slot_mapping: Callable | None = None, **parts) -> AttentionMetadata:
+        """Tensors for one step from per-sequence lists (``S`` entries each; multi-token sequences first).
 
-        ``context_lens[s]`` counts the sequence's tokens after this step; its last ``query_lens[s]``
-        tokens are computed now, so their positions are ``context_lens[s] - query_lens[s] ..
-        context_lens[s] - 1``.
+        ``context_lens[s]`` counts the sequence's tokens after this step; its last ``query_lens[s]`` are
+        computed now, at positions ``context_lens[s] - query_lens[s] ..``. ``keep``: sequences whose
+        logits are kept (default all). ``slot_mapping``: the part that computes the slots (default
+        ``paged.core.block_table.slot_mapping``); ``parts``: ``write_kv=`` / ``decode=``.
 
         Raises:
-            ValueError: mismatched list lengths, a query longer than its context, or a block table too
-                short for its context.
+            ValueError: mismatched lengths, a query longer than its context, a table too short for its
+                context, or a multi-token sequence after a decode.
         """
         num_seqs = len(block_tables)
         if not (len(context_lens) == len(query_lens) == num_seqs) or num_seqs == 0:
             raise ValueError(f"need one block table, context length and query length per sequence, got "
                              f"{num_seqs}, {len(context_lens)}, {len(query_lens)}")
-        positions, slots, starts = [], [], [0]
+        starts = [c - q for c, q in zip(context_lens, query_lens)]
         for s, (table, ctx, q) in enumerate(zip(block_tables, context_lens, query_lens)):
             if not 0 < q <= ctx or len(table) * block_size < ctx:
                 raise ValueError(f"sequence {s}: query {q} tokens, context {ctx} tokens, block table of "
                                  f"{len(table)} blocks x {block_size} slots")
-            for p in range(ctx - q, ctx):  # the new tokens and their slots in the pool
-                positions.append(p)
-                slots.append(table[p // block_size] * block_size + p % block_size)
-            starts.append(starts[-1] + q)
-        width = max(len(t) for t in block_tables)
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32, device=device)
-        ctx_t = torch.tensor(context_lens, dtype=torch.int32, device=device)
-        meta = cls(kv_cache, torch.tensor(positions, device=device), torch.tensor(slots, device=device), tables,
-                   ctx_t, torch.tensor(starts, dtype=torch.int32, device=device),
-                   torch.tensor(starts[1:], device=device) - 1, num_prefills, backend)
-        meta.prefills = [_build_prefill(starts[s], query_lens[s], context_lens[s], tables[s], block_size,
-                                        kv_cache.dtype) for s in range(num_prefills)]
-        if num_prefills < num_seqs:
-            part = slice(num_prefills, num_seqs)
-            meta.decode = _build_group(part, starts[num_prefills], max(context_lens[part]), ctx_t, tables,
-                                       block_size, kv_cache.dtype)
-        return meta
+        num_chunks = sum(q > 1 for q in query_lens)
+        if any(q > 1 for q in query_lens[num_chunks:]):
+            raise ValueError("pack the multi-token sequences (chunks) before the one-token decodes")
+        offsets = [0]
+        for q in query_lens:
+            offsets.append(offsets[-1] + q)
+        positions = [p for start, q in zip(starts, query_lens) for p in range(start, start + q)]
+        slots = (slot_mapping or compute_slot_mapping)(block_tables, starts, query_lens, block_size)
+        as_tensor = lambda x, dtype=torch.int64: torch.tensor(x, dtype=dtype, device=device)  # noqa: E731
+        chunks = []
+        for s in range(num_chunks):
+            chunk = _Chunk(offsets[s], offsets[s + 1])
+            if starts[s]:  # computed context before the chunk: read it from the pool, causal from there
+                width = -(-context_lens[s] // block_size)
+                q_pos = torch.arange(starts[s], context_lens[s], device=device)
+                hidden = torch.arange(width * block_size, device=device)[None, :] > q_pos[:, None]
+                chunk.block_index = as_tensor(block_tables[s][:width])
+                chunk.bias = torch.zeros(hidden.shape, dtype=kv_cache.dtype, device=device).masked_fill_(
+                    hidden, float("-inf"))[None, None]
+            chunks.append(chunk)
+        decodes = block_tables[num_chunks:]
+        width = max((len(t) for t in decodes), default=0)
+        keep = range(num_seqs) if keep is None else keep
+        return cls(kv_cache, as_tensor(positions), as_tensor(slots), as_tensor([offsets[s + 1] - 1 for s in keep]),
+                   chunks, offsets[num_chunks], as_tensor([t + [0] * (width - len(t)) for t in decodes], torch.int32),
+                   as_tensor(context_lens[num_chunks:], torch.int32), **parts)
 
 
-def _gather(cache: torch.Tensor, block_index: torch.Tensor, num_seqs: int) -> torch.Tensor:
-    """``[num_seqs, KVH, B * block_size, D]``: each sequence's context blocks, read through its block table.
-
-    One ``index_select`` of whole blocks (contiguous ``block_size x KVH x D`` chunks), then one copy
-    into the head-major layout the matmuls want. Rows past a sequence's context hold whatever those
-    slots hold (zeros or stale, finite K/V); the bias masks them.
-    """
-    blocks = cache.index_select(0, block_index)  # [num_seqs * B, block_size, KVH, D]
-    return blocks.view(num_seqs, -1, *cache.shape[2:]).transpose(1, 2).contiguous()
-
-
-def _attend_decodes(group: _Group, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    scale: float) -> torch.Tensor:
-    """All decode tokens at once: ``[G, H, D]``.
-
-    One ``index_select`` of whole blocks per cache gives ``[G, C, KVH, D]`` (``C = B * block_size``).
-    Then, per KV head (a loop of ``KVH`` iterations, not over sequences), two batched matmuls read
-    that head's keys and values in place (a strided view: no copy) for the ``H / KVH`` query heads that
-    share it (GQA).
-    """
-    num_seqs = group.seqs.stop - group.seqs.start
-    kv_shape = (num_seqs, -1, *key_cache.shape[2:])
-    keys = key_cache.index_select(0, group.block_index).view(kv_shape)  # [G, C, KVH, D]
-    values = value_cache.index_select(0, group.block_index).view(kv_shape)
-    num_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], keys.shape[2]
-    q_stacked = q[group.tokens].view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = torch.empty_like(q_stacked)
-    for h in range(num_kv_heads):  # scores = bias + scale * q k^T in one op: [G, g, C]
-        scores = torch.baddbmm(group.bias, q_stacked[:, h], keys[:, :, h].transpose(1, 2), alpha=scale)
-        out[:, h] = torch.bmm(scores.softmax(dim=-1), values[:, :, h])
-    return out.view(num_seqs, num_heads, head_dim)
-
-
-def _attend_prefill(p: _Prefill, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                    key_cache: torch.Tensor, value_cache: torch.Tensor, scale: float) -> torch.Tensor:
-    """One prefill sequence: ``[q, H, D]`` for its packed tokens ``p.start:p.end``."""
-    qs = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-    if p.block_index is None:  # nothing cached: its own new K/V, causal
-        ks = k_new[p.start:p.end].transpose(0, 1).unsqueeze(0)
-        vs = v_new[p.start:p.end].transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
-                                             enable_gqa=qs.shape[1] != ks.shape[1])
-    else:  # cached prefix + new tokens, all read from the pool
-        ks, vs = _gather(key_cache, p.block_index, 1), _gather(value_cache, p.block_index, 1)
-        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.bias, scale=scale,
-                                             enable_gqa=qs.shape[1] != ks.shape[1])
+def _attend_chunk(c: _Chunk, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                  key_cache: torch.Tensor, value_cache: torch.Tensor, scale: float) -> torch.Tensor:
+    """One chunk: ``[q, H, D]`` for its packed tokens ``c.start:c.end``."""
+    qs = q[c.start:c.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+    if c.block_index is None:  # nothing computed before: its own new K/V, causal
+        ks, vs = (x[c.start:c.end].transpose(0, 1).unsqueeze(0) for x in (k_new, v_new))
+        mask, causal = None, True
+    else:  # computed context + the chunk's own tokens, all read from the pool
+        ks, vs = (cache.index_select(0, c.block_index).flatten(0, 1).transpose(0, 1).unsqueeze(0)
+                  for cache in (key_cache, value_cache))
+        mask, causal = c.bias, False
+    out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, scale=scale,
+                                         enable_gqa=qs.shape[1] != ks.shape[1])
     return out[0].transpose(0, 1)
 
 
@@ -233,52 +188,32 @@ def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
 
     Raises:
         RuntimeError: called without ``paged_metadata`` (e.g. ``model.generate`` on a model switched to
-            ``"paged"``; switch it back with ``model.set_attn_implementation("sdpa")``).
+            ``"paged"``; switch it back with ``use_attention(model)``).
     """
     meta: AttentionMetadata | None = kwargs.get("paged_metadata")
     if meta is None:
         raise RuntimeError("paged attention called without paged_metadata: this model is switched to the paged "
                            "engine; call model.set_attn_implementation('sdpa') to use it with transformers")
-    layer = module.layer_idx
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, KVH, D]
-    key_cache, value_cache = meta.kv_cache.key_cache[layer], meta.kv_cache.value_cache[layer]
-    k_flat = key_cache.view(-1, *key_cache.shape[2:])  # [num_blocks * block_size, KVH, D]: one row per slot
-    v_flat = value_cache.view(-1, *value_cache.shape[2:])
-    # KVCache.write without its per-call checks: the slots were built from block tables in build()
-    k_flat.index_copy_(0, meta.slot_mapping, k_new.to(k_flat.dtype))
-    v_flat.index_copy_(0, meta.slot_mapping, v_new.to(v_flat.dtype))
-    parts = [_attend_prefill(p, q, k_new, v_new, key_cache, value_cache, scale) for p in meta.prefills]
-    if meta.decode is not None:
-        group = meta.decode
-        if meta.backend == "triton":  # inputs built by build(): the unchecked launch, no host sync
-            from paged.kernels import launch_decode
-
-            seqs = group.seqs
-            parts.append(launch_decode(
-                q[group.tokens].contiguous(), key_cache, value_cache, meta.block_tables[seqs].contiguous(),
-                meta.context_lens[seqs].contiguous(), scale=scale))
-        else:
-            parts.append(_attend_decodes(group, q, key_cache, value_cache, scale))
-    # parts are in packed-token order; a step of one kind (all decodes, or one prefill) needs no copy
-    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    key_cache, value_cache = meta.kv_cache.key_cache[module.layer_idx], meta.kv_cache.value_cache[module.layer_idx]
+    meta.write_kv(key_cache, value_cache, k_new, v_new, meta.slot_mapping)  # every new token before any read
+    parts = [_attend_chunk(c, q, k_new, v_new, key_cache, value_cache, scale) for c in meta.chunks]
+    if meta.decode_start < q.shape[0]:
+        parts.append(meta.decode(q[meta.decode_start:].contiguous(), key_cache, value_cache, meta.block_tables,
+                                 meta.context_lens, scale))
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)  # packed-token order; one kind needs no copy
     return out.to(q.dtype).unsqueeze(0), None
-
-
-def _no_mask(*args, **kwargs):
-    """Mask function for ``"paged"``: no dense mask; the attention function masks per sequence."""
-    return None
 
 
 def select_backend(device: torch.device | str) -> str:
     """Which decode attention to run on ``device``: ``"triton"`` or ``"torch"``.
 
     ``"triton"`` (``paged.kernels.paged_attention_decode``) on a CUDA device when ``triton`` imports;
-    ``"torch"`` (vectorized PyTorch) everywhere else. On CPU the Triton
-    kernels run only through the interpreter (``TRITON_INTERPRET=1``), which is far too slow for an
-    engine, so the CPU backend is always ``"torch"``. vLLM makes the same choice per platform in
-    ``vllm/attention/selector.py``.
+    ``"torch"`` (``decode_attention`` here) everywhere else. On CPU the Triton kernels run only through
+    the interpreter (``TRITON_INTERPRET=1``), far too slow for an engine. vLLM makes the same choice per
+    platform in ``vllm/attention/selector.py``.
     """
     if torch.device(device).type != "cuda":
         return "torch"
@@ -288,23 +223,20 @@ def select_backend(device: torch.device | str) -> str:
         return "torch"
     return "triton"
 
-def register() -> None:
-    """Register ``"paged"`` with transformers' attention and mask interfaces (idempotent)."""
-    global _registered
-    if _registered:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(ATTN_NAME, paged_attention_forward)
-    AttentionMaskInterface.register(ATTN_NAME, _no_mask)
-    _registered = True
+def _no_mask(*args, **kwargs):
+    """Mask function for ``"paged"``: no dense mask; the attention function masks per sequence."""
+    return None
 
 
 def use_paged_attention(model) -> None:
-    """Switch ``model`` (a ``PreTrainedModel``) to the paged attention; a no-op when already switched."""
-    register()
+    """Switch ``model`` (a ``PreTrainedModel``) to the paged attention (registered once; idempotent)."""
     if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(ATTN_NAME, paged_attention_forward)
+        AttentionMaskInterface.register(ATTN_NAME, _no_mask)
         model.set_attn_implementation(ATTN_NAME)
 
 
@@ -315,7 +247,7 @@ def use_attention(model, name: str = "sdpa") -> None:
 
 
 def forward_logits(model, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """One packed forward: ``input_ids [T]`` -> logits ``[S, vocab]`` float32 of each sequence's last token."""
+    """One packed forward: ``input_ids [T]`` -> logits ``[K, vocab]`` float32 of the kept sequences."""
     out = model(input_ids=input_ids.unsqueeze(0), position_ids=meta.positions.unsqueeze(0), use_cache=False,
-                logits_to_keep=meta.last_token_index, paged_metadata=meta)
+                logits_to_keep=meta.keep, paged_metadata=meta)
     return out.logits[0].float()

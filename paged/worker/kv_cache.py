@@ -16,24 +16,21 @@ layer: one block table per sequence serves all layers (seed error E6).
 The pool is the tensor side only; which block belongs to whom is the block manager's business
 (``paged/core/block_manager.py``). The operations mirror vLLM's:
 
-- ``write``: scatter this step's K/V to their slots (``slot = block_id * block_size + offset``,
-  slot -1 = skip), the job of vLLM's ``reshape_and_cache`` / ``reshape_and_cache_flash`` ops
-  (``csrc/cache_kernels.cu``), called from the attention backends.
+- writing this step's K/V to their slots (``slot = block_id * block_size + offset``) is the attention
+  backend's job (``paged/worker/attention.py``, ``write_kv``; vLLM's ``reshape_and_cache_flash``);
 - ``copy_blocks``: copy-on-write copies, all pairs and all layers in one batched op (vLLM v0
   ``CacheEngine.copy``, ``vllm/worker/cache_engine.py``).
 - ``swap_out`` / ``swap_in``: move blocks to and from a CPU pool in pinned memory (vLLM v0
   ``CacheEngine.swap_out`` / ``swap_in``, one copy per block).
 
-Sizing from a memory budget: ``KVCache.from_budget`` and ``block_bytes`` (vLLM profiles free
-GPU memory and divides by the bytes of one block: ``CacheEngine.get_cache_block_size`` in v0,
-``vllm/v1/worker/gpu_model_runner.py`` / ``vllm/v1/core/kv_cache_utils.py`` in v1).
+Sizing from a memory budget: ``budget // block_bytes(...)`` whole blocks (vLLM profiles free GPU memory
+and divides by the bytes of one block: ``CacheEngine.get_cache_block_size`` in v0,
+``vllm/v1/core/kv_cache_utils.py`` in v1).
 """
 
 from __future__ import annotations
 
 import torch
-
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
@@ -89,31 +86,6 @@ class KVCache:
         self.key_cache = [self.kv[layer, 0] for layer in range(num_layers)]
         self.value_cache = [self.kv[layer, 1] for layer in range(num_layers)]
 
-    # ---- sizing -------------------------------------------------------------------------------
-    @staticmethod
-    def num_blocks_for_budget(budget_bytes: int, num_layers: int, block_size: int, num_kv_heads: int,
-                              head_dim: int, dtype: torch.dtype = torch.float32) -> int:
-        """Whole blocks that fit in ``budget_bytes``: ``budget // (2 x layers x kv_heads x D x bs x bytes)``."""
-        if budget_bytes < 0:
-            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes!r}")
-        return int(budget_bytes // block_bytes(num_layers, num_kv_heads, head_dim, block_size, dtype))
-
-    @classmethod
-    def from_budget(cls, budget_bytes: int, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                    cpu_budget_bytes: int = 0) -> KVCache:
-        """A pool with as many blocks as fit in ``budget_bytes`` (and ``cpu_budget_bytes`` for swapping).
-
-        Raises:
-            ValueError: the budget holds no whole block (the message gives the bytes of one block).
-        """
-        per_block = block_bytes(num_layers, num_kv_heads, head_dim, block_size, dtype)
-        num_blocks = cls.num_blocks_for_budget(budget_bytes, num_layers, block_size, num_kv_heads, head_dim, dtype)
-        if num_blocks == 0:
-            raise ValueError(f"budget_bytes={budget_bytes} holds no block of {per_block} bytes")
-        num_cpu = cls.num_blocks_for_budget(cpu_budget_bytes, num_layers, block_size, num_kv_heads, head_dim, dtype)
-        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device, num_cpu)
-
     @property
     def bytes_per_block(self) -> int:
         """Bytes of one block over all layers, K and V: 2 x layers x kv_heads x head_dim x block_size x bytes
@@ -134,59 +106,6 @@ class KVCache:
     def num_slots(self) -> int:
         """Token slots per layer in the device pool: ``num_blocks * block_size``."""
         return self.num_blocks * self.block_size
-
-    # ---- writing this step's K/V ----------------------------------------------------------------
-    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Store ``key[i]`` and ``value[i]`` of layer ``layer`` at slot ``slot_mapping[i]``.
-
-        Slot ``s`` is block ``s // block_size``, offset ``s % block_size``; ``-1`` means skip that token
-        (vLLM pads with -1; e.g. a token whose KV is already cached). One vectorized ``index_copy_`` on
-        the flat ``[num_slots, kv_heads, head_dim]`` view of each cache, like ``reshape_and_cache``.
-
-        Args:
-            layer: ``0 <= layer < num_layers``.
-            key, value: ``[num_tokens, num_kv_heads, head_dim]``, the pool's dtype and device.
-            slot_mapping: int64 (int32 accepted) ``[num_tokens]`` on the pool's device; each entry in
-                ``[-1, num_slots)``, no slot twice.
-
-        Raises:
-            ValueError: a bad layer, shape, dtype, device, slot out of range or repeated slot. The pool
-                is unchanged after an error (everything is checked before the first write).
-        """
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer!r}")
-        want = (self.num_kv_heads, self.head_dim)
-        for name, t in (("key", key), ("value", value)):
-            if t.dim() != 3 or tuple(t.shape[1:]) != want:
-                raise ValueError(f"{name} must be [num_tokens, {want[0]}, {want[1]}], got {list(t.shape)}")
-            if t.dtype != self.dtype:
-                raise ValueError(f"{name} dtype {t.dtype} != pool dtype {self.dtype}")
-            if t.device != self.device:
-                raise ValueError(f"{name} is on {t.device}, the pool on {self.device}")
-        num_tokens = key.shape[0]
-        if value.shape[0] != num_tokens:
-            raise ValueError(f"key has {num_tokens} tokens, value {value.shape[0]}")
-        if slot_mapping.dim() != 1 or slot_mapping.shape[0] != num_tokens:
-            raise ValueError(f"slot_mapping must be [num_tokens={num_tokens}], got {list(slot_mapping.shape)}")
-        if slot_mapping.dtype not in _INDEX_DTYPES:
-            raise ValueError(f"slot_mapping must be int64 or int32, got {slot_mapping.dtype}")
-        if slot_mapping.device != self.device:
-            raise ValueError(f"slot_mapping is on {slot_mapping.device}, the pool on {self.device}")
-        if num_tokens == 0:
-            return
-        lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
-        if lo < -1 or hi >= self.num_slots:
-            bad = lo if lo < -1 else hi
-            raise ValueError(f"slot {bad} outside [-1, {self.num_slots}) (num_blocks {self.num_blocks} x "
-                             f"block_size {self.block_size})")
-        keep = slot_mapping >= 0
-        slots = slot_mapping[keep].long()
-        if slots.unique().numel() != slots.numel():
-            raise ValueError(f"slot_mapping writes a slot twice: {slots.tolist()}")
-        flat_k = self.key_cache[layer].view(self.num_slots, *want)  # row = slot
-        flat_v = self.value_cache[layer].view(self.num_slots, *want)
-        flat_k.index_copy_(0, slots, key[keep])
-        flat_v.index_copy_(0, slots, value[keep])
 
     # ---- block copies -----------------------------------------------------------------------------
     def _check_pairs(self, pairs, num_src: int, num_dst: int, what: str) -> tuple[list[int], list[int]]:

@@ -1,75 +1,70 @@
 """One forward pass of a transformers model over a scheduled batch, on the paged KV cache.
 
-``ModelRunner.execute(prefills, decodes)`` packs every token the step computes into one row
-(``input_ids [1, T]``): for each sequence, ``token_ids[num_computed_tokens:]`` (the whole uncached
-prompt for a prefill, the last sampled token for a decode), prefills first. It builds the step's
-``AttentionMetadata`` (positions, slot mapping, padded block tables, context lengths) once, runs the
-model, and returns the logits of each sequence's last token, ``[S, vocab]`` float32. The K/V of the
-new tokens land in the pool inside the attention function (``paged/worker/attention.py``).
+``ModelRunner.prepare(scheduled)`` packs every token the step computes into one row (``input_ids [T]``):
+for each scheduled sequence ``token_ids[start : start + num_tokens]`` (a prompt chunk, or the one token a
+decode computes), chunks first and decodes last, and builds the step's ``AttentionMetadata`` (positions,
+slot mapping, block tables, context lengths) once. ``forward(batch)`` runs the model and returns the
+logits of the last token of each sequence that samples (a prompt's last chunk, or a decode),
+``[K, vocab]`` float32. The K/V of the new tokens land in the pool inside the attention function.
 
-Also here: sizing the pool. ``profile_num_blocks`` follows vLLM's
-``Worker.determine_num_available_blocks`` (``vllm/worker/worker.py``): run the largest step the
-scheduler may issue with no KV cache, read the peak of GPU memory, and give the pool
-``total x gpu_memory_utilization - peak`` bytes.
+Also here: sizing the pool. ``profile_num_blocks`` follows vLLM's ``Worker.determine_num_available_blocks``
+(``vllm/worker/worker.py``): run the largest step the scheduler may issue with no KV cache, read the peak
+of GPU memory, and give the pool ``total x gpu_memory_utilization - peak`` bytes.
 """
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import torch
 
-from paged.worker.attention import AttentionMetadata, forward_logits, select_backend, use_paged_attention
+from paged.core.scheduler_outputs import ScheduledSeq
+from paged.worker.attention import AttentionMetadata, forward_logits, use_paged_attention
+from paged.worker.kv_cache import KVCache
+
+
+@dataclass
+class Batch:
+    """A prepared step: the packed ``input_ids [T]``, its metadata, and the entries that sample, in row order."""
+
+    input_ids: torch.Tensor
+    meta: AttentionMetadata
+    sampling: list[ScheduledSeq]
 
 
 class ModelRunner:
     """Runs ``model`` over packed batches against ``kv_cache``.
 
     Args:
-        model: a ``PreTrainedModel`` (switched to the ``"paged"`` attention on every call, so the same
-            object can be used by ``model.generate`` in between after ``hf.use_attention(model)``).
+        model: a ``PreTrainedModel`` (switched to the ``"paged"`` attention at every forward, so the same
+            object can run ``model.generate`` in between after ``use_attention(model)``).
         kv_cache: the ``KVCache`` pool (same device and dtype as the model).
-        block_size: tokens per block.
-        backend: ``"torch"`` or ``"triton"`` (default: by device, see ``attention.select_backend``).
-
-    ``forward_seconds`` accumulates the time spent in the model, ``prepare_seconds`` the input packing.
+        parts: the engine's ``Parts``; the runner uses ``slot_mapping``, ``write_kv`` and the decode attention.
+        decode: the decode attention to run (``parts.decode_attention`` resolved for the device).
     """
 
-    def __init__(self, model, kv_cache, block_size: int, backend: str | None = None):
-        self.model = model
-        self.kv_cache = kv_cache
-        self.block_size = block_size
+    def __init__(self, model, kv_cache: KVCache, parts, decode):
+        self.model, self.kv_cache, self.parts, self.decode = model, kv_cache, parts, decode
         self.device = kv_cache.device
-        self.backend = backend or select_backend(self.device)
-        self.forward_seconds = 0.0  # inside the model (attention included)
-        self.prepare_seconds = 0.0  # packing inputs and building AttentionMetadata
+
+    def prepare(self, scheduled: list[ScheduledSeq]) -> Batch:
+        """Pack a step (chunks first, decodes last) and build its metadata once for every layer."""
+        batch = sorted(scheduled, key=lambda s: s.num_tokens == 1)  # stable: chunks keep their order
+        keep = [i for i, s in enumerate(batch) if s.samples]
+        meta = AttentionMetadata.build(
+            self.kv_cache, [s.block_table for s in batch], [s.start + s.num_tokens for s in batch],
+            [s.num_tokens for s in batch], self.kv_cache.block_size, self.device, keep,
+            slot_mapping=self.parts.slot_mapping, write_kv=self.parts.write_kv, decode=self.decode)
+        input_ids = torch.tensor([t for s in batch for t in s.token_ids], dtype=torch.long, device=self.device)
+        return Batch(input_ids, meta, [batch[i] for i in keep])
 
     @torch.inference_mode()
-    def execute(self, batch: list[tuple[list[int], int, list[int]]], num_prefills: int) -> torch.Tensor:
-        """Logits ``[len(batch), vocab]`` float32, one row per sequence, in ``batch`` order.
-
-        Each entry is ``(new_token_ids, context_len, block_table)``: the tokens computed now are the last
-        ``len(new_token_ids)`` of a sequence that holds ``context_len`` tokens after this step. The first
-        ``num_prefills`` entries are prefills, the rest decodes (one new token each).
-        """
-        begin = time.perf_counter()
-        tokens: list[int] = []
-        tables, context_lens, query_lens = [], [], []
-        for new, context_len, table in batch:
-            tokens += new
-            tables.append(table)
-            context_lens.append(context_len)
-            query_lens.append(len(new))
-        meta = AttentionMetadata.build(self.kv_cache, tables, context_lens, query_lens, num_prefills,
-                                       self.block_size, self.device, self.backend)
-        input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits ``[len(batch.sampling), vocab]`` float32 of the sampling entries, in their order."""
         use_paged_attention(self.model)
-        start = time.perf_counter()
-        self.prepare_seconds += start - begin
-        logits = forward_logits(self.model, input_ids, meta)
+        logits = forward_logits(self.model, batch.input_ids, batch.meta)
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.forward_seconds += time.perf_counter() - start
+            torch.cuda.synchronize(self.device)  # so that the step's clock charges the forward to the model
         return logits
 
 
@@ -80,7 +75,7 @@ def kv_shape(model) -> tuple[int, int, int]:
     when the config sets it, else ``hidden_size // num_attention_heads``.
     """
     config = model.config.get_text_config()
-    get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None) is not None), None)
+    get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None) is not None), None)  # noqa: E731
     heads = get("num_attention_heads", "n_head")
     head_dim = get("head_dim") or get("hidden_size", "n_embd") // heads
     return int(get("num_hidden_layers", "n_layer")), int(get("num_key_value_heads") or heads), int(head_dim)
@@ -92,27 +87,24 @@ def profile_num_blocks(model, block_size: int, max_num_batched_tokens: int, max_
     """GPU blocks that fit beside the model's peak activation memory (CUDA only).
 
     Runs one dummy forward of ``max_num_batched_tokens`` tokens split over up to ``max_num_seqs``
-    sequences through a 1-block-per-sequence scratch pool, then returns
+    sequences through a 1-table-per-sequence scratch pool, then returns
     ``(total x utilization - peak bytes) // bytes_per_block`` and a one-line report.
 
     Raises:
         ValueError: utilization outside (0, 1], or no block fits (the message gives the numbers).
     """
-    from paged.worker.kv_cache import KVCache
-
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     device = next(model.parameters()).device
     layers, kv_heads, head_dim = kv_shape(model)
     num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
-    per_seq = max_num_batched_tokens // num_seqs
+    per_seq = max(2, max_num_batched_tokens // num_seqs)  # >= 2 tokens: every sequence is a chunk
     blocks_per_seq = -(-per_seq // block_size)
     scratch = KVCache(layers, num_seqs * blocks_per_seq, block_size, kv_heads, head_dim, dtype, device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
-    meta = AttentionMetadata.build(scratch, tables, [per_seq] * num_seqs, [per_seq] * num_seqs, num_seqs,
-                                   block_size, device, select_backend(device))
+    meta = AttentionMetadata.build(scratch, tables, [per_seq] * num_seqs, [per_seq] * num_seqs, block_size, device)
     use_paged_attention(model)
     forward_logits(model, torch.zeros(per_seq * num_seqs, dtype=torch.long, device=device), meta)
     torch.cuda.synchronize(device)

@@ -4,7 +4,7 @@
    against the same allocation with caching off. Target: within 2x. Each repeat uses a fresh random
    suffix, so exactly the 93 full blocks of the shared 1,500-token prefix hit (1,488 tokens). What is
    timed: ``allocate`` alone, the request's block keys already computed (the scheduler hashes a
-   prompt's full blocks once, when the request is added, as vLLM v1 does: ``block_keys``); so the
+   prompt's full blocks once, kept on the sequence, as vLLM v1 does: ``seq.block_hashes``); so the
    timed work is 93 dict lookups with token checks, taking the 93 hit blocks, 32 new blocks and
    registering 31 newly full ones. Also printed: the same allocation of a prompt never hashed before
    (hashing its 124 full blocks inside ``allocate``).
@@ -87,7 +87,7 @@ def allocation_cost(prompt_len: int = 2000, cached_len: int = 1500, block_size: 
             for case, manager in managers.items():  # interleaved: a busy spell hits every case alike
                 seq = Sequence(i, prompt, block_size)
                 if case == "us_on":
-                    manager.block_keys(seq)  # hashed when the request is added (not timed)
+                    manager.prefix_cache.update_hashes(seq)  # hashed once beforehand (not timed)
                 t0 = time.perf_counter()
                 manager.allocate(seq)
                 best[case] = min(best[case], time.perf_counter() - t0)

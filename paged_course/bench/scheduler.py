@@ -52,9 +52,8 @@ def _time_schedule(num_running: int, num_steps: int, prompt_len: int = 32, block
         if step:  # step 0 is the prefill of every request
             seconds.append(dt)
             assert len(out.decodes) == num_running, "every request must decode in every timed step"
-        for group in out.scheduled:
-            for s in group.seqs:
-                s.seq.append_token_id(1)
+        for s in out.scheduled:
+            s.seq.append_token_id(1)
     return seconds
 
 

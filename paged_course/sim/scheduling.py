@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from paged.engine.stats import percentile
 
 STATES = ("waiting", "running", "preempted", "swapped")
 
@@ -126,6 +127,14 @@ class SimResult:
         done = [r["finish_s"] - r["arrival_s"] for r in self.requests.values() if r["finish_s"] is not None]
         return sum(done) / len(done) if done else 0.0
 
+    def latency(self) -> dict[str, float]:
+        """p50 / p99 of time to first token (arrival to first token) and inter-token latency (gap between
+        consecutive tokens of a request), in seconds, over the requests that produced them."""
+        ttft = [r["first_token_s"] - r["arrival_s"] for r in self.requests.values() if r["first_token_s"] is not None]
+        itl = [b - a for r in self.requests.values() for a, b in zip(r.get("token_s", []), r.get("token_s", [])[1:])]
+        return {f"{name}_{tag}": percentile(values, q) for name, values in (("ttft", ttft), ("itl", itl))
+                for tag, q in (("p50", 0.5), ("p99", 0.99))}
+
     def summary(self) -> dict:
         return {"name": self.name, "seconds": round(self.total_s, 3), "steps": len(self.steps),
                 "output_tokens": self.output_tokens, "tokens_per_s": round(self.throughput, 1),
@@ -170,14 +179,14 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
             sched.add_request(group)
             active[r.request_id] = group
             res.requests[r.request_id] = {"arrival_s": r.arrival_s, "first_token_s": None, "finish_s": None,
-                                          "output_tokens": 0, "status": None, "preemptions": 0}
+                                          "output_tokens": 0, "status": None, "preemptions": 0, "token_s": []}
             res.timelines[r.request_id] = []
         out = sched.schedule()
         moved = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
         seconds = cost.step_seconds(out.num_batched_tokens, moved, bs)
         res.swap_s += cost.swap_seconds(moved, bs)
-        for g in out.preempted:
-            res.requests[g.request_id]["preemptions"] += 1
+        for seq in out.preempted:
+            res.requests[seq.group.request_id]["preemptions"] += 1
         res.num_preemptions += len(out.preempted)
         prefill_tokens = sum(g.num_tokens for g in out.prefills)
         res.recomputed_tokens += sum(g.num_tokens for g in out.prefills if g.seq_group.request_id in ran)
@@ -199,19 +208,20 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
                 state = None
             if state:
                 _add_segment(res.timelines[rid], now, end, state)
-        for g in out.scheduled:  # the fake model: one token per scheduled sequence
-            rid = g.seq_group.request_id
+        for s in out.scheduled:  # the fake model: one token per sequence whose tokens are all computed
+            rid, seq = s.seq_group.request_id, s.seq
             ran.add(rid)
+            if not s.samples:  # a prompt chunk that is not the last one
+                continue
             info = res.requests[rid]
-            for s in g.seqs:
-                seq = s.seq
-                seq.append_token_id((seq.token_ids[0] + len(seq)) % 30_000)
-                info["first_token_s"] = info["first_token_s"] or end
-                if (len(seq.output_token_ids) >= by_id[rid].output_len
-                        or len(seq) >= scheduler_config.max_model_len):
-                    seq.status = SequenceStatus.FINISHED_LENGTH
+            seq.append_token_id((seq.token_ids[0] + len(seq)) % 30_000)
+            info["first_token_s"] = info["first_token_s"] or end
+            info["token_s"].append(end)
+            if len(seq.output_token_ids) >= by_id[rid].output_len or len(seq) >= scheduler_config.max_model_len:
+                seq.status = SequenceStatus.FINISHED_LENGTH
         sched.free_finished()  # as the engine does after a step: finished requests leave at once
-        for group in [*out.ignored, *out.exhausted, *(g.seq_group for g in out.scheduled)]:
+        for group in {x.group.request_id: x.group for x in [*out.ignored, *out.exhausted,
+                                                            *(s.seq for s in out.scheduled)]}.values():
             if group.is_finished:
                 info = res.requests[group.request_id]
                 info.update(finish_s=end, status=group.seqs[0].status.value,

@@ -91,7 +91,8 @@ def rows_for(manager, seqs: Seq, labels: Seq[str] | None = None) -> dict:
         table = manager.block_tables.get(seq.seq_id)
         if table is None:
             continue
-        tokens = [seq.block_token_ids(i) for i in range(len(table))]
+        bs = table.block_size
+        tokens = [seq.token_ids[i * bs:(i + 1) * bs] for i in range(len(table))]
         rows[labels[k] if labels else f"seq {seq.seq_id}"] = (table.block_ids, tokens)
     return rows
 
@@ -103,7 +104,8 @@ def draw_block_table(block_table: list[int], num_tokens: int, block_size: int, n
     Reusable by other chapters: it needs only the table, the token count and the sizes.
     """
     alloc = BlockAllocator(num_blocks)
-    alloc.share(list(block_table))
+    for b in block_table:  # held once by this table
+        alloc.take(b)
     tokens = [[p for p in range(i * block_size, min(num_tokens, (i + 1) * block_size))]
               for i in range(len(block_table))]
     return draw_pool(alloc, {"logical": (list(block_table), tokens)}, ax=ax, title=title, block_size=block_size)

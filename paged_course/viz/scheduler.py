@@ -90,10 +90,10 @@ class Stepper:
                 self.groups[name] = g
                 self.sched.add_request(g)
         out = self.sched.schedule()
-        for g in out.scheduled:
-            for s in g.seqs:
+        for s in out.scheduled:
+            if s.samples:  # a prompt's last chunk or a decode: the fake model appends one token
                 s.seq.append_token_id(1)
-                if len(s.seq.output_token_ids) >= g.seq_group.sampling_params.max_tokens:
+                if len(s.seq.output_token_ids) >= s.seq_group.sampling_params.max_tokens:
                     s.seq.status = SequenceStatus.FINISHED_LENGTH
         self.sched.free_finished()
         self.step_no += 1
@@ -102,17 +102,17 @@ class Stepper:
             parts.append("prefill " + ", ".join(f"{g.seq_group.request_id}({g.num_tokens})" for g in out.prefills))
         if out.decodes:
             parts.append("decode " + ", ".join(g.seq_group.request_id for g in out.decodes))
-        for label, groups in (("preempted", out.preempted), ("swapped in", out.swapped_in),
-                              ("ignored", out.ignored), ("exhausted", out.exhausted)):
-            if groups:
-                parts.append(f"{label} " + ", ".join(g.request_id for g in groups))
+        for label, seqs in (("preempted", out.preempted), ("swapped in", out.swapped_in),
+                            ("ignored", out.ignored), ("exhausted", out.exhausted)):
+            if seqs:
+                parts.append(f"{label} " + ", ".join(seq.group.request_id for seq in seqs))
         self.log.append(" ".join(parts) if len(parts) > 1 else parts[0] + " nothing to run")
         return self.log[-1]
 
     def queues(self) -> dict[str, list[str]]:
-        return {"waiting": [g.request_id for g in self.sched.waiting],
-                "running": [g.request_id for g in self.sched.running],
-                "swapped": [g.request_id for g in self.sched.swapped],
+        return {"waiting": [s.group.request_id for s in self.sched.waiting],
+                "running": [s.group.request_id for s in self.sched.running],
+                "swapped": [s.group.request_id for s in self.sched.swapped],
                 "finished": [n for n, g in self.groups.items() if g.is_finished]}
 
     def draw(self, ax=None):

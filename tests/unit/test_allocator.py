@@ -1,4 +1,4 @@
-"""BlockAllocator: free queue order, reference counts, errors (DESIGN.md §4)."""
+"""BlockAllocator: free queue order, reference counts, errors."""
 
 from __future__ import annotations
 
@@ -161,13 +161,14 @@ def test_queue_order_matches_an_ordered_dict_model_with_take(ops):
             del queue[b]
             refs[b] = 1
             a.take(b)
-        elif op == "share":
-            ids = [(pick + 3 * i) % n for i in range(pick % 3 + 1)]
-            for b in ids:
+        elif op == "share":  # a prefix-cache hit: take a free block, incref a held one
+            for b in [(pick + 3 * i) % n for i in range(pick % 3 + 1)]:
                 if refs[b] == 0:
                     del queue[b]
+                    a.take(b)
+                else:
+                    a.incref(b)
                 refs[b] += 1
-            a.share(ids)
         elif op == "free" and held:
             b = held[pick % len(held)]
             refs[b] -= 1
@@ -185,6 +186,9 @@ def test_queue_order_matches_an_ordered_dict_model_with_take(ops):
             ids = held[:pick % 3] + [n + pick]  # valid ids, then an unknown one: nothing may change
             with pytest.raises(ValueError, match="not in"):
                 a.free_many(ids)
+            if held and refs[held[0]] == 1:  # a block listed twice with one holder: nothing may change
+                with pytest.raises(ValueError, match="listed 2 times but has 1 holders"):
+                    a.free_many([held[0], held[0]])
         assert a.free_queue() == list(queue), "free queue order = the model's (never-used, then by free time)"
         assert [a.ref_count(b) for b in range(n)] == refs, "ref counts = the model's"
         assert a.num_free_blocks == len(queue) and a.num_used_blocks == n - len(queue), "free + used = total"

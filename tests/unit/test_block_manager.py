@@ -13,7 +13,7 @@ from paged.core.block_manager import AllocStatus, BlockSpaceManager
 from paged.core.sequence import Sequence
 
 
-def weak_hash(parent, tokens, extra):
+def weak_hash(parent, tokens):
     return (parent * 7 + sum(tokens)) % 5
 
 

@@ -1,18 +1,16 @@
-"""Block tables and slot mapping; CASES.md cases 5 and 6."""
+"""Block tables and slot mapping; case 5 (slot at an exact block boundary) and case 6 (max_model_len not a
+multiple of the block size, run through the scheduler)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from paged.core.block_table import (
-    BlockTable,
-    SequenceTooLongError,
-    blocks_needed,
-    check_length,
-    pad_block_tables,
-    width,
-)
+from paged.config import CacheConfig, SchedulerConfig
+from paged.core.block_table import BlockTable, blocks_needed, slot_mapping
+from paged.core.scheduler import Scheduler
+from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from paged_course.reference import pad_block_tables
 
 
 def test_case5_slot_at_an_exact_block_boundary():
@@ -25,12 +23,27 @@ def test_case5_slot_at_an_exact_block_boundary():
     assert table.slot_mapping(0, 9) == [40, 41, 42, 43, 44, 45, 46, 47, 48]
 
 
+def test_slot_mapping_of_a_packed_batch():
+    # a prefill chunk of 3 tokens from position 2, then a decode at position 8 (an exact block boundary)
+    assert slot_mapping([[10, 11], [5, 6, 7]], [2, 8], [3, 1], 4) == [42, 43, 44, 28]
+    assert slot_mapping([], [], [], 4) == []
+
+
 def test_case6_max_model_len_not_a_multiple_of_block_size():
-    assert width(10, 4) == 3, "block-table width is ceil(10 / 4)"
-    check_length(9 + 1, 10)  # a 9-token prompt plus 1 new token fits
-    assert blocks_needed(10, 4) <= width(10, 4)
-    with pytest.raises(SequenceTooLongError, match="needs 11 tokens but max_model_len is 10"):
-        check_length(11, 10)
+    assert blocks_needed(10, 4) == 3, "a block table for max_model_len 10 has ceil(10 / 4) = 3 entries"
+    sched = Scheduler(SchedulerConfig(max_model_len=10, max_num_seqs=4, max_num_batched_tokens=16),
+                      CacheConfig(block_size=4, num_gpu_blocks=8, watermark=0.0))
+    fits = SequenceGroup("fits", [Sequence(0, list(range(1, 10)), 4)], SamplingParams(max_tokens=1))
+    too_long = SequenceGroup("long", [Sequence(1, list(range(1, 12)), 4)], SamplingParams(max_tokens=1))
+    sched.add_request(fits)
+    sched.add_request(too_long)
+    out = sched.schedule()
+    assert [s.group for s in out.ignored] == [too_long], "the 11-token request is rejected up front"
+    assert "prompt of 11 tokens is longer than max_model_len=10" in too_long.seqs[0].finish_message
+    assert [(s.seq_group, s.num_tokens, len(s.block_table)) for s in out.scheduled] == [(fits, 9, 3)]
+    fits.seqs[0].append_token_id(7)  # 9 prompt + 1 new token = max_model_len: it ran to the end
+    fits.seqs[0].status = SequenceStatus.FINISHED_LENGTH
+    assert sched.free_finished() == [fits] and not sched.has_unfinished_requests()
 
 
 @pytest.mark.parametrize("n,bs,expected", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (16, 16, 1), (17, 16, 2)])

@@ -139,19 +139,20 @@ def test_case3_partial_tail_copy_on_write(llama):
     engine.step()  # prefill [10..15], sample 100 and 200, fork
     engine.sampler.sample = real_sample
     bm = engine.scheduler.block_manager
-    seqs = engine.scheduler.running[0].seqs
+    seqs = engine.scheduler.running[0].group.seqs
     tables = [bm.get_block_table(s) for s in seqs]
     assert [s.output_token_ids for s in seqs] == [[100], [200]]
     assert tables[0] == tables[1], "after the fork the children share both blocks"
     assert bm.gpu_allocator.ref_count(tables[0][0]) == 2, "the full block is shared (ref count 2)"
     captured = {}
-    real_execute = engine.runner.execute
+    real_forward = engine.runner.forward
 
-    def spy(batch, num_prefills):
-        captured["logits"] = real_execute(batch, num_prefills)
+    def spy(batch):
+        captured["logits"] = real_forward(batch)
+        assert [e.seq for e in batch.sampling] == seqs, "rows are the children in order"
         return captured["logits"]
 
-    engine.runner.execute = spy
+    engine.runner.forward = spy
     engine.step()  # decode 100 and 200: copy-on-write of the shared partial tail
     tables = [bm.get_block_table(s) for s in seqs]
     assert tables[0][0] == tables[1][0] and tables[0][1] != tables[1][1], \

@@ -1,13 +1,14 @@
-"""``paged.worker.kv_cache.KVCache``: layout, writes by slot mapping, copy-on-write copies, swapping, sizing."""
+"""``paged.worker.kv_cache.KVCache``: layout, copy-on-write copies, swapping, sizing; the checked write by slot
+mapping of ``paged_course.reference.write_kv``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from paged.worker.kv_cache import KVCache
+from paged.worker.kv_cache import KVCache, block_bytes
 from paged_course.memory import KVSpec
-from paged_course.reference import paged_attention_gather
+from paged_course.reference import kv_cache_from_budget, paged_attention_gather, write_kv
 
 
 def small_cache(**kw) -> KVCache:
@@ -36,7 +37,7 @@ def test_write_by_slot_mapping_skips_minus_one():
     key, value = signed(5, 2, 8, seed=1), signed(5, 2, 8, seed=2)
     # table [5, 2], positions 0..4 -> slots 20, 21, 22, 23, 8; the 4th token is skipped (-1).
     slots = torch.tensor([20, 21, 22, -1, 8])
-    cache.write(1, key, value, slots)
+    write_kv(cache, 1, key, value, slots)
     assert torch.equal(cache.key_cache[1][5, :3], key[:3]) and torch.equal(cache.value_cache[1][2, 0], value[4])
     assert torch.equal(cache.key_cache[1][5, 3], torch.zeros(2, 8)), "slot -1 must not be written"
     assert cache.kv[0].abs().sum() == 0, "layer 0 must be untouched"
@@ -49,7 +50,7 @@ def test_written_kv_feeds_the_attention_reference():
     table, n = [6, 1, 3], 9
     key, value = signed(n, 2, 8, seed=3), signed(n, 2, 8, seed=4)
     slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in range(n)])
-    cache.write(0, key, value, slots)
+    write_kv(cache, 0, key, value, slots)
     q = signed(1, 4, 8, seed=5)
     out = paged_attention_gather(q, cache.key_cache[0], cache.value_cache[0], torch.tensor([table], dtype=torch.int32),
                                  torch.tensor([n], dtype=torch.int32))
@@ -81,7 +82,7 @@ def test_bad_write_raises_and_leaves_pool_unchanged(case):
     before = cache.kv.clone()
     _, args, message = case
     with pytest.raises(ValueError, match=message):
-        cache.write(*args)
+        write_kv(cache, *args)
     assert torch.equal(cache.kv, before), "the pool changed although write() raised"
 
 
@@ -140,13 +141,12 @@ def test_swap_errors():
 def test_sizing_from_budget_matches_kvspec():
     spec = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype=torch.float16)
     per_block = spec.bytes_per_block(4)
-    assert per_block == 2 * 2 * 2 * 8 * 4 * 2 == 512
-    assert KVCache.num_blocks_for_budget(1000, 2, 4, 2, 8, torch.float16) == 1  # floor(1000 / 512)
-    cache = KVCache.from_budget(10 * 512 + 511, 2, 4, 2, 8, torch.float16, cpu_budget_bytes=1100)
+    assert per_block == 2 * 2 * 2 * 8 * 4 * 2 == 512 == block_bytes(2, 2, 8, 4, torch.float16)
+    cache = kv_cache_from_budget(10 * 512 + 511, 2, 4, 2, 8, torch.float16, cpu_budget_bytes=1100)
     assert (cache.num_blocks, cache.num_cpu_blocks) == (10, 2)
     assert cache.bytes == 10 * 512 and cache.bytes_per_block == 512
     with pytest.raises(ValueError, match="budget_bytes=511 holds no block of 512 bytes"):
-        KVCache.from_budget(511, 2, 4, 2, 8, torch.float16)
+        kv_cache_from_budget(511, 2, 4, 2, 8, torch.float16)
 
 
 @pytest.mark.parametrize("kw, message", [

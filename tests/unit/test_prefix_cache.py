@@ -1,4 +1,4 @@
-"""Prefix caching: chained keys, exact hits, eviction order, hit rate; CASES.md cases 1, 2 and 4 at the
+"""Prefix caching: chained keys, exact hits, eviction order, hit rate; cases 1, 2 and 4 at the
 block-manager level (the engine-level versions with outputs live with the engine tests)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from paged.core.block_manager import BlockSpaceManager
-from paged.core.prefix_cache import ROOT_KEY, BlockHasher, PrefixCache
+from paged.core.prefix_cache import ROOT_KEY, PrefixCache, default_hash, hash_blocks
 from paged.core.sequence import Sequence
 
 
-def weak_hash(parent, tokens, extra):
+def weak_hash(parent, tokens):
     return (parent * 7 + sum(tokens)) % 5
 
 
@@ -25,17 +25,17 @@ def run_to_completion(m: BlockSpaceManager, seq_id: int, prompt: list[int], new_
 
 
 def test_keys_chain_their_parent_and_skip_the_partial_block():
-    hasher = BlockHasher()
-    keys = hasher.keys([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+    keys = hash_blocks([1, 2, 3, 4, 5, 6, 7, 8, 9], 4, [])
     assert len(keys) == 2, "9 tokens with block 4: two full blocks, the partial one gets no key"
-    assert keys[0] == hasher(ROOT_KEY, [1, 2, 3, 4]) and keys[1] == hasher(keys[0], [5, 6, 7, 8])
-    assert hasher.keys([9, 9, 9, 9, 5, 6, 7, 8], 4)[1] != keys[1], "same tokens, other parent: other key"
-    assert hasher.keys([1, 2, 3, 4], 4, extra="lora-1") != hasher.keys([1, 2, 3, 4], 4), "extra key counts"
+    assert keys[0] == default_hash(ROOT_KEY, (1, 2, 3, 4)) and keys[1] == default_hash(keys[0], (5, 6, 7, 8))
+    assert hash_blocks([9, 9, 9, 9, 5, 6, 7, 8], 4, [])[1] != keys[1], "same tokens, other parent: other key"
+    more = hash_blocks([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 4, list(keys))
+    assert more[:2] == keys and more[2] == default_hash(keys[1], (9, 10, 11, 12)), "extending keeps the old keys"
 
 
 def test_case1_weak_hash_collision_is_a_miss():
     m = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True, hash_fn=weak_hash)
-    assert weak_hash(ROOT_KEY, (1, 2, 3, 4), None) == weak_hash(ROOT_KEY, (4, 3, 2, 1), None), "keys collide"
+    assert weak_hash(ROOT_KEY, (1, 2, 3, 4)) == weak_hash(ROOT_KEY, (4, 3, 2, 1)), "keys collide"
     run_to_completion(m, 0, [1, 2, 3, 4, 9], [])
     second = Sequence(1, [4, 3, 2, 1, 9], 4)
     m.allocate(second)
@@ -95,7 +95,7 @@ def test_eviction_takes_never_used_blocks_first_then_least_recently_freed_tail_f
     m = BlockSpaceManager(2, 6, watermark=0.0, enable_prefix_caching=True)
     run_to_completion(m, 0, [1, 2, 3, 4, 5], [])  # blocks 0, 1 cached, 2 partial
     run_to_completion(m, 1, [7, 7, 8, 8, 9], [])  # blocks 3, 4 cached, 5 partial
-    assert m.prefix_cache.evictable(m.gpu_allocator.free_queue()) == [1, 0, 4, 3]
+    assert [b for b in m.gpu_allocator.free_queue() if b in m.prefix_cache] == [1, 0, 4, 3]
     filler = Sequence(2, [5, 5, 5], 2)  # needs 2 blocks: evicts 2 (partial, uncached) then 1 (tail of seq 0)
     m.allocate(filler)
     assert m.get_block_table(filler) == [2, 1]
@@ -126,27 +126,32 @@ def test_decode_blocks_are_cached_when_they_fill():
     assert s.num_cached_tokens == 8, "a block completed by decode tokens is a hit"
 
 
-def test_prefix_cache_register_rules():
+def test_prefix_cache_insert_rules():
     cache = PrefixCache(4)
-    assert cache.register(0, None, [1, 2, 3]) is None, "partial blocks are never cached"
-    assert cache.register(1, 0, [1, 2, 3, 4]) is None, "a block whose parent is not cached is not cached"
-    assert cache.register(0, None, [1, 2, 3, 4]) is not None
-    assert cache.register(5, None, [1, 2, 3, 4]) is not None, "a duplicate block is kept as well"
-    assert cache.lookup([1, 2, 3, 4, 9], 1) in ([0], [5])
+    partial = Sequence(0, [1, 2, 3], 4)
+    with pytest.raises(ValueError, match="only 0 are full"):
+        cache.insert(partial, [0], 0, 1)  # partial blocks are never cached
+    two = Sequence(1, [1, 2, 3, 4, 5, 6, 7, 8], 4)
+    assert cache.insert(two, [0, 1], 1, 2) == 0, "a block whose parent is not cached is not cached"
+    assert cache.insert(two, [0, 1], 0, 1) == 1 and 0 in cache
+    assert cache.insert(Sequence(2, [1, 2, 3, 4], 4), [5], 0, 1) == 1, "a duplicate block is kept as well"
+    probe = Sequence(3, [1, 2, 3, 4, 9], 4)
+    assert cache.lookup(probe, 1) in ([0], [5])
     assert cache.evict(0) and not cache.evict(0)
-    assert cache.lookup([1, 2, 3, 4, 9], 1) == [5]
+    assert cache.lookup(probe, 1) == [5]
+    assert cache.lookup(probe, 0) == [], "max_blocks bounds the hit"
 
 
 def test_each_full_block_is_hashed_once_across_lookups_allocation_and_decode():
     calls = []
 
-    def counting_hash(parent, tokens, extra):
+    def counting_hash(parent, tokens):
         calls.append(tokens)
-        return hash((parent, tokens, extra))
+        return hash((parent, tokens))
 
     m = BlockSpaceManager(4, 16, watermark=0.0, enable_prefix_caching=True, hash_fn=counting_hash)
     seq = Sequence(0, list(range(1, 11)), 4)  # 10 tokens: 2 full blocks
-    m.block_keys(seq)  # when the request is added
+    m.prefix_cache.update_hashes(seq)  # the first lookup
     assert len(calls) == 2, "the prompt's 2 full blocks are hashed once each"
     m.can_allocate(seq)
     m.allocate(seq)
@@ -167,23 +172,15 @@ def test_fork_copies_the_keys_and_the_child_extends_its_own():
     m.allocate(parent)
     child = parent.fork(1)
     m.fork(parent, child)
-    assert child.block_keys is not parent.block_keys and child.block_keys.keys == parent.block_keys.keys
+    assert child.block_hashes is not parent.block_hashes and child.block_hashes == parent.block_hashes
     for seq, t in ((parent, 7), (child, 70)):
         seq.append_token_id(t)
         m.append_slots(seq)
         seq.append_token_id(8)
         m.append_slots(seq)
-    assert parent.block_keys.keys[1] != child.block_keys.keys[1], "diverged second blocks get their own keys"
-    assert child.block_keys.keys == BlockHasher().keys(child.token_ids, 4), "the child's keys are its tokens' keys"
+    assert parent.block_hashes[1] != child.block_hashes[1], "diverged second blocks get their own keys"
+    assert child.block_hashes == hash_blocks(child.token_ids, 4, []), "the child's keys are its tokens' keys"
     reused = Sequence(2, [1, 2, 3, 4, 5, 6, 70, 8, 0], 4)
     m.allocate(reused)
     assert reused.num_cached_tokens == 8, "the child's own second block is cached under its key"
 
-
-def test_block_keys_hashed_with_another_extra_key_are_refused():
-    cache = PrefixCache(4)
-    keys = cache.block_keys([1, 2, 3, 4, 5], extra="lora-1")
-    assert keys.keys == BlockHasher().keys([1, 2, 3, 4, 5], 4, extra="lora-1")
-    with pytest.raises(ValueError, match="extra='lora-1', not None"):
-        cache.lookup([1, 2, 3, 4, 5], 1, block_keys=keys)
-    assert cache.lookup([1, 2, 3, 4, 5], 1, extra="lora-1", block_keys=keys) == [], "empty cache: a miss"

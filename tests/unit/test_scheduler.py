@@ -47,25 +47,27 @@ class FakeEngine:
         self._move(out.blocks_to_swap_out, self.gpu, self.cpu)
         self._move(out.blocks_to_swap_in, self.cpu, self.gpu)
         self._move(out.blocks_to_copy, self.gpu, self.gpu)
-        tables = out.seq_block_tables()
-        for s, table in tables:  # write K/V of every scheduled token (all before any read)
-            assert len(table) * self.bs >= len(s.seq), f"seq {s.seq.seq_id}: table too short for its tokens"
+        for s in out.scheduled:  # write K/V of every scheduled token (all before any read)
+            table = s.block_table
+            assert len(table) * self.bs >= s.start + s.num_tokens, f"seq {s.seq.seq_id}: table too short"
             for p in s.positions:
                 self.gpu[table[p // self.bs] * self.bs + p % self.bs] = tuple(s.seq.token_ids[: p + 1])
-        for s, table in tables:  # attention reads every position: cached, recomputed or swapped back
-            toks = s.seq.token_ids
-            for p in range(len(toks)):
+        for s in out.scheduled:  # attention reads every computed position: cached, recomputed or swapped back
+            toks, table = s.seq.token_ids, s.block_table
+            for p in range(s.start + s.num_tokens):
                 got = self.gpu.get(table[p // self.bs] * self.bs + p % self.bs)
                 assert got == tuple(toks[: p + 1]), f"seq {s.seq.seq_id} position {p}: wrong K/V in its slot"
-        for g in out.scheduled:
-            group = g.seq_group
-            if g.is_prefill and group.sampling_params.n > len(group.seqs):  # parallel sampling: fork
-                parent = group.seqs[0]
-                for _ in range(group.sampling_params.n - len(group.seqs)):
-                    child = parent.fork(next(self.ids))
-                    group.seqs.append(child)
-                    self.sched.fork_seq(parent, child)
-            for k, seq in enumerate(s for s in group.seqs if s.status is S.RUNNING):
+        for s in out.scheduled:
+            if not s.samples:  # a prompt chunk that is not the last one: nothing to sample yet
+                continue
+            group, seqs = s.seq.group, [s.seq]
+            while group.sampling_params.n > len(group.seqs):  # parallel sampling: fork at the first sample
+                child = s.seq.fork(next(self.ids))
+                group.seqs.append(child)
+                self.sched.fork_seq(s.seq, child)
+                seqs.append(child)
+            for seq in seqs:
+                k = group.seqs.index(seq)
                 seq.append_token_id((sum(seq.token_ids) * 31 + len(seq) + k) % 97)
                 if (len(seq.output_token_ids) >= group.sampling_params.max_tokens
                         or len(seq) >= self.sched.config.max_model_len):
@@ -105,7 +107,8 @@ def assert_all_free(s: Scheduler):
 # ---------------------------------------------------------------- configuration
 @pytest.mark.parametrize("kwargs, words", [
     ({"max_num_seqs": 0}, "max_num_seqs"),
-    ({"max_model_len": 4096, "max_num_batched_tokens": 2048}, "not chunked"),
+    ({"max_model_len": 4096, "max_num_batched_tokens": 2048, "enable_chunked_prefill": False}, "not chunked"),
+    ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
     ({"preemption_mode": "evict"}, "recompute"),
     ({"max_model_len": 16, "max_num_batched_tokens": 16}, "max_num_seqs"),
 ])
@@ -128,7 +131,8 @@ def test_scheduler_rejects_swap_without_cpu_blocks_and_unsized_pool():
         sched(4, mode="swap")
     with pytest.raises(ValueError, match="num_gpu_blocks must be set"):
         Scheduler(SchedulerConfig(), CacheConfig())
-    assert SchedulerConfig(max_model_len=4096).max_num_batched_tokens == 4096
+    assert SchedulerConfig(max_model_len=4096, enable_chunked_prefill=False).max_num_batched_tokens == 4096
+    assert SchedulerConfig(max_model_len=4096).max_num_batched_tokens == 2048, "chunked: any budget works"
     assert SchedulerConfig(max_model_len=100).max_num_batched_tokens == 2048
 
 
@@ -150,7 +154,7 @@ def test_case7_prompt_larger_than_cache_is_ignored_and_does_not_block():
     s.add_request(b)
     eng = FakeEngine(s)
     first = eng.step()
-    assert [g.request_id for g in first.ignored] == ["A"]
+    assert [x.group.request_id for x in first.ignored] == ["A"]
     assert [g.seq_group.request_id for g in first.prefills] == ["B"], "B must not wait behind A"
     assert a.seqs[0].status is S.FINISHED_IGNORED
     assert "20 tokens" in a.seqs[0].finish_message and "4 blocks" in a.seqs[0].finish_message
@@ -164,7 +168,7 @@ def test_case7_prompt_over_max_model_len_is_ignored():
     a = make("A", 33, 1)
     s.add_request(a)
     out = s.schedule()
-    assert out.ignored == [a] and "max_model_len=32" in a.seqs[0].finish_message
+    assert [x.group for x in out.ignored] == [a] and "max_model_len=32" in a.seqs[0].finish_message
     assert_all_free(s)
 
 
@@ -193,7 +197,7 @@ def test_case8_alone_and_cannot_grow_finishes_kv_exhausted():
     seq = g.seqs[0]
     assert seq.status is S.FINISHED_KV_EXHAUSTED and len(seq.output_token_ids) == 3
     assert "KV cache exhausted" in seq.finish_message and "2 blocks" in seq.finish_message
-    assert [x.request_id for x in eng.log[-1].exhausted] == ["X"]
+    assert [x.group.request_id for x in eng.log[-1].exhausted] == ["X"]
     assert s.num_preemptions == 0, "no preempt/re-prefill loop"
     assert sum(len(o.prefills) for o in eng.log) == 1
     assert_all_free(s)
@@ -206,11 +210,12 @@ def test_case8_two_requests_the_later_one_is_preempted_and_both_finish():
     s.add_request(b)
     eng = FakeEngine(s)
     eng.run(max_steps=30)
-    preempted = [g.request_id for o in eng.log for g in o.preempted]
+    preempted = [x.group.request_id for o in eng.log for x in o.preempted]
     assert preempted == ["B"], "the victim is the most recently admitted request, once"
-    assert eng.log[2].preempted == [b] and [g.seq_group.request_id for g in eng.log[2].decodes] == ["A"]
+    assert [x.group for x in eng.log[2].preempted] == [b]
+    assert [g.seq_group.request_id for g in eng.log[2].decodes] == ["A"]
     reprefill = [g for o in eng.log for g in o.prefills if g.seq_group is b][1]
-    assert (reprefill.seqs[0].start, reprefill.seqs[0].num_tokens) == (0, 5), "prompt 3 + 2 generated recomputed"
+    assert (reprefill.start, reprefill.num_tokens) == (0, 5), "prompt 3 + 2 generated recomputed"
     for g in (a, b):
         assert g.seqs[0].status is S.FINISHED_LENGTH and len(g.seqs[0].output_token_ids) == 6
     assert eng.steps == 11 and s.num_recomputes == 1
@@ -227,8 +232,9 @@ def test_case10_swapped_out_request_comes_back_after_the_other_finishes():
     eng.run(max_steps=30)
     out_step = [i for i, o in enumerate(eng.log) if o.blocks_to_swap_out]
     in_step = [i for i, o in enumerate(eng.log) if o.blocks_to_swap_in]
-    assert out_step == [2] and eng.log[2].preempted == [b] and len(eng.log[2].blocks_to_swap_out) == 2
-    assert in_step == [6] and eng.log[6].swapped_in == [b] and len(eng.log[6].blocks_to_swap_in) == 2
+    assert out_step == [2] and [x.group for x in eng.log[2].preempted] == [b]
+    assert len(eng.log[2].blocks_to_swap_out) == 2
+    assert in_step == [6] and [x.group for x in eng.log[6].swapped_in] == [b] and len(eng.log[6].blocks_to_swap_in) == 2
     finished_a = next(i for i, o in enumerate(eng.log) if any(g.seq_group is a for g in o.scheduled)
                       and a.seqs[0].is_finished and i >= 5)
     assert in_step[0] > finished_a, "B comes back only after A finished"
@@ -266,20 +272,20 @@ def test_mixed_step_and_num_computed_tokens_contract():
     s.add_request(a)
     eng = FakeEngine(s)
     out = eng.step()
-    (entry,) = out.prefills[0].seqs
+    (entry,) = out.prefills
     assert (entry.start, entry.num_tokens, entry.token_ids) == (0, 5, [1, 2, 3, 4, 5])
     assert a.seqs[0].num_computed_tokens == 5, "the scheduler marks scheduled tokens computed"
     s.add_request(make("B", 6, 2))
     out = eng.step()
     assert [g.seq_group.request_id for g in out.decodes] == ["A"]
     assert [g.seq_group.request_id for g in out.prefills] == ["B"], "a prefill and decodes share the step"
-    assert out.num_batched_tokens == 1 + 6 and out.decodes[0].seqs[0].positions == range(5, 6)
-    (seq_a, table_a), (_, table_b) = out.seq_block_tables()[1], out.seq_block_tables()[0]
-    assert seq_a.seq is a.seqs[0] and len(table_a) == 2 and len(table_b) == 2
+    assert out.num_batched_tokens == 1 + 6 and out.decodes[0].positions == range(5, 6)
+    seq_a, seq_b = out.scheduled
+    assert seq_a.seq is a.seqs[0] and len(seq_a.block_table) == 2 and len(seq_b.block_table) == 2
 
 
 def test_token_and_seq_budgets_are_fcfs():
-    s = sched(64, max_model_len=16, max_num_batched_tokens=16, max_num_seqs=2)
+    s = sched(64, max_model_len=16, max_num_batched_tokens=16, max_num_seqs=2, enable_chunked_prefill=False)
     for rid, p in [("A", 10), ("B", 7), ("C", 3), ("D", 2)]:
         s.add_request(make(rid, p, 3))
     out = s.schedule()
@@ -294,7 +300,7 @@ def test_prefix_cached_tokens_cost_no_budget():
     s.add_request(make("Y", range(100, 116), 1))  # 12 tokens cached (the last block is recomputed)
     s.add_request(make("Z", range(200, 212), 1))
     out = s.schedule()
-    assert [(g.seq_group.request_id, g.seqs[0].start, g.seqs[0].num_tokens) for g in out.prefills] == \
+    assert [(g.seq_group.request_id, g.start, g.num_tokens) for g in out.prefills] == \
         [("Y", 12, 4), ("Z", 0, 12)], "4 + 12 tokens fit the 16-token budget only if cached tokens are free"
 
 
@@ -307,7 +313,7 @@ def test_watermark_keeps_blocks_free_at_admission_only():
     fits.sampling_params.max_tokens = 5
     eng = FakeEngine(s)
     out = eng.step()
-    assert out.ignored == [too_big] and "keeps 10 free" in too_big.seqs[0].finish_message
+    assert [x.group for x in out.ignored] == [too_big] and "keeps 10 free" in too_big.seqs[0].finish_message
     assert [g.seq_group for g in out.prefills] == [fits]
     s.add_request(make("more", 1, 1, bs=1))
     assert eng.step().prefills == [], "admission stops while fewer than 10 blocks would stay free"
@@ -332,9 +338,9 @@ def test_abort_frees_everything_at_any_stage(stage):
             eng.step()
     target = {"waiting": b, "running": a, "swapped": b, "recomputed": b, "finished": b}[stage]
     if stage == "swapped":
-        assert b in s.swapped
+        assert b.seqs[0] in s.swapped
     if stage == "recomputed":
-        assert b in s.waiting and b.seqs[0].num_computed_tokens == 0
+        assert b.seqs[0] in s.waiting and b.seqs[0].num_computed_tokens == 0
     if stage == "finished":
         b = target
         eng.run()
@@ -419,8 +425,8 @@ def test_swapped_queue_stays_in_arrival_order_when_several_are_swapped_out():
     eng = FakeEngine(s)
     eng.step()  # all four prefill: the pool is full
     out = eng.step()  # A grows into D's block, B into C's: D then C are swapped out (latest first)
-    assert out.preempted == [groups[3], groups[2]], "the most recently admitted is preempted first"
-    assert list(s.swapped) == [groups[2], groups[3]], "swapped is oldest first (C before D)"
+    assert [x.group for x in out.preempted] == [groups[3], groups[2]], "the most recently admitted is preempted first"
+    assert [x.group for x in s.swapped] == [groups[2], groups[3]], "swapped is oldest first (C before D)"
     eng.run(max_steps=60)
     assert [g.seqs[0].status for g in groups] == [S.FINISHED_LENGTH] * 4
     assert_all_free(s)

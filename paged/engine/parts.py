@@ -1,0 +1,89 @@
+"""The parts the course builds, each behind one small interface; the engine is assembled from them.
+
+``LLM(..., parts=Parts(allocator=MyAllocator))`` runs the engine with a learner's allocator and the
+reference for everything else. Each field is a class or a function with exactly the interface below
+(the methods the engine calls, nothing more); the defaults are this package's reference parts.
+
+========================  ===============================================  =======================
+part                      interface (what the engine calls)                reference
+========================  ===============================================  =======================
+``allocator``             ``Allocator(num_blocks)``: ``allocate_many(n)``,  ``core.allocator``
+                          ``free_many(ids)``, ``incref``, ``take``,
+                          ``ref_count``, ``num_free_blocks``
+``prefix_cache``          ``PrefixCache(block_size, hash_fn)``:             ``core.prefix_cache``
+                          ``lookup``, ``insert``, ``evict``,
+                          ``record_query``, ``hit_rate``, ``clear``
+``scheduler``             ``Scheduler(scheduler_config, cache_config,       ``core.scheduler``
+                          block_manager)``: ``schedule()`` and the
+                          request methods of ``core.scheduler.Scheduler``
+``slot_mapping``          ``(block_tables, start_positions, num_tokens,     ``core.block_table``
+                          block_size) -> list[int]``
+``write_kv``              ``(key_cache, value_cache, key, value,            ``worker.attention``
+                          slot_mapping) -> None``
+``decode_attention``      ``(query, key_cache, value_cache, block_tables,   ``worker.attention``
+                          context_lens, scale) -> out``                    (CPU), ``paged.kernels``
+                                                                           (CUDA)
+========================  ===============================================  =======================
+
+Tensor shapes: query / out ``[S, H, D]``; caches ``[num_blocks, block_size, KVH, D]``; block_tables int32
+``[S, W]`` (the width covers every context); context_lens int32 ``[S]``; key / value ``[T, KVH, D]``;
+slot_mapping int64 ``[T]``. The engine validates its inputs once at ``add_request``; parts are called in
+the hot loop and get no further checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+import torch
+
+from paged.core.allocator import BlockAllocator
+from paged.core.block_table import slot_mapping
+from paged.core.prefix_cache import PrefixCache
+from paged.core.scheduler import Scheduler
+from paged.worker.attention import decode_attention, select_backend, write_kv
+
+
+class Allocator(Protocol):
+    """A pool of ``num_blocks`` block ids with reference counts (chapter 02; ``core/allocator.py``)."""
+
+    num_free_blocks: int
+
+    def allocate_many(self, n: int) -> list[int]: ...
+    def free_many(self, block_ids) -> None: ...
+    def incref(self, block_id: int) -> None: ...
+    def take(self, block_id: int) -> None: ...
+    def ref_count(self, block_id: int) -> int: ...
+
+
+def _triton_decode(query, key_cache, value_cache, block_tables, context_lens, scale):
+    """The Triton decode kernel without input checks (the engine built the inputs)."""
+    from paged.kernels import launch_decode
+
+    return launch_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The engine's swappable pieces (module docstring). ``decode_attention=None`` picks by device:
+    the PyTorch ``decode_attention`` on CPU, the Triton kernel on CUDA (``select_backend``)."""
+
+    allocator: type = BlockAllocator
+    prefix_cache: type = PrefixCache
+    scheduler: type = Scheduler
+    slot_mapping: Callable = slot_mapping
+    write_kv: Callable = write_kv
+    decode_attention: Callable | None = None
+
+    def decode_for(self, device: torch.device) -> Callable:
+        """The decode attention this engine runs on ``device``."""
+        if self.decode_attention is not None:
+            return self.decode_attention
+        return _triton_decode if select_backend(device) == "triton" else decode_attention
+
+    def origins(self) -> dict[str, str]:
+        """``{part: "module.name"}``: where each part comes from (a learner's or the reference)."""
+        return {f.name: (f"{value.__module__}.{value.__qualname__}" if value is not None else "by device")
+                for f in fields(self) for value in [getattr(self, f.name)]}

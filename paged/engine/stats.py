@@ -1,0 +1,87 @@
+"""What the engine measures about itself: counters, seconds per step phase, per-step history, latencies.
+
+``LLMEngine.step`` reports to one ``EngineStats``; benchmarks and plots read it (and may replace
+``history`` with ``None`` to stop recording). Latencies follow vLLM's metrics
+(``vllm/v1/metrics/stats.py``): **time to first token** (TTFT) is a request's first sampled token minus
+its arrival; **inter-token latency** (ITL) is the gap between consecutive tokens of one sequence. Both are
+kept for the requests of the current window (``LLM.generate`` opens one per call) and reported as p50 / p99.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values`` by linear interpolation (numpy's default); 0.0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+class EngineStats:
+    """Counters (``counters``), seconds per phase (``seconds``), one ``history`` record per model step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.counters: dict[str, int] = defaultdict(int)
+        self.history: list[dict] | None = []
+        self.peak_used_blocks = 0
+        self.util_sum = 0.0
+        self.new_window()
+
+    def new_window(self) -> None:
+        """Start collecting TTFT / ITL afresh (``LLM.generate`` calls it)."""
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+        self._last_token: dict[int, float] = {}
+
+    def clock(self):
+        """A function ``mark(phase)`` that adds the seconds since the previous mark to ``seconds[phase]``."""
+        last = [time.perf_counter()]
+
+        def mark(phase: str) -> None:
+            now = time.perf_counter()
+            self.seconds[phase] += now - last[0]
+            last[0] = now
+
+        return mark
+
+    def on_step(self, out, used_blocks: int, block_size: int, num_finished: int, seconds: float) -> None:
+        """One model step: counts, peak blocks, the fraction of allocated slots that hold a token."""
+        c = self.counters
+        c["steps"] += 1
+        c["computed_tokens"] += out.num_batched_tokens
+        c["prefill_chunks"] += sum(s.is_prefill for s in out.scheduled)
+        c["cow_copies"] += len(out.blocks_to_copy)
+        c["swapped_out_blocks"] += len(out.blocks_to_swap_out)
+        c["swapped_in_blocks"] += len(out.blocks_to_swap_in)
+        self.peak_used_blocks = max(self.peak_used_blocks, used_blocks)
+        if used_blocks:
+            empty = sum(-(s.start + s.num_tokens) % block_size for s in out.scheduled)  # unfilled last-block slots
+            self.util_sum += max(0.0, 1.0 - empty / (used_blocks * block_size))
+        if self.history is not None:
+            self.history.append({"prefill_tokens": sum(s.num_tokens for s in out.prefills),
+                                 "decode_seqs": len(out.decodes), "used_blocks": used_blocks,
+                                 "preempted": len(out.preempted), "finished": num_finished, "seconds": seconds})
+
+    def on_tokens(self, seqs, now: float) -> None:
+        """Each sequence in ``seqs`` got a token at ``now`` (a request's first one sets its TTFT)."""
+        self.counters["generated_tokens"] += len(seqs)
+        for seq in seqs:
+            last = self._last_token.get(seq.seq_id)
+            if last is not None:
+                self.itl.append(now - last)
+            elif seq is seq.group.seqs[0] and len(seq.output_token_ids) == 1:
+                self.ttft.append(now - seq.group.arrival_time)
+            self._last_token[seq.seq_id] = now
+
+    def latency(self) -> dict[str, float]:
+        """p50 / p99 of TTFT and ITL in seconds over the current window."""
+        return {f"{name}_{tag}": percentile(values, q) for name, values in (("ttft", self.ttft), ("itl", self.itl))
+                for tag, q in (("p50", 0.5), ("p99", 0.99))}

@@ -278,7 +278,7 @@ def test_bad_sampling_params(kwargs, match):
 
 
 def test_unknown_model_and_mismatched_params(llama):
-    with pytest.raises(ValueError, match="could not be loaded"):
+    with pytest.raises(ValueError, match="model folder .* does not exist"):
         LLM("./no/such/model-folder", verbose=False)
     with pytest.raises(ValueError, match="exceeds the model's 512 positions"):
         LLM(llama[0], num_gpu_blocks=8, max_model_len=1000, verbose=False)

@@ -255,6 +255,7 @@ def test_max_model_len_ends_sequences(llama):
         "a 6-token prompt with max_model_len 10 stops after 4 tokens"
 
 
+@pytest.mark.filterwarnings("ignore::paged.engine.llm.IgnoredRequestWarning")  # the warnings: test_errors.py
 def test_bad_requests_finish_ignored_others_complete(llama):
     model, _ = llama
     prompts = [[], list(range(1, 30)), [1, 2, 3], [5, 999], [7, 8]]

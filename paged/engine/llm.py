@@ -14,6 +14,14 @@ what ``max_num_seqs`` sequences of ``max_model_len`` tokens could use). The sizi
 
 from __future__ import annotations
 
+import numbers
+import operator
+import os
+import re
+import threading
+import warnings
+from collections.abc import Iterable
+
 import torch
 from tqdm.auto import tqdm
 
@@ -28,11 +36,96 @@ from paged.worker.model_runner import kv_shape, profile_num_blocks
 DEFAULT_CPU_KV_BYTES = 256 * 2**20
 
 
+HUB_TIMEOUT_S = 3.0  # seconds: one bounded question to the hub before transformers' download (which retries ~25 s)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device to run on: ``None`` picks CUDA when available, else CPU.
+
+    Raises:
+        ValueError: a device other than ``"cpu"`` / ``"cuda"`` / ``"cuda:N"``, CUDA when this torch
+            sees no GPU, or a CUDA index past the GPUs present.
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device) if isinstance(device, (str, torch.device)) else None
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'); got {device!r} (paged runs on CPU or "
+                         "an NVIDIA GPU through CUDA)")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise ValueError(f"device {device!r} needs CUDA, but torch {torch.__version__} ({build}) sees no GPU "
+                             "(torch.cuda.is_available() is False); use device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return dev
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than a hub name: starts with ``.``, ``/`` or ``~``, exists, or sits in an existing folder."""
+    parent = os.path.dirname(name)
+    return name.startswith((".", "/", "~")) or os.path.exists(name) or bool(parent and os.path.isdir(parent))
+
+
+def _check_hub(name: str) -> None:
+    """Ask the hub about ``name`` once, within ``HUB_TIMEOUT_S`` (``huggingface_hub.model_info``).
+
+    Returns when the hub answered (the download may go ahead). Raises ``ValueError`` when
+    ``HF_HUB_OFFLINE`` is set, the hub is unreachable or silent, the name is invalid, or the hub has no
+    such model. Run in a daemon thread so that even a hanging name lookup cannot hold the caller.
+    """
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+
+    hub = constants.ENDPOINT
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so "
+                         f"the hub ({hub}) was not asked; download it once with the network on, or pass a folder")
+    answer: dict = {}
+
+    def ask() -> None:
+        try:
+            huggingface_hub.HfApi(endpoint=hub).model_info(name, timeout=HUB_TIMEOUT_S)
+        except Exception as err:  # reported below, in the caller's thread
+            answer["error"] = err
+        else:
+            answer["ok"] = True
+
+    thread = threading.Thread(target=ask, name="paged-hub-check", daemon=True)
+    thread.start()
+    thread.join(HUB_TIMEOUT_S + 0.5)
+    err = answer.get("error")
+    offline = "; check the network, or pass a local folder"
+    if not answer or "Timeout" in type(err).__name__:  # httpx / requests ReadTimeout, ConnectTimeout, ...
+        raise ValueError(f"the Hugging Face hub ({hub}) is unreachable: no answer within {HUB_TIMEOUT_S:g} s "
+                         "(paged.engine.llm.HUB_TIMEOUT_S), "
+                         f"and model {name!r} is not in the local cache{offline}") from err
+    if isinstance(err, HFValidationError):
+        raise ValueError(f"model {name!r} is neither an existing folder nor a valid hub name: {err}") from err
+    if isinstance(err, RepositoryNotFoundError):
+        raise ValueError(f"model {name!r} was not found on the hub ({hub}); a private or gated model needs "
+                         "`hf auth login` first") from err
+    if err is not None and not isinstance(err, HfHubHTTPError):  # no HTTP answer at all
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"the Hugging Face hub ({hub}) is unreachable ({type(err).__name__}: {first}), and model "
+                         f"{name!r} is not in the local cache{offline}") from err
+
+
 def load_model(model, dtype: torch.dtype | None):
     """``(model, tokenizer_or_None)`` for ``None`` (built-in), a name / path, or a ``PreTrainedModel``.
 
+    A name is looked up in the local Hugging Face cache first (no network); only when it is missing
+    there is the hub asked, once and within ``HUB_TIMEOUT_S``, before the download.
+
     Raises:
-        ValueError: a name or path that transformers cannot load (the cause is chained).
+        TypeError: ``model`` of another type.
+        ValueError: a local-looking path that does not exist, a name the hub does not know or cannot be
+            asked about (offline, unreachable), or a model transformers cannot load (the cause is chained).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -42,22 +135,59 @@ def load_model(model, dtype: torch.dtype | None):
         return load_default(dtype or torch.float32)
     if isinstance(model, PreTrainedModel):
         return (model.to(dtype) if dtype is not None else model).eval(), None
-    if not isinstance(model, str):
-        raise ValueError(f"model must be None, a name or path, or a PreTrainedModel; got {type(model).__name__}")
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be None, a hub name or folder path, or a PreTrainedModel; "
+                        f"got {type(model).__name__}")
     from paged.models import quiet_progress_bars
 
-    try:
+    name, local = os.fspath(model), _looks_local(os.fspath(model))
+    if local:
+        name = os.path.expanduser(name)
+        if not os.path.isdir(name):
+            what = "is a file, not a model folder" if os.path.exists(name) else "does not exist"
+            raise ValueError(f"model folder {model!r} {what} ({os.path.abspath(name)}); pass a folder holding "
+                             "config.json and the weights, a hub name such as 'org/model', None for the built-in "
+                             "model, or a PreTrainedModel")
+
+    def from_pretrained(cls, **kwargs):
         with quiet_progress_bars():
-            loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32)
-    except Exception as err:  # OSError (not found / offline), ValueError / HFValidationError (bad name)
-        raise ValueError(f"model {model!r} could not be loaded with AutoModelForCausalLM.from_pretrained "
-                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); pass None "
-                         "for the built-in model, a local folder, or a PreTrainedModel") from err
+            return cls.from_pretrained(name, **kwargs)
+
+    kwargs = {"dtype": dtype or torch.float32}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model)
-    except Exception:  # a model folder without tokenizer files: token-id prompts only
+        loaded = from_pretrained(AutoModelForCausalLM, local_files_only=True, **kwargs)  # no network
+    except OSError as err:  # not (fully) in the local cache; for a folder: no config.json or weights
+        if local:
+            raise _load_error(model, err) from err
+        loaded = None
+    except Exception as err:  # an unknown architecture, a bad config, ...
+        raise _load_error(model, err) from err
+    downloaded = loaded is None
+    if downloaded:
+        _check_hub(name)  # fails within HUB_TIMEOUT_S when the hub cannot be asked
+        try:
+            loaded = from_pretrained(AutoModelForCausalLM, **kwargs)
+        except Exception as err:
+            raise _load_error(model, err) from err
+    try:  # a model without tokenizer files: token-id prompts only
+        tokenizer = from_pretrained(AutoTokenizer, local_files_only=True)
+    except Exception:
         tokenizer = None
+    if tokenizer is None and not local:  # the tokenizer is downloaded apart from the weights
+        try:
+            if not downloaded:
+                _check_hub(name)
+            tokenizer = from_pretrained(AutoTokenizer)
+        except Exception:
+            tokenizer = None
     return loaded.eval(), tokenizer
+
+
+def _load_error(model, err: Exception) -> ValueError:
+    first = str(err).splitlines()[0] if str(err) else ""
+    return ValueError(f"model {model!r} could not be loaded with AutoModelForCausalLM.from_pretrained "
+                      f"({type(err).__name__}: {first}); pass None for the built-in model, a local folder, "
+                      "or a PreTrainedModel")
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -67,6 +197,76 @@ def _eos_ids(model, tokenizer) -> set[int]:
         if value is not None:
             ids |= set(value) if isinstance(value, (list, tuple, set)) else {int(value)}
     return ids
+
+
+class IgnoredRequestWarning(UserWarning):
+    """``LLM.generate``: some prompts ended ``"ignored"`` or ``"kv_cache_exhausted"`` (their reason inside)."""
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_REQUEST_ID = re.compile(r"request '[^']*'(: )?")
+
+
+def group_finish_messages(outputs: list[RequestOutput]) -> list[tuple[int, str, list[str]]]:
+    """``(count, summary, request_ids)`` per distinct reason among ``outputs``' ``finish_message`` s, most
+    common first.
+
+    Messages that differ only in their numbers share a reason; a number that differs is shown as its
+    range (``"prompt of 145-253 tokens"``). The request's own id is left out of the summary (it is in
+    ``request_ids``). Outputs without a ``finish_message`` are grouped by ``finish_reason``.
+    """
+    groups: dict[tuple, list] = {}
+    for out in outputs:
+        first = out.outputs[0] if out.outputs else None
+        message = (first.finish_message if first is not None else None) or \
+            f"finish_reason={first.finish_reason if first is not None else None!r}"
+        message = _REQUEST_ID.sub(lambda m: "" if m.group(1) else "the request", message)
+        parts = _NUMBER.split(message)
+        groups.setdefault(tuple(parts), []).append((_NUMBER.findall(message), out.request_id))
+    summaries = []
+    for parts, members in groups.items():
+        text = parts[0]
+        for i, part in enumerate(parts[1:]):
+            values = sorted({m[0][i] for m in members}, key=float)
+            text += (values[0] if len(values) == 1 else f"{values[0]}-{values[-1]}") + part
+        summaries.append((len(members), text, [rid for _, rid in members]))
+    return sorted(summaries, key=lambda g: -g[0])
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Number) or (isinstance(value, torch.Tensor) and value.dim() == 0)
+
+
+def _token_id(value, prompt: int, position: int) -> int:
+    """``value`` as a plain int token id (numpy / 0-d tensor ints too); TypeError for anything else."""
+    if not isinstance(value, bool) and not isinstance(value, float):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"prompts[{prompt}]: token ids must be ints; got {type(value).__name__} {_short(value)} at "
+                    f"position {position}")
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (a text, a token-id list) or an iterable of prompts -> a list of prompts."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, torch.Tensor) or type(prompts).__module__ == "numpy":
+        prompts = prompts.tolist()
+    if prompts is None or isinstance(prompts, (bytes, dict, set, frozenset)) or _is_number(prompts) or \
+            not isinstance(prompts, Iterable):
+        raise TypeError("prompts must be a text, a list of token ids, or a list of texts / token-id lists; got "
+                        f"{type(prompts).__name__} {_short(prompts)}")
+    prompts = list(prompts)
+    if any(_is_number(p) for p in prompts):  # a flat list with numbers is one token-id prompt
+        return [prompts]
+    return prompts
 
 
 class LLM:
@@ -87,7 +287,7 @@ class LLM:
             see ``paged/config.py``.
         kv_cache_memory_bytes: KV budget in bytes (CPU default 256 MiB).
         gpu_memory_utilization: CUDA: fraction of GPU memory for weights + activations + KV.
-        device: ``"cpu"`` / ``"cuda"`` (default: CUDA when available).
+        device: ``"cpu"`` / ``"cuda"`` / ``"cuda:N"`` (default: CUDA when available).
         dtype: model and cache dtype (default: the model's).
         seed: seed of the sampler's shared generator.
         verbose: print the KV sizing.
@@ -95,8 +295,11 @@ class LLM:
             scheduler, slot mapping, KV write or decode attention in place of the reference ones.
 
     Raises:
-        ValueError: unknown model, ``max_model_len`` over the model's positions, bad sizes (from the
-            configs), or a budget that holds no block.
+        TypeError: ``model`` of another type than ``None`` / ``str`` / path / ``PreTrainedModel``.
+        ValueError: an unsupported or absent device (``resolve_device``), a model folder that does not
+            exist, a hub name the hub does not know or cannot be asked about within ``HUB_TIMEOUT_S``
+            (``load_model``), ``max_model_len`` over the model's positions, bad sizes (from the configs),
+            or a budget that holds no block.
     """
 
     def __init__(self, model=None, *, tokenizer=None, block_size: int = 16, num_gpu_blocks: int | None = None,
@@ -107,7 +310,7 @@ class LLM:
                  dtype: torch.dtype | None = None, seed: int | None = 0, verbose: bool = True,
                  enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
                  parts: Parts | None = None):
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = resolve_device(device)  # before loading: a bad device fails fast
         model, found_tokenizer = load_model(model, dtype)
         self.model = model.to(device)
         self.tokenizer = tokenizer if tokenizer is not None else found_tokenizer
@@ -132,7 +335,7 @@ class LLM:
             if num_gpu_blocks <= 0:
                 raise ValueError(f"kv_cache_memory_bytes={budget} holds no KV block of {bytes_per_block} bytes")
             cap = max_num_seqs * blocks_needed(max_model_len, block_size)
-            how = f"budget {budget / 2**20:.0f} MiB"
+            how = f"budget {budget / 2**20:.4g} MiB"
             if kv_cache_memory_bytes is None and num_gpu_blocks > cap:
                 num_gpu_blocks, how = cap, how + f", capped at {max_num_seqs} seqs x {max_model_len} tokens"
         cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
@@ -148,12 +351,17 @@ class LLM:
         self.engine = LLMEngine(self.model, kv_cache, scheduler_config, cache_config,
                                 _eos_ids(self.model, self.tokenizer), self.tokenizer, seed, parts)
 
-    def _encode(self, prompt) -> tuple[list[int], str | None]:
+    def _encode(self, prompt, index: int) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass token-id lists or LLM(tokenizer=...)")
             return list(self.tokenizer(prompt)["input_ids"]), prompt
-        return list(prompt), None
+        if isinstance(prompt, torch.Tensor) or type(prompt).__module__ == "numpy":
+            prompt = prompt.tolist()
+        if not isinstance(prompt, (list, tuple)):
+            raise TypeError(f"prompts[{index}] must be a text or a list of token ids; got "
+                            f"{type(prompt).__name__} {_short(prompt)}")
+        return [_token_id(t, index, j) for j, t in enumerate(prompt)], None
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -162,25 +370,37 @@ class LLM:
         ``prompts``: a text, a token-id list, or a list of them. ``sampling_params``: one for all or one
         per prompt. A prompt that can never run (empty, a token id outside the vocabulary, longer than
         ``max_model_len`` or than the whole cache) finishes with ``finish_reason="ignored"`` and a
-        ``finish_message``; the others complete.
+        ``finish_message``; the others complete. Prompts that end ignored or ``"kv_cache_exhausted"`` are
+        also reported by one ``IgnoredRequestWarning`` per distinct reason (``group_finish_messages``).
+        Every prompt is checked before any is queued.
 
         Raises:
+            TypeError: ``prompts`` or a prompt of another type (``None``, a dict, a nested list), a token
+                id that is not an int, ``sampling_params`` that is not a ``SamplingParams`` or a list of them.
             ValueError: a list of sampling params of another length than the prompts; a text prompt
                 without a tokenizer.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                        and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         params = sampling_params if sampling_params is not None else SamplingParams()
-        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if isinstance(params, (list, tuple)):
+            params = list(params)
+            bad = next((i for i, p in enumerate(params) if not isinstance(p, SamplingParams)), None)
+            if bad is not None:
+                raise TypeError(f"sampling_params[{bad}] must be a SamplingParams; got {type(params[bad]).__name__} "
+                                f"{_short(params[bad])}")
+        elif isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        else:
+            hint = " (build one with SamplingParams(**params))" if isinstance(params, dict) else ""
+            raise TypeError(f"sampling_params must be a SamplingParams or a list of them, one per prompt; got "
+                            f"{type(params).__name__} {_short(params)}{hint}")
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        encoded = [self._encode(p, i) for i, p in enumerate(prompts)]  # every prompt checked before any is queued
         results: dict[str, RequestOutput] = {}
         order = []
         self.engine.metrics.new_window()  # TTFT / ITL of this call
-        for prompt, sp in zip(prompts, params):
-            token_ids, text = self._encode(prompt)
+        for (token_ids, text), sp in zip(encoded, params):
             try:
                 order.append(self.engine.add_request(token_ids, sp, prompt=text))
             except ValueError as err:  # this request only: report it, run the others
@@ -195,7 +415,13 @@ class LLM:
                 results[out.request_id] = out
                 bar.update(1)
         bar.close()
-        return [results[rid] for rid in order]
+        outputs = [results[rid] for rid in order]
+        failed = [o for o in outputs if o.outputs and o.outputs[0].finish_reason in ("ignored", "kv_cache_exhausted")]
+        for count, summary, _ in group_finish_messages(failed):
+            warnings.warn(f"LLM.generate: {count} of {len(outputs)} prompts did not "
+                          f"complete: {summary} (see each output's finish_reason and finish_message)",
+                          IgnoredRequestWarning, stacklevel=2)
+        return outputs
 
     def stats(self) -> dict:
         """See ``LLMEngine.stats`` (latencies are those of the last ``generate``)."""

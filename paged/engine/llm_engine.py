@@ -73,14 +73,23 @@ class LLMEngine:
         """Queue a request; returns its id. The engine's input boundary: everything is checked here.
 
         Raises:
+            TypeError: ``sampling_params`` that is not a ``SamplingParams``, or a token id that is not an
+                int (nothing is queued).
             ValueError: empty prompt, or a token id outside ``[0, vocab_size)`` (nothing is queued).
         """
-        params = sampling_params or SamplingParams()
+        params = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams; got {type(params).__name__}")
         request_id = str(next(self._request_ids)) if request_id is None else str(request_id)
         tokens = list(prompt_token_ids)
         if not tokens:
             raise ValueError(f"request {request_id!r}: the prompt is empty; at least one token is needed")
-        bad = [t for t in tokens if type(t) is not int or not 0 <= t < self.vocab_size]
+        wrong = next(((j, t) for j, t in enumerate(tokens) if not isinstance(t, int) or isinstance(t, bool)), None)
+        if wrong is not None:
+            raise TypeError(f"request {request_id!r}: token ids must be ints; got {type(wrong[1]).__name__} "
+                            f"{wrong[1]!r} at position {wrong[0]}")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        tokens = [int(t) for t in tokens]  # int subclasses become plain ints
         if bad:
             raise ValueError(f"request {request_id!r}: token id {bad[0]!r} outside [0, {self.vocab_size})")
         seq = Sequence(next(self._seq_ids), tokens, self.cache_config.block_size)

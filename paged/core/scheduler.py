@@ -2,7 +2,8 @@
 
 Requests live in three queues, oldest first: ``waiting`` (not yet admitted, or preempted by
 recompute), ``running`` (their KV blocks are in the GPU pool) and ``swapped`` (blocks moved to the CPU
-pool). One ``schedule()`` call builds one step, in this order:
+pool). One ``schedule()`` call builds one step, running requests first (the order of vLLM v0 with
+chunked prefill and of vLLM v1; vLLM v0's default puts new prefills first, see *Batching*):
 
 1. **running** (oldest first): every sequence gets a slot for its next token (``append_slots``).
    When the pool is full, the most recently admitted running request is preempted, all or nothing,
@@ -11,7 +12,8 @@ pool). One ``schedule()`` call builds one step, in this order:
    the front of ``waiting``: everything it holds (prompt + generated tokens) is prefilled again later.
    Preemption by *swap* moves its blocks to the CPU pool (``swapped``); when the CPU pool is full the
    victim is recomputed instead. A request that cannot grow although it is alone in the pool can
-   never finish: it ends with ``FINISHED_KV_EXHAUSTED`` rather than preempting itself forever.
+   never finish: it ends with ``FINISHED_KV_EXHAUSTED`` rather than preempting itself forever (a state
+   of this course: vLLM refuses at start-up a KV cache that cannot hold one ``max_model_len`` request).
 2. **swapped** (only if nobody was preempted in this step): swapped requests come back, oldest first.
 3. **waiting** (only if nobody was preempted and nothing is swapped out, so swapped requests go
    before new prefills): FCFS admission while ``max_num_seqs``, ``max_num_batched_tokens`` and the
@@ -21,17 +23,18 @@ pool). One ``schedule()`` call builds one step, in this order:
 
 Batching: continuous, and **mixed** -- a step holds the decodes of the running requests and the
 prefills of newly admitted ones together (as vLLM v1 and vLLM v0's chunked-prefill scheduler do, minus
-the chunking). vLLM v0's default instead runs prefill-only steps whenever a prompt is admitted, which
-stalls every running decode for that step. Mixed steps keep decodes flowing, cost one forward pass
-instead of two, and because running requests reserve their next slot before admission, a new prompt
-can never take the slot a running request needs.
+the chunking). vLLM v0's default (``_schedule_default``) instead admits prefills first and runs no
+decodes in a step that admitted a prompt, which stalls every running decode for that step. Mixed
+steps keep decodes flowing, cost one forward pass instead of two, and because running requests
+reserve their next slot before admission, a new prompt can never take the slot a running request needs.
 
 Who updates ``Sequence.num_computed_tokens``: **the scheduler**, when it schedules the tokens (as
 vLLM v1's ``_update_after_schedule`` does). Each scheduled sequence's entry records where its new
 tokens start; the engine must not change ``num_computed_tokens``.
 
 Source: vLLM v0 ``vllm/core/scheduler.py`` (``_schedule_running`` / ``_schedule_swapped`` /
-``_schedule_prefills``, ``_preempt``), vLLM v1 ``vllm/v1/core/sched/scheduler.py``.
+``_schedule_prefills`` in the order of ``_schedule_chunked_prefill``, ``_preempt``), vLLM v1
+``vllm/v1/core/sched/scheduler.py``.
 """
 
 from __future__ import annotations

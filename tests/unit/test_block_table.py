@@ -1,4 +1,5 @@
-"""Block tables and slot mapping; CASES.md cases 5 and 6."""
+"""Block tables and slot mapping, with the slot at an exact block boundary and a max_model_len that is not a
+multiple of the block size."""
 
 from __future__ import annotations
 

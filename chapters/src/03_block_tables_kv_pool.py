@@ -108,7 +108,7 @@ fig = plot_slot_mapping(table_a.block_ids, table_a.num_tokens, BS, NUM_BLOCKS, h
 plt.show()
 
 # %% [markdown]
-# **The block boundary** (CASES.md 5). With `bs = 4` and the table `[10, 11, 12]`, the last token of a
+# **The block boundary.** With `bs = 4` and the table `[10, 11, 12]`, the last token of a
 # sequence of length `L` is position `L - 1`. At `L = 8` it is offset 3 of logical block 1, so slot
 # `11 * 4 + 3 = 47`; an off-by-one that uses `L // 4` instead of `(L - 1) // 4` would write into block 12.
 
@@ -303,7 +303,7 @@ print("gathered keys:", tuple(gathered_k.shape), "| padding slots holding NaN:",
       int(torch.isnan(gathered_k[~valid]).any(-1).any(-1).sum()), "of", int((~valid).sum()))
 
 # %% [markdown]
-# **fp16 and GQA edge cases** (CASES.md 12 and 13). Queries and keys of 32.0 in fp16 with head_dim 64 give
+# **fp16 and GQA edge cases.** Queries and keys of 32.0 in fp16 with head_dim 64 give
 # raw dot products of 65536, past fp16's largest value; values are rows of 1, 2 and 3, so the right answer
 # is their mean, 2.0. And with 28 query heads over 4 KV heads (Qwen2.5-7B's ratio, group 7), where every
 # value row of KV head `g` is `g + 1`, query head `h` must output `h // 7 + 1`.

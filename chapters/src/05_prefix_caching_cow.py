@@ -153,8 +153,9 @@ print("same tokens [5,6,7,8], different parents -> same key?", a[1] == b[1])
 # %% [markdown]
 # **A hash is not proof.** Keys are 64-bit numbers; two different blocks can collide (vLLM v1 offers
 # SHA-256 to make this practically impossible). Our cache never trusts the key alone: each entry stores
-# its block's token ids and which cached entry came before it, and a hit must match both. To see it work, plug in a deliberately terrible hash, `(parent * 7 + sum(tokens)) % 5`, under
-# which `[1, 2, 3, 4]` and `[4, 3, 2, 1]` collide (CASES.md case 1):
+# its block's token ids and which cached entry came before it, and a hit must match both. To see it work,
+# plug in a deliberately terrible hash, `(parent * 7 + sum(tokens)) % 5`, under which `[1, 2, 3, 4]` and
+# `[4, 3, 2, 1]` collide:
 
 # %% tags=["nbval-check-output"]
 def weak_hash(parent, tokens):
@@ -315,7 +316,7 @@ print("a new request with the shared prefix reuses", e.num_cached_tokens, "token
 # no fork: its `n > 1` requests run as separate sequences that share full prompt blocks through the
 # prefix cache and each compute their own partial block.
 #
-# CASES.md case 3: block size 4, prompt `[10..15]` (one full block and a 2-token tail), two samples
+# The test case: block size 4, prompt `[10..15]` (one full block and a 2-token tail), two samples
 # forced to the tokens 100 and 200. A tiny `KVCache` (1 layer, 1 head, head dim 1) stores each token's
 # id as its "key", so we can read back what each child would attend to.
 

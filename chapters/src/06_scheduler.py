@@ -102,8 +102,10 @@ plt.close(fig)
 #
 # ## 2. One `schedule()` call
 #
-# `Scheduler(scheduler_config, cache_config)` keeps three queues, oldest first, and builds each step in this
-# order (vLLM v0's `vllm/core/scheduler.py` is the model; the paper §4.5 the policy):
+# `Scheduler(scheduler_config, cache_config)` keeps three queues, oldest first, and builds each step running
+# requests first, in the order of vLLM v0's scheduler *with chunked prefill* (`_schedule_chunked_prefill` in
+# `vllm/core/scheduler.py`) and of vLLM v1's (`vllm/v1/core/sched/scheduler.py`); the paper §4.5 gives the
+# policy:
 #
 # 1. **running**: each running sequence gets a slot for its next token (`append_slots`). When the pool is
 #    full, the *most recently admitted* running request is preempted, whole (all its sequences: a request is
@@ -111,11 +113,17 @@ plt.close(fig)
 # 2. **swapped**: if nobody was preempted in this step, swapped-out requests come back, oldest first.
 # 3. **waiting**: if nobody was preempted and nothing is swapped out, new requests are admitted first come,
 #    first served, while `max_num_seqs`, `max_num_batched_tokens` and the watermark allow. A prompt that can
-#    never fit is *ignored* with its reason and does not block the requests behind it.
+#    never fit is *ignored* with its reason and does not block the requests behind it. (vLLM v1 too admits
+#    nobody in a step that preempted; v0 with chunked prefill still admits prompts into the step's remaining
+#    token budget.)
 #
-# Steps are **mixed**: new prefills share the step with the running decodes, as in vLLM v1 (vLLM v0 by default
-# runs a prefill-only step whenever it admits a prompt, pausing every decode). Because running requests claim
-# their next slot before admission, a new prompt never takes the slot an older request needs.
+# Steps are **mixed**: new prefills share the step with the running decodes, as in vLLM v1 and in vLLM v0 with
+# chunked prefill (minus the chunking: this scheduler prefills a whole prompt in one step). vLLM v0's *default*
+# scheduler (`_schedule_default`, chunked prefill off) works the other way round: it admits new prefills first
+# (unless requests are swapped out), and a step with new prefills runs no decodes at all, so every running
+# request waits a step; only a step that admits no prompt schedules the running decodes, then swapped
+# requests. Because running requests here claim their next slot before admission, a new prompt never takes the
+# slot an older request needs.
 #
 # Here is one step on a pool of 8 blocks of 4 tokens. `SchedulerOutputs` tells the engine, per scheduled
 # sequence, which tokens to compute (`start`, `num_tokens`) and where they go (`block_table`). The
@@ -172,10 +180,15 @@ for mode, cpu in (("recompute", 0), ("swap", 8)):
 # victims' blocks are copied to the CPU pool (`blocks_to_swap_out`) and copied back when memory frees up; the
 # engine pays bytes over the host link instead of compute.
 #
-# Two corner cases that broke other systems (`shared/cases/CASES.md` 7 and 8):
+# Two corner cases that broke other paged-KV systems in public:
 #
 # - a request alone in the pool that cannot grow would be preempted and re-admitted forever. Here it ends with
-#   `FINISHED_KV_EXHAUSTED` and a message;
+#   `FINISHED_KV_EXHAUSTED` and a message. That finish state is this course's own: vLLM checks at start-up that
+#   one request of `max_model_len` tokens fits in the KV cache and refuses to start otherwise (v0:
+#   `raise_if_cache_size_invalid` in `vllm/worker/worker.py`; v1: `check_enough_kv_cache_memory` in
+#   `vllm/v1/core/kv_cache_utils.py`), so there a request alone can always grow. This scheduler accepts a pool
+#   smaller than `max_model_len` (the cell below runs pools of 16 and 8 slots with `max_model_len=32`) and ends
+#   such a request instead;
 # - a request of prompt P and M new tokens needs P + M − 1 slots (the last sampled token is never written):
 #   on 16 slots, 16 + 1 fits, 16 + 2 does not.
 
@@ -310,8 +323,8 @@ for n in (64, 256):
 # python -m paged grade ch06
 # ```
 #
-# The graded tests check hand-made cases (CASES.md 8 among them) and 300 seeded random steps against a plain
-# reference. The cell below runs your version on the step of section 3 where B is preempted.
+# The graded tests check hand-made cases (among them the lone request that cannot grow, above) and 300 seeded
+# random steps against a plain reference. The cell below runs your version on the step of section 3 where B is preempted.
 
 # %%
 import importlib.util
@@ -333,9 +346,12 @@ except NotImplementedError as err:
 #
 # - Continuous batching re-decides at every step: finished requests leave at once and waiting ones join. With
 #   paged memory it ran about 6x the throughput of static batching on the same pool and requests (simulated).
-# - The scheduler serves running requests first, then swapped ones, then new prompts, first come first served.
-#   When memory runs out it preempts the most recently admitted request, whole, by recompute or swap; a request
-#   alone that cannot grow ends as `kv_cache_exhausted`; a prompt that can never fit is ignored with a reason.
+# - The scheduler serves running requests first, then swapped ones, then new prompts, first come first served:
+#   the order of vLLM v1 and of vLLM v0 with chunked prefill (v0's default admits prefills first and runs no
+#   decodes in such a step). When memory runs out it preempts the most recently admitted request, whole, by
+#   recompute or swap; a request alone that cannot grow ends as `kv_cache_exhausted` (this course's state: vLLM
+#   refuses at start-up a KV cache that cannot hold one `max_model_len` request); a prompt that can never fit is
+#   ignored with a reason.
 # - Swap pays per transfer, so it loses at small block sizes and wins at large ones; recompute's cost does not
 #   depend on the block size (paper §7.3, reproduced by the cost model).
 # - The watermark is an admission reserve, not a preemption trigger (E9): a 10% reserve cut preemptions by 90% here.

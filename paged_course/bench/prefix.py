@@ -1,17 +1,16 @@
 """``python -m paged bench prefix``: what prefix caching costs and what it saves (block manager only).
 
 1. Cost: ``allocate`` of a 2,000-token prompt (block size 16) whose first 1,500 tokens are cached,
-   against the same allocation with caching off. Target: within 2x. Each repeat uses a fresh random
-   suffix, so exactly the 93 full blocks of the shared 1,500-token prefix hit (1,488 tokens). What is
-   timed: ``allocate`` alone, the request's block keys already computed (the scheduler hashes a
-   prompt's full blocks once, kept on the sequence, as vLLM v1 does: ``seq.block_hashes``); so the
+   against the same allocation with caching off: the ratio is the price of a hit. Each repeat uses a
+   fresh random suffix, so exactly the 93 full blocks of the shared 1,500-token prefix hit (1,488
+   tokens). What is timed: ``allocate`` alone, the request's block keys already computed (the scheduler
+   hashes a prompt's full blocks once, kept on the sequence, as vLLM v1 does: ``seq.block_hashes``); so the
    timed work is 93 dict lookups with token checks, taking the 93 hit blocks, 32 new blocks and
    registering 31 newly full ones. Also printed: the same allocation of a prompt never hashed before
    (hashing its 124 full blocks inside ``allocate``).
 2. Savings (seed claim C5, error E4): 100 requests hold the same system prompt plus a 50-token question
    of their own, all at once. Blocks in use with caching vs without, for several system-prompt
-   lengths; and the prefill tokens computed, whose ratio bounds the prompt-phase speed-up. Target at
-   1,000 tokens: blocks with caching <= 25% of blocks without.
+   lengths; and the prefill tokens computed, whose ratio bounds the prompt-phase speed-up.
 
 Writes ``prefix.png`` into ``out``: blocks with and without caching by system-prompt length, and the
 allocation times with their ratio.
@@ -106,7 +105,7 @@ def run(quick: bool, out: Path) -> dict:
     cost = allocation_cost(repeats=100 if quick else 500)
     print(f"allocate a 2,000-token prompt (block 16), best of {100 if quick else 500}, CPU:")
     print(f"  caching off {cost['us_off']:7.1f} us | caching on, {cost['cached_tokens']} tokens cached, "
-          f"keys hashed when the request was added {cost['us_on']:7.1f} us | ratio {cost['ratio']:.2f}x (target <= 2x)")
+          f"keys hashed when the request was added {cost['us_on']:7.1f} us | ratio {cost['ratio']:.2f}x")
     print(f"  caching on, prompt hashed inside allocate (never seen before) {cost['us_on_with_hashing']:7.1f} us"
           f" | ratio {cost['ratio_with_hashing']:.2f}x")
     lengths = [9, 16, 100, 500, 1000, 2000]
@@ -118,7 +117,7 @@ def run(quick: bool, out: Path) -> dict:
         print(f"  {r['system_len']:6d} {r['blocks_without']:10d} {r['blocks_with']:9d} {r['blocks_ratio']:7.1%} "
               f"{r['block_saving']:6.1%} {r['prefill_without']:11d} {r['prefill_with']:10d} {r['speedup_bound']:5.1f}x")
     at_1000 = next(r for r in rows if r["system_len"] == 1000)
-    print(f"  at 1,000 tokens: blocks with caching = {at_1000['blocks_ratio']:.1%} of blocks without (target <= 25%)")
+    print(f"  at 1,000 tokens: blocks with caching = {at_1000['blocks_ratio']:.1%} of blocks without")
     plot = plot_results(cost, rows, Path(out) / "prefix.png")
     print(f"  plot: {plot}")
     return {"allocation_cost": cost, "savings": rows, "plot": str(plot)}

@@ -3,14 +3,14 @@
 Each size admits ``n`` requests (32-token prompts, block size 16) in one step, then times decode steps:
 ``schedule()`` alone is timed; a fake model appends one token per sequence between calls (not timed).
 Every 16 steps each request crosses into a new block, so the timed calls include block allocation.
-Target: the cost grows at most linearly with the number of running requests (ratio per request
-against the 64-request run <= ~1). Reported: Python function calls per request per step (cProfile:
+What to look for: the cost grows at most linearly with the number of running requests (the time
+per request against the 64-request run stays near 1). Reported: Python function calls per request per step (cProfile:
 the amount of work, exact and free of timing noise), the fastest call and the median.
 
 Measuring on a shared machine: a call at 1024 requests takes milliseconds, one at 64 a few hundred
 microseconds, so other processes interrupt the long calls far more often, and a minimum over a few
-dozen calls of one run can still be a disturbed one (this is what made earlier runs report 1.7-3.1x per
-request at 1024: with the same code, an idle machine gives about 1.0-1.1x). So the sizes are run in
+dozen calls of one run can still be a disturbed one (a single run on a busy machine can report
+1.7-3.1x per request at 1024, where an idle machine gives about 1.0-1.1x with the same code). So the sizes are run in
 several interleaved rounds and each keeps its fastest call over all rounds. The work per request is
 constant (the same calls per request per step at every size); what remains of the rise from 64 to
 1024 requests is CPU caches (a few percent to ~15%, machine-dependent).

@@ -15,6 +15,8 @@ fits, nobody skips ahead. The three managers:
   admission needs the prompt's blocks plus a watermark of free blocks (``vllm/core/block_manager.py``);
   when a running sequence cannot get its next block, the most recently admitted request is preempted
   and recomputed later (paper §4.5); a request alone in the pool that cannot grow is truncated.
+  A recompute costs nothing here: the re-admitted request holds its prompt and generated tokens again
+  at once, in one step like any admission (``SimResult.recomputed_tokens`` counts that unpaid work).
 
 Per step the simulator records, in token slots (each kind defined with future knowledge of the final
 length, as in the paper's Fig. 2):
@@ -28,6 +30,12 @@ length, as in the paper's Fig. 2):
   (contiguous: no single hole is large enough; static: the pool remainder ``pool % max_seq_len``;
   paged: ``pool % block_size``). Zero while nobody waits or while free memory is simply too small.
 - ``running``, ``waiting``, ``admitted`` (cumulative first admissions).
+
+These are the paper's three kinds of waste (§3: reserved slots for future tokens, internal
+fragmentation from over-provisioning, external fragmentation from the allocator). Other texts cut
+differently: the seed article's "internal" waste is all of an unused reservation (``reserved +
+internal`` here), and its "reserved" waste is the copies kept for beam search, which this simulator
+does not model (every request is one sequence).
 
 ``allocated = real + reserved + internal``; ``free = pool - allocated`` (``external`` is part of free).
 Requests that can never fit (static: ``max_seq_len > pool``; contiguous: reservation > pool; paged:
@@ -78,6 +86,21 @@ class SimResult:
     def allocated(self) -> np.ndarray:
         return self.real + self.reserved + self.internal
 
+    @property
+    def recomputed_tokens(self) -> int:
+        """Tokens prefilled again after recompute preemptions (paged only; 0 for static and contiguous).
+
+        Every stay of a request after its first begins with a prefill of all it held when it was
+        preempted (prompt + tokens generated so far): the sum of those ``init`` counts. The simulator
+        charges that work nothing: a re-admission takes one step, like any admission, whatever its
+        token count, so the paged run's utilization and step count are best cases.
+        """
+        req, start, init = self.segments["req"], self.segments["start"], self.segments["init"]
+        order = np.lexsort((start, req))  # each request's stays in time order
+        later = np.zeros(len(req), dtype=bool)
+        later[1:] = req[order][1:] == req[order][:-1]
+        return int(init[order][later].sum())
+
     def summary(self) -> dict:
         """Time-averaged figures: ``utilization`` = real / allocated slots; ``token_share`` = real /
         (allocated + external), the paper's Fig. 2 view; ``*_share`` = kind / pool; ``waste_split`` =
@@ -92,7 +115,8 @@ class SimResult:
                 **{f"{k}_share": tot[k] / pool_steps for k in KINDS},
                 "free_share": 1.0 - alloc / pool_steps,
                 "waste_split": {k: (tot[k] / waste if waste else 0.0) for k in KINDS[1:]},
-                "rejected": len(self.rejected), "truncated": len(self.truncated), "preemptions": self.preemptions}
+                "rejected": len(self.rejected), "truncated": len(self.truncated), "preemptions": self.preemptions,
+                "recomputed_tokens": self.recomputed_tokens}
 
 
 def _reservation(trace: Trace, manager: str) -> np.ndarray:

@@ -86,7 +86,7 @@ def _sdpa(query, clean):
 # ---------------------------------------------------------------------------------------- ch03.ex1
 @pytest.mark.exercise("ch03.ex1", points=2)
 def test_slot_mapping_at_block_boundaries(impl):
-    # CASES.md 5: bs 4, table [10, 11, 12]; the last token of a length-L sequence.
+    # The exact block boundary: bs 4, table [10, 11, 12]; the last token of a length-L sequence.
     ex = impl("ex03_block_tables")
     table = [10, 11, 12]
     for length in range(1, 10):
@@ -155,7 +155,8 @@ def test_paged_attention_matches_sdpa(ex3, block_size, group):
 @pytest.mark.exercise("ch03.ex3", points=2)
 @pytest.mark.parametrize("fill", [float("inf"), 1e4])
 def test_paged_attention_ignores_garbage_past_the_context(ex3, fill):
-    # CASES.md 11: context 5 over table [3, 1] (bs 4): slots 5..7 of block 1 hold garbage.
+    # Garbage past the context must never reach the output: context 5 over table [3, 1] (bs 4): slots 5..7 of
+    # block 1 hold garbage.
     gen = torch.Generator().manual_seed(11)
     key_cache = torch.full((4, 4, 2, 16), fill)
     value_cache = key_cache.clone()
@@ -171,7 +172,8 @@ def test_paged_attention_ignores_garbage_past_the_context(ex3, fill):
 
 @pytest.mark.exercise("ch03.ex3", points=2)
 def test_paged_attention_fp16_accumulates_in_fp32(ex3):
-    # CASES.md 12: raw dot products of 65536 overflow fp16; the output must be 2.0 everywhere, in fp16.
+    # fp16 scores must not overflow: raw dot products of 65536 exceed fp16's range; the output must be 2.0
+    # everywhere, in fp16.
     key_cache = torch.full((2, 4, 1, 64), 32.0, dtype=torch.float16)
     value_cache = torch.full((2, 4, 1, 64), float("nan"), dtype=torch.float16)
     for p in range(3):

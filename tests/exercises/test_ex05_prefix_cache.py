@@ -69,17 +69,18 @@ def test_block_keys_chain_and_skip_partial_blocks(impl, bs):
 
 
 @pytest.mark.exercise("ch05.ex2", points=2)
-def test_lookup_cases_from_cases_md(impl):
+def test_lookup_corner_cases(impl):
     ex = impl("ex05_prefix_cache")
     rng = random.Random(0)
     cache = build_cache(ex, [[1, 2, 3, 4, 5, 6, 7, 8, 9]], 4, weak, rng)
     first, second = [e.block_id for v in cache.values() for e in v][:2]
-    assert ex.lookup(cache, [4, 3, 2, 1, 9], 4, weak) == [], "case 1: colliding key, other tokens: miss"
-    assert ex.lookup(cache, [9, 9, 9, 9, 5, 6, 7, 8, 0], 4, weak) == [], "case 2: same tokens, other parent: miss"
+    assert ex.lookup(cache, [4, 3, 2, 1, 9], 4, weak) == [], "hash collision: colliding key, other tokens: miss"
+    assert ex.lookup(cache, [9, 9, 9, 9, 5, 6, 7, 8, 0], 4, weak) == [], "chained keys: same tokens, other parent: miss"
     got = ex.lookup(cache, [1, 2, 3, 4, 1, 2, 3, 4, 0], 4, weak)
-    assert len(got) == 1, "case 2: [1,2,3,4,1,2,3,4] hits exactly one block"
+    assert len(got) == 1, "chained keys: [1,2,3,4,1,2,3,4] hits exactly one block"
     assert ex.lookup(cache, [1, 2, 3, 4, 5, 6, 7, 8], 4, weak) == ref_lookup(cache, [1, 2, 3, 4, 5, 6, 7, 8], 4, weak)
-    assert len(ex.lookup(cache, [1, 2, 3, 4, 5, 6, 7, 8], 4, weak)) == 1, "case 4: the last token is computed"
+    assert len(ex.lookup(cache, [1, 2, 3, 4, 5, 6, 7, 8], 4, weak)) == 1, \
+        "fully cached prompt: its last token is computed"
     assert len(ex.lookup(cache, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 4, weak)) == 2
     assert {first, second} >= set(ex.lookup(cache, [1, 2, 3, 4, 5, 6, 7, 8, 1], 4, weak))
 

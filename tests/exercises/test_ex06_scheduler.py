@@ -1,8 +1,8 @@
 """Graded: chapter 06, one scheduling step (exercises/ex06_scheduler.py).
 
-Hand-made cases from CASES.md 8 and the chapter, then seeded random queues under tight memory (ragged
-token counts, running requests sitting exactly at a block boundary, several block sizes), compared with
-a plain reference written here.
+Hand-made cases (among them the only running request that cannot grow) and the chapter's, then seeded
+random queues under tight memory (ragged token counts, running requests sitting exactly at a block
+boundary, several block sizes), compared with a plain reference written here.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def test_grow_running_preempts_the_most_recent(impl):
 @pytest.mark.exercise("ch06.ex1", points=2)
 def test_grow_running_case8_self_preemption_and_exhaustion(impl):
     ex = impl("ex06_scheduler")
-    # CASES.md 8, bs 4, 2 blocks: two requests of 5 tokens that each need a second block.
+    # bs 4, 2 blocks: two requests of 5 tokens that each need a second block (the younger one is preempted),
+    # then a request alone that can never grow.
     plan = ex.StepPlan()
     free = ex.grow_running([ex.Req("A", 5, 1), ex.Req("B", 5, 1)], 0, 4, plan)
     assert (plan.running, plan.preempted, free) == (["A"], ["B"], 0), "the older request keeps running"

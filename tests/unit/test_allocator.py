@@ -1,4 +1,4 @@
-"""BlockAllocator: free queue order, reference counts, errors."""
+"""BlockAllocator: free queue order, reference counts, errors (the public contract of ``paged.core.allocator``)."""
 
 from __future__ import annotations
 

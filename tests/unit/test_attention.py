@@ -2,7 +2,7 @@
 
 The naive reference here walks each sequence's tokens with the slot formula in Python and calls
 SDPA (``enable_gqa=True``) on the clean K/V, so it shares no code with ``paged_course.reference``.
-CASES.md 11 (garbage past the context), 12 (fp16 scores that overflow) and 13 (GQA head mapping)
+Three corner cases (garbage past the context, fp16 scores that overflow, the GQA head mapping)
 are written out with their expected values.
 """
 
@@ -102,7 +102,7 @@ def test_block_size_8_and_custom_scale():
 @pytest.mark.parametrize("context_len", [5, 4, 8])
 @pytest.mark.parametrize("name", list(PAGED))
 def test_case11_garbage_past_context_never_reaches_output(name, context_len, fill):
-    # CASES.md 11: 2 heads / 2 KV heads, head dim 16, bs 4, table [3, 1]; every unused slot holds `fill`.
+    # Garbage past the context: 2 heads / 2 KV heads, head dim 16, bs 4, table [3, 1]; every unused slot holds `fill`.
     gen = torch.Generator().manual_seed(11)
     kc = torch.full((4, 4, 2, 16), fill)
     vc = torch.full((4, 4, 2, 16), fill)
@@ -122,7 +122,7 @@ def test_case11_garbage_past_context_never_reaches_output(name, context_len, fil
 
 @pytest.mark.parametrize("name", list(PAGED))
 def test_case12_fp16_scores_do_not_overflow(name):
-    # CASES.md 12: q and keys all 32.0 in fp16, head dim 64: raw dot 65536 > fp16 max 65504.
+    # fp16 overflow: q and keys all 32.0 in fp16, head dim 64: raw dot 65536 > fp16 max 65504.
     kc = torch.full((2, 4, 1, 64), 32.0, dtype=torch.float16)
     vc = torch.zeros((2, 4, 1, 64), dtype=torch.float16)
     for p, row in enumerate([1.0, 2.0, 3.0]):
@@ -136,7 +136,7 @@ def test_case12_fp16_scores_do_not_overflow(name):
 @pytest.mark.parametrize("group", [7, 1, 2, 5, 8])
 @pytest.mark.parametrize("name", list(PAGED))
 def test_case13_gqa_head_mapping(name, group):
-    # CASES.md 13: 4 KV heads, head dim 16, bs 4, context 9, table [2, 0, 5]; V of KV head g is g + 1.
+    # GQA head mapping: 4 KV heads, head dim 16, bs 4, context 9, table [2, 0, 5]; V of KV head g is g + 1.
     gen = torch.Generator().manual_seed(13)
     kc = torch.randn(6, 4, 4, 16, generator=gen)
     vc = torch.empty(6, 4, 4, 16)

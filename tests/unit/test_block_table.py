@@ -1,5 +1,5 @@
-"""Block tables and slot mapping; case 5 (slot at an exact block boundary) and case 6 (max_model_len not a
-multiple of the block size, run through the scheduler)."""
+"""Block tables and slot mapping, with the slot at an exact block boundary and a max_model_len that is not a
+multiple of the block size (run through the scheduler)."""
 
 from __future__ import annotations
 

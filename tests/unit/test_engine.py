@@ -1,6 +1,8 @@
 """The engine end to end on tiny transformers models: greedy tokens equal transformers' ``generate``
 (Llama, Qwen2, Mistral, GPT-2; prefix caching on and off; preemption by recompute and by swap),
-CASES.md 1-4, 9 and 10, parallel sampling, stop conditions, bad input, and no block left in use.
+hash collisions, chained block keys, copy-on-write of a shared partial block, a fully cached prompt,
+mixed hit/miss batches and a swapped-out request coming back, parallel sampling, stop conditions, bad
+input, and no block left in use.
 
 Comparison as vLLM's tests do (``paged_course.compare``): tokens equal, or the first differing position is a
 near-tie of the two tokens' logits under a plain forward pass.

@@ -16,7 +16,7 @@ def naive_paged(trace: Trace, pool: int, bs: int, watermark: float):
     nb, wm = pool // bs, int(watermark * pool // bs)
     final = trace.final_len.tolist()
     running, waiting, nxt, t = [], [], 0, 0  # running: [req, tokens] in admission order
-    alloc, real, preempt = [], [], 0
+    alloc, real, preempt, recomputed = [], [], 0, 0
     while nxt < trace.n or waiting or running:
         running = [[r, L + 1] for r, L in running if L < final[r]]  # grow; drop those that were done
         while nxt < trace.n and trace.arrival[nxt] <= t:
@@ -26,8 +26,9 @@ def naive_paged(trace: Trace, pool: int, bs: int, watermark: float):
         while sum(-(-L // bs) for _, L in running) > nb:
             r, L = running.pop()
             if running:
-                waiting.insert(0, [r, L - 1])
+                waiting.insert(0, [r, L - 1])  # re-prefilled later: prompt + tokens generated so far
                 preempt += 1
+                recomputed += L - 1
         while waiting and sum(-(-L // bs) for _, L in running) + -(-waiting[0][1] // bs) <= nb - wm:
             running.append(waiting.pop(0))
         if not running and not waiting and nxt >= trace.n:
@@ -35,7 +36,7 @@ def naive_paged(trace: Trace, pool: int, bs: int, watermark: float):
         alloc.append(sum(-(-L // bs) * bs for _, L in running))
         real.append(sum(L for _, L in running))
         t += 1
-    return np.array(alloc), np.array(real), preempt
+    return np.array(alloc), np.array(real), preempt, recomputed
 
 
 @st.composite
@@ -53,12 +54,13 @@ def traces(draw):
        watermark=st.sampled_from([0.0, 0.1]))
 def test_paged_matches_step_by_step_reference_and_c3(trace, bs, pool, watermark):
     res = simulate(trace, pool, "paged", bs, watermark)
-    alloc, real, preempt = naive_paged(trace, pool, bs, watermark)
+    alloc, real, preempt, recomputed = naive_paged(trace, pool, bs, watermark)
     n = len(res.real)
     assert np.array_equal(res.real, real[:n]) and np.array_equal(res.allocated, alloc[:n]), \
         "the event loop must give the same per-step slots as stepping one decode step at a time"
     assert not real[n:].any(), "the simulation ended while a request still held tokens"
     assert res.preemptions == preempt
+    assert res.recomputed_tokens == recomputed, "each re-admission re-prefills what the victim held"
     slack = res.allocated - res.real
     assert (slack >= 0).all() and (slack <= res.running * (bs - 1)).all(), \
         "C3: each paged sequence wastes at most block_size - 1 slots"
@@ -104,6 +106,21 @@ def test_contiguous_external_fragmentation():
     assert res.external.tolist() == [0, 0, 20, 20, 20, 20, 0, 0], "free holes too small for the head request"
     assert res.segments["offset"].tolist() == [0, 10, 20, 0]
     assert res.waiting.tolist() == [1, 1, 1, 1, 1, 1, 0, 0]
+
+
+def test_recomputed_tokens_by_hand():
+    # bs 4, 4 blocks, watermark 0.25 (1 block kept free at admission). A (prompt 4, 8 new) and B (prompt
+    # 4, 5 new) each hold 2 blocks from step 1; at step 5 both need a third: B, admitted last, is
+    # preempted holding 8 tokens (prompt + 4 generated) and re-admitted with those 8 when A leaves.
+    trace = Trace.from_lengths([4, 4], [8, 5], max_seq_len=12)
+    res = simulate(trace, 16, "paged", block_size=4, watermark=0.25)
+    _, _, preempt, recomputed = naive_paged(trace, 16, 4, 0.25)
+    assert res.preemptions == preempt == 1 and res.recomputed_tokens == recomputed == 8
+    assert res.segments["init"][res.segments["req"] == 1].tolist() == [4, 8], "B: its prompt, then 4 + 4 tokens"
+    assert res.segments["start"][res.segments["req"] == 1].tolist() == [0, 9], "B comes back when A leaves"
+    assert res.summary()["recomputed_tokens"] == 8
+    for manager in ("static", "contiguous"):
+        assert simulate(trace, 32, manager).recomputed_tokens == 0, "reservations never preempt"
 
 
 def test_rejected_requests_do_not_hang():

@@ -1,8 +1,8 @@
 """The Triton kernels of ``paged.kernels`` (interpreter on CPU, tiny shapes) against PyTorch references.
 
 Covers: random shapes with shuffled block tables and context lengths 1, block_size, block_size + 1;
-CASES.md 11 (garbage past the context), 12 (fp16 scores that overflow), 13 (GQA head mapping),
-14 (masked loads need an explicit fill); split-K equal to single pass, including splits with no
+garbage past the context, fp16 scores that overflow, the GQA head mapping, masked loads that need an
+explicit fill; split-K equal to single pass, including splits with no
 token; bf16; ``reshape_and_cache``; the softmax warm-ups; input validation. ``gpu`` tests run larger
 shapes on CUDA only.
 """
@@ -148,7 +148,7 @@ def test_split_with_no_token_is_a_no_op():
     assert torch.equal(zero.cpu(), torch.zeros_like(zero.cpu())), "all splits empty: output must be 0, not NaN"
 
 
-# ---------------------------------------------------------------------------- CASES.md 11-14
+# ---------------------------------------------------------------------------- corner cases
 
 
 @pytest.mark.parametrize("context", [5, 4, 8])

@@ -112,3 +112,29 @@ def test_throughput_and_kernel_rows_come_from_the_benchmarks(measured):
     assert "up to 1.03 on H100" in rows["E2"].measured, "E2 reports the worst paged/contiguous ratio of the GPU run"
     measured["concurrency"][0].pop("same_tokens")
     assert "same tokens" not in ledger.build_rows(measured)[5].measured, "no token check, no 'same tokens' claim"
+
+
+def test_e2_names_the_bandwidth_of_the_kernel_it_was_measured_on(measured):
+    def row(batch, context, block, ratio, pct):
+        return {"batch": batch, "context": context, "block_size": block, "paged_over_contiguous": ratio,
+                "pct_peak": pct}
+
+    sweep = [row(1, 4096, 16, 1.002, 0.4), row(64, 4096, 8, 1.024, 12.2), row(64, 4096, 16, 1.0, 11.5),
+             row(64, 8192, 16, 1.0, 11.52)]
+    assert ledger.bandwidth_row(sweep) is sweep[2], "largest batch, context 4,096, block 16"
+    assert ledger.bandwidth_row(sweep[:2]) is sweep[1], "without that row: the one nearest the roofline"
+    assert ledger.bandwidth_row([{"paged_over_contiguous": 1.0}]) is None, "no pct_peak, no bandwidth claim"
+    e2 = {r.claim.id: r for r in ledger.build_rows({**measured, "kernel": {"mode": "gpu", "device": "H200",
+                                                                         "sweep": sweep}})}["E2"]
+    assert "up to 1.02 on H200, in a kernel at 11.5% of peak HBM bandwidth (batch 64, context 4096, block 16)" \
+        in e2.measured
+    assert "latency-bound" in e2.verdict and "re-measures" in e2.verdict, "the overhead's context is stated"
+
+
+def test_c2_reports_the_seeds_definitions(measured):
+    c2 = {r.claim.id: r for r in ledger.build_rows(measured)}["C2"]
+    f = measured["fragmentation"]["contiguous"]
+    unused = f"{f['reserved_share'] + f['internal_share']:.0%}"
+    assert "internal (all unused reservation) " in c2.measured and f"/ {unused}, external" in c2.measured, \
+        "the seed's internal waste is the whole unused reservation (reserved + internal in the simulator)"
+    assert "seed's definitions" in c2.verdict

@@ -1,4 +1,4 @@
-"""CASES.md case 15: notebook checks must not flake on split output streams or stderr warnings."""
+"""Notebook checks must not flake on split output streams or stderr warnings."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Prefix caching: chained keys, exact hits, eviction order, hit rate; cases 1, 2 and 4 at the
-block-manager level (the engine-level versions with outputs live with the engine tests)."""
+"""Prefix caching: chained keys, exact hits, eviction order, hit rate; a hash collision, keys that chain
+their parent and a fully cached prompt at the block-manager level (the engine-level versions with
+outputs live with the engine tests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Scheduler: CASES.md 7, 8 and 10 at scheduler level, the watermark, abort, budgets, and random runs.
+"""Scheduler: a prompt larger than the cache, a lone request that cannot grow and a swapped-out request
+coming back, at scheduler level; the watermark, abort, budgets, and random runs.
 
 A fake engine drives the real ``Scheduler`` + ``BlockSpaceManager``: it applies the block moves of
 each step to a dictionary standing in for the KV pool (slot -> the token prefix whose K/V it holds),
@@ -146,7 +147,7 @@ def test_add_request_rejects_duplicates_and_wrong_block_size():
     assert len(s.waiting) == 1, "a rejected request must not be queued"
 
 
-# ---------------------------------------------------------------- CASES.md 7
+# ---------------------------------------------------------------- a prompt larger than the whole cache
 def test_case7_prompt_larger_than_cache_is_ignored_and_does_not_block():
     s = sched(4)  # bs 4, 16 slots, max_model_len 32
     a, b = make("A", 20, 2), make("B", 3, 2)
@@ -187,7 +188,7 @@ def test_case7_a_request_needs_prompt_plus_new_minus_one_slots(prompt, new, stat
     assert_all_free(s)
 
 
-# ---------------------------------------------------------------- CASES.md 8
+# ---------------------------------------------------------------- the only running sequence cannot grow
 def test_case8_alone_and_cannot_grow_finishes_kv_exhausted():
     s = sched(2)  # 8 slots
     g = make("X", 6, 10)
@@ -222,7 +223,7 @@ def test_case8_two_requests_the_later_one_is_preempted_and_both_finish():
     assert_all_free(s)
 
 
-# ---------------------------------------------------------------- CASES.md 10
+# ---------------------------------------------------------------- a swapped-out sequence comes back
 def test_case10_swapped_out_request_comes_back_after_the_other_finishes():
     s = sched(4, mode="swap", num_cpu_blocks=4)
     a, b = make("A", 7, 6), make("B", 7, 6)

@@ -260,7 +260,7 @@ print(f"blockwise online softmax vs gather reference: max |error| = {err:.6f}")
 
 # %%
 if HAS_TRITON:
-    from paged.kernels import row_softmax as softmax_kernels
+    from paged_course.kernel_lab import row_softmax as softmax_kernels
 
     show_source(softmax_kernels._online_softmax_kernel)
 else:
@@ -288,7 +288,7 @@ else:
 
 # %%
 if HAS_TRITON:
-    from paged.kernels import paged_attention as pa
+    from paged_course.kernel_lab import decode_teaching as pa
 
     show_source(pa._paged_decode_kernel, first="seq = tl.program_id(0)", last="tl.log(")
 else:

@@ -13,7 +13,7 @@ a GPU) before any of them is defined.
 """
 
 from .cache_ops import reshape_and_cache
-from .row_softmax import online_softmax, softmax
 from .decode_teaching import launch_teaching_decode, teaching_decode
+from .row_softmax import online_softmax, softmax
 
 __all__ = ["launch_teaching_decode", "online_softmax", "reshape_and_cache", "softmax", "teaching_decode"]

@@ -219,9 +219,9 @@ def _gpu(quick: bool, out: Path, sweep: dict | None = None, best_ms=None, device
         tuned, contiguous = kernel_fn(inp), kernel_fn(inp, contiguous=True)
         result, reference = tuned(), paged_attention_gather(*[t.float() if t.is_floating_point() else t
                                                              for t in _args(inp)])
-        times = {"tuned": best_ms(tuned), "contiguous": best_ms(contiguous)}
+        times = {"tuned": best_ms(tuned), "contiguous": best_ms(contiguous),
+                 "teaching": best_ms(kernel_fn(inp, "teaching"))}
         if block_size == 16:
-            times["teaching"] = best_ms(kernel_fn(inp, "teaching"))
             for name, peer in PEERS.items():
                 if name in skipped:
                     continue
@@ -447,10 +447,16 @@ def _exercise(impl: str, quick: bool, out: Path) -> dict:
 def committed_kernel_runs(root: Path | None = None) -> dict | None:
     """The newest committed GPU ``kernel.json`` under ``docs/gpu/*/`` (by its run time), digested for chapter 04.
 
-    Returns ``{"path", "device", "time", "peak_hbm_gbps", "steps": {(step, batch, context): row}}`` where a
-    row has ``us``, ``gbps``, ``pct_peak``. Runs from before the performance lab have no steps table: their
-    teaching-kernel rows (block size 16) fill the ``"teaching"`` step and every other step is absent
-    (not measured). None when no GPU run is committed.
+    Returns None when no GPU run is committed, else ``{"path", "device", "time", "peak_hbm_gbps", "targets",
+    "sweep_kernel", "steps", "sdpa", "teaching_by_block_size", "paging", "split_k"}``:
+
+    - ``steps[(step, batch, context)]`` and ``sdpa[(batch, context)]``: ``{"us", "gbps", "pct_peak"}``;
+    - ``teaching_by_block_size[(batch, context, block_size)]``: the teaching kernel's microseconds;
+    - ``paging[(batch, context, block_size)]``: paged / contiguous time of ``sweep_kernel``.
+
+    Runs from before the performance lab timed only the kernel then in ``paged.kernels``, the teaching
+    kernel (``sweep_kernel == "teaching"``): they fill the ``"teaching"`` step and no other; a step that a
+    run did not measure is absent, never filled in.
     """
     root = Path(root) if root is not None else ROOT / "docs" / "gpu"
     records = []
@@ -462,17 +468,27 @@ def committed_kernel_runs(root: Path | None = None) -> dict | None:
         return None
     _, _, path, record = max(records, key=lambda r: (r[0], r[1]))
     res = record["results"]
-    steps = {}
-    if res.get("steps"):
-        steps = {(r["step"], r["batch"], r["context"]): r for r in res["steps"]}
-    else:  # before the lab: the kernel then in paged.kernels was the teaching kernel
-        for r in res.get("sweep", []):
-            if r["block_size"] == 16:
-                steps[("teaching", r["batch"], r["context"])] = {"us": r["paged_ms"] * 1e3, "gbps": r["paged_gbps"],
-                                                                 "pct_peak": r["pct_peak"]}
-    return {"path": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
-            "device": res.get("device"), "time": record["environment"].get("time"),
-            "peak_hbm_gbps": res.get("peak_hbm_gbps"), "steps": steps, "targets": res.get("targets", {})}
+    peak = res.get("peak_hbm_gbps")
+    legacy = "steps" not in res
+    digest = {"path": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+              "device": res.get("device"), "time": record["environment"].get("time"), "peak_hbm_gbps": peak,
+              "targets": res.get("targets", {}), "sweep_kernel": "teaching" if legacy else "tuned",
+              "steps": {(r["step"], r["batch"], r["context"]): r for r in res.get("steps", [])},
+              "sdpa": {}, "teaching_by_block_size": {}, "paging": {}, "split_k": res.get("split_k", [])}
+    for r in res.get("sweep", []):
+        shape = (r["batch"], r["context"])
+        bytes_ = r.get("bytes") or bytes_moved(*shape, HEADS, KV_HEADS, HEAD_DIM, 2)
+        teaching_ms = r["paged_ms"] if legacy else r["ms"].get("teaching")
+        sdpa_ms = (r.get("peers_ms") or r.get("ms") or {}).get("sdpa")
+        digest["paging"][(*shape, r["block_size"])] = r["paged_over_contiguous"]
+        if teaching_ms is not None:
+            digest["teaching_by_block_size"][(*shape, r["block_size"])] = teaching_ms * 1e3
+        if r["block_size"] == 16:
+            if legacy:
+                digest["steps"][("teaching", *shape)] = _rate(teaching_ms, bytes_, peak)
+            if sdpa_ms is not None:
+                digest["sdpa"][shape] = _rate(sdpa_ms, bytes_, peak)
+    return digest
 
 
 def run(quick: bool, out: Path, impl: str | None = None) -> dict:

@@ -201,7 +201,8 @@ def plot_lab_steps(run: dict | None, steps: list[tuple[str, str]], shapes: list[
             x = j + (i - (len(shapes) - 1) / 2) * width
             if row is None or row.get("pct_peak") is None:
                 ax.bar(x, 2, width, color="#eeeeee", edgecolor="#bbbbbb", hatch="//")
-                ax.text(x, 3, "not\nmeasured", ha="center", fontsize=6, color="gray")
+                if i == len(shapes) // 2:  # one label per step
+                    ax.text(j, 4, "not measured yet", ha="center", fontsize=7, color="gray")
             else:
                 ax.bar(x, row["pct_peak"], width, color=f"C{i}", label=f"batch {batch}, context {context}"
                        if j == 0 or not any(measured.get((s, batch, context)) for s, _ in steps[:j]) else None)

@@ -20,6 +20,7 @@ if not kernels.HAS_TRITON:  # pragma: no cover - Linux always has triton
     pytest.skip(kernels.REASON, allow_module_level=True)
 
 pytestmark = pytest.mark.triton
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter path; gpu_check.sh runs the GPU one")
 
 
 def test_byte_formula_and_peaks():
@@ -32,6 +33,7 @@ def test_byte_formula_and_peaks():
     assert bench.flops(1, 10, 32, 128) / bench.bytes_moved(1, 10, 32, 8, 128, 2) < 4.1  # ~ the GQA group
 
 
+@cpu_only
 def test_cpu_run_is_correct_and_labelled(tmp_path):
     res = bench.run(quick=True, out=tmp_path)
     assert res["mode"] == "cpu-interpreter" and res["correct"] and res["all_paged_equal_contiguous"]
@@ -39,6 +41,7 @@ def test_cpu_run_is_correct_and_labelled(tmp_path):
     assert {"tuned_interpreter_s", "teaching_interpreter_s", "tuned_max_err"} <= set(res["cpu_rows"][0])
 
 
+@cpu_only
 def test_gpu_path_dry_run_on_cpu(tmp_path):
     def best_ms(fn):  # stand-in timer: one call, interpreter milliseconds (meaningless, but exercises the path)
         start = time.perf_counter()
@@ -93,6 +96,7 @@ def test_committed_run_gives_the_teaching_kernels_numbers_and_nothing_else(tmp_p
     assert bench.committed_kernel_runs(tmp_path) is None
 
 
+@cpu_only
 @pytest.mark.parametrize("impl", ["solutions", "exercises"])
 def test_impl_runs_the_learner_kernel_ungraded_on_cpu(impl, tmp_path, capsys):
     res = bench.run(quick=True, out=tmp_path, impl=impl)

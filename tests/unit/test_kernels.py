@@ -368,6 +368,15 @@ def test_bad_inputs_raise_value_error_with_numbers():
             paged_attention_decode(**args)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's device rule")
+def test_device_errors():
+    q, k, v, bt, cl = make_paged([5, 9], 4, 2, 16, 8)
+    with pytest.raises(ValueError, match="interpreter mode here, so tensors must be on the CPU"):
+        paged_attention_decode(q.to("meta"), k.to("meta"), v.to("meta"), bt.to("meta"), cl.to("meta"))
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        paged_attention_decode(q, k.to("meta"), v.to("meta"), bt, cl)
+
+
 def test_missing_triton_raises_runtime_error(monkeypatch):
     from paged.kernels import _triton
 

@@ -1,23 +1,22 @@
-"""Triton kernels for paged attention, imported as ``paged.kernels`` (the folder is ``kernels/``).
+"""The engine's Triton kernel for paged attention, imported as ``paged.kernels`` (the folder is ``kernels/``).
 
-* :func:`paged_attention_decode` -- decode attention through block tables, GQA, split-K
+* :func:`paged_attention_decode` -- decode attention through block tables: the GQA group in ``tl.dot``'s
+  rows, KV tiles spanning several blocks, software pipelining, split-K with a chosen split count
   (``kernels/paged_attention.py``); same signature as the PyTorch reference in ``paged_course.reference``.
-  :func:`launch_decode` is the same without input validation (no host sync), for hot loops.
-* :func:`reshape_and_cache` -- write new keys/values into the KV pool by slot mapping (``cache_ops.py``).
-* :func:`softmax`, :func:`online_softmax` -- the warm-up row-softmax kernels (``row_softmax.py``).
+  :func:`launch_decode` is the same without input validation (no host sync), for the engine's step loop;
+  :func:`validate_decode_inputs` is the one boundary check; :func:`choose_num_splits` the split rule
+  (``paged_attention.decode_config`` the launch config).
 
-Without a CUDA GPU the package sets ``TRITON_INTERPRET=1`` before defining any kernel, so the kernels run
-(slowly) on CPU tensors; without Triton (macOS, Windows) every entry point raises
-:class:`TritonUnavailableError` with the reason. ``MODE`` says which of the three applies.
+The teaching kernels of chapter 04 (the first decode kernel, the row softmax, ``reshape_and_cache``) live
+in ``paged_course.kernel_lab``. Without a CUDA GPU the package sets ``TRITON_INTERPRET=1`` before defining
+any kernel, so the kernels run (slowly) on CPU tensors; without Triton (macOS, Windows) every entry point
+raises :class:`TritonUnavailableError` with the reason. ``MODE`` says which of the three applies.
 """
 
 from ._triton import HAS_CUDA, HAS_TRITON, INTERPRET, MODE, REASON, TritonUnavailableError, require_triton
-from .cache_ops import reshape_and_cache
-from .paged_attention import launch_decode, paged_attention_decode, validate_decode_inputs
-from .row_softmax import online_softmax, softmax
+from .paged_attention import choose_num_splits, launch_decode, paged_attention_decode, validate_decode_inputs
 
 __all__ = [
     "HAS_CUDA", "HAS_TRITON", "INTERPRET", "MODE", "REASON", "TritonUnavailableError", "require_triton",
-    "paged_attention_decode", "launch_decode", "validate_decode_inputs", "reshape_and_cache",
-    "softmax", "online_softmax",
+    "paged_attention_decode", "launch_decode", "validate_decode_inputs", "choose_num_splits",
 ]

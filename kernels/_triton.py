@@ -78,9 +78,8 @@ def require_triton() -> None:
         raise TritonUnavailableError(REASON)
 
 
-def jit(fn):
-    """``triton.jit`` when Triton is present; otherwise keep the plain function (never launched)."""
-    return triton.jit(fn) if HAS_TRITON else fn
+# ``triton.jit`` when Triton is present; otherwise the plain function (never launched)
+jit = triton.jit if HAS_TRITON else (lambda fn: fn)
 
 
 def kernel_device(*tensors: torch.Tensor) -> torch.device:

@@ -1,126 +1,124 @@
-r"""Paged-attention decode in Triton: one query token per sequence, keys and values read through a block table.
+r"""Paged-attention decode in Triton, tuned for bandwidth: one query token per sequence, K/V through a block table.
 
 Math. For query head :math:`h` of sequence :math:`s` with context length :math:`L` and scale :math:`c`
-(default :math:`1/\sqrt{d}`),
+(default :math:`1/\sqrt{d}`), with :math:`B` the block size, ``bt`` the sequence's block table and
+:math:`g(h) = h // (H/H_{kv})` the KV head that query head :math:`h` reads (GQA),
 
-.. math:: o_h = \sum_{t<L} \frac{e^{c\,q_h\cdot k_t - m}}{\sum_{u<L} e^{c\,q_h\cdot k_u - m}}\, v_t,
-   \qquad k_t = K[\mathrm{bt}[t \,//\, B],\ t \bmod B,\ g(h)],
+.. math:: o_h = \sum_{t<L} \frac{e^{c\,q_h\cdot k_t}}{\sum_{u<L} e^{c\,q_h\cdot k_u}}\, v_t,
+   \qquad k_t = K[\mathrm{bt}[t \,//\, B],\ t \bmod B,\ g(h)].
 
-where :math:`B` is the block size, ``bt`` the sequence's block table and :math:`g(h) = h // (H/H_{kv})`
-the KV head that query head :math:`h` reads (GQA). The kernel walks the blocks in order with the online
-softmax: a running max :math:`m`, a running denominator :math:`\ell` and a running weighted sum
-:math:`a` of values. For each block with scores :math:`s_j`,
+Decode reads every cached K and V byte once and does about 4 flops per byte per query head of the group:
+far below what a GPU can compute per byte it loads, so the kernel's speed is the speed at which it
+streams K and V from memory. Four ideas get it there (chapter 04's performance lab, one step each):
 
-.. math:: m' = \max(m, \max_j s_j),\quad \alpha = e^{m-m'},\quad p_j = e^{s_j - m'},\quad
-   \ell' = \alpha\,\ell + \textstyle\sum_j p_j,\quad a' = \alpha\,a + \sum_j p_j v_j,
+1. **The GQA group in ``tl.dot``'s M dimension.** One program per (sequence, KV head[, split]) serves the
+   ``G = H / H_kv`` query heads that share the KV head: their queries are the rows of a ``[BLOCK_M, D]``
+   tile (``BLOCK_M = max(16, next_pow2(G))``, padded rows masked), so scores ``S = Q K^T`` and the update
+   ``P V`` are two tensor-core matrix products, and each K/V byte is read once per KV head.
+2. **KV tiles of ``BLOCK_N`` tokens, independent of the block size.** Tile ``j`` covers token positions
+   ``t = j*BLOCK_N + n``; each position gathers its own physical block ``bt[t // B]`` and slot ``t % B``,
+   so a tile spans several blocks (``BLOCK_N > B``) or part of one (``BLOCK_N < B``).
+3. **Software pipelining** (``num_stages`` on the GPU): the loads of the next tiles are issued while the
+   current one is computed.
+4. **Split-K with a chosen split count.** ``num_splits=None`` applies :func:`choose_num_splits` (the rule of
+   FlashAttention-3's ``num_splits_heuristic``): each sequence's tiles are cut into that many contiguous
+   ranges, one program each, which write a partial output and its log-sum-exp; ``_merge_splits_kernel``
+   combines them (:math:`w_i = e^{\mathrm{lse}_i - \max\mathrm{lse}}`, :math:`o = \sum w_i o_i / \sum w_i`).
+   A split with no token has :math:`\mathrm{lse} = -\infty`, weight 0: it merges as a no-op.
 
-and at the end :math:`o = a/\ell`. Nothing of size :math:`L` is ever stored.
+Online softmax per tile, in base 2 (:math:`e^x = 2^{x \log_2 e}`, the scale folded in): with scores
+:math:`s` of the tile, :math:`m' = \max(m, \max s)`, :math:`\alpha = 2^{m-m'}`, :math:`p = 2^{s-m'}`,
+:math:`\ell' = \alpha\ell + \sum p`, :math:`a' = \alpha a + p V`; at the end :math:`o = a/\ell`.
 
-Split-K (flash-decoding, ``num_splits > 1``): the blocks of a sequence are cut into ``num_splits``
-contiguous ranges, each handled by its own program, which writes its partial output
-:math:`o_i = a_i/\ell_i` and its log-sum-exp :math:`\mathrm{lse}_i = m_i + \log \ell_i`. A second kernel
-merges them: with :math:`M = \max_i \mathrm{lse}_i` and :math:`w_i = e^{\mathrm{lse}_i - M}`,
-:math:`o = \sum_i w_i o_i / \sum_i w_i`. A split holding no token has :math:`\ell_i = 0`,
-:math:`\mathrm{lse}_i = -\infty`, hence :math:`w_i = 0`: it merges as a no-op. More programs keep the
-GPU busy when batch x KV heads is small and contexts are long.
+Precision. ``tl.dot`` takes fp16/bf16 operands with fp32 accumulation (scores never overflow fp16, CASES
+12); ``p`` is cast to the value dtype for the second product, as FlashAttention does. fp32 inputs use
+``input_precision="ieee"`` (no TF32). In Triton's interpreter (CPU) bf16 ``tl.dot`` multiplies raw bit
+patterns (Triton issue 11584), so there :func:`launch_decode` upcasts bf16 inputs to fp32 first (and the
+output back); bf16 is tested on a GPU only. Every masked load names its fill (``other=``): what sits past a
+context (NaN, inf, stale data) never reaches the output. Every ``tl.dot`` dimension is >= 16 in the launches
+below (the GPU needs it; the interpreter would accept less).
 
-Program layout. One program per (sequence, KV head[, split]) serves every query head of that KV head's
-group: the group's queries are a ``[GROUP_P2, HEAD_DIM_P2]`` tile (group and head dim padded to powers
-of two and masked), so each K/V block is read from memory once per group, not once per query head.
-Scores use broadcast-multiply-and-sum rather than ``tl.dot`` (``tl.dot`` needs tiles of at least
-16 x 16 and is unreliable in the interpreter); every load is upcast to float32 at once, and every
-masked load names its fill (``other=``) so that whatever sits in unused slots (NaN, inf, stale data)
-never reaches the output.
-
-Sources: vLLM ``csrc/attention/attention_kernels.cu`` (``paged_attention_v1`` / ``paged_attention_v2``:
-the same per-block walk, v2 being the split version with a reduce kernel); Dao et al., "Flash-Decoding
-for long-context inference" (2023); vLLM v1 ``vllm/attention/ops/triton_decode_attention.py`` (grouped
-decode with split-K stages). Written from the math above, not copied.
+Sources: vLLM ``vllm/v1/attention/ops/triton_unified_attention.py`` (tiles independent of the page size,
+each key position looking up its block; the group in the M rows); SGLang's grouped decode
+(``decode_attention.py``: head group in ``tl.dot``, split stages, log-sum-exp merge); Dao et al.,
+"Flash-Decoding for long-context inference" (2023); FlashAttention-3's split heuristic. Written from the
+math above, not copied.
 """
 
 # ruff: noqa: E741 -- `l` is the running denominator of the online-softmax literature (and O the output)
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from ._triton import jit, kernel_device, require_triton, tl, triton
+from ._triton import INTERPRET, jit, kernel_device, require_triton, tl, triton
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_HEAD_DIM = 256
+MAX_SPLITS = 32  # the heuristic never picks more (an int num_splits may)
+INTERPRETER_SLOTS = 4  # the interpreter has no SMs: the heuristic pretends 4 (a fixed, small choice)
 
 
 @jit
-def _paged_decode_kernel(
-    Q, K, V, BT, CL, O, LSE, scale, blocks_per_split,
-    stride_q_seq, stride_q_head,
-    stride_k_block, stride_k_tok, stride_k_head,
-    stride_v_block, stride_v_tok, stride_v_head,
-    stride_bt_seq, stride_o_seq, stride_o_head, stride_o_split, stride_lse_seq, stride_lse_head,
-    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, WRITE_LSE: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    offs_g = tl.arange(0, GROUP_P2)  # query heads of this KV head's group (padded)
-    offs_t = tl.arange(0, BLOCK_SIZE)  # token slots inside one block
-    offs_d = tl.arange(0, HEAD_DIM_P2)  # head-dim lanes (padded)
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + offs_g
+def _decode_kernel(Q, K, V, BT, CL, O, LSE, qk_scale, num_splits, stride_q_seq, stride_q_head,
+                   stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head,
+                   stride_bt_seq, stride_o_seq, stride_o_head, stride_o_split, stride_lse_seq, stride_lse_head,
+                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, PRECISION: tl.constexpr,
+                   WRITE_LSE: tl.constexpr):
+    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = tl.arange(0, BLOCK_M)  # rows: the query heads of this KV head's group (padded to >= 16)
+    offs_n = tl.arange(0, BLOCK_N)  # token positions inside one KV tile
+    offs_d = tl.arange(0, HEAD_DIM_P2)
+    m_mask, d_mask = offs_m < GROUP, offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_m
+    q = tl.load(Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
 
     context_len = tl.load(CL + seq).to(tl.int32)
-    q = tl.load(Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-    q = q * scale  # fold the softmax scale into q once
-
-    m = tl.full([GROUP_P2], float("-inf"), tl.float32)  # running max of scores
-    l = tl.zeros([GROUP_P2], tl.float32)  # running denominator, relative to m
-    acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)  # running sum of p * v, relative to m
-
-    num_blocks = tl.cdiv(context_len, BLOCK_SIZE)
-    first = split * blocks_per_split
-    last = tl.minimum(first + blocks_per_split, num_blocks)
-    for b in range(first, last):  # logical block b of this sequence
-        physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)  # int64: big pools overflow int32
-        tokens = b * BLOCK_SIZE + offs_t
-        t_mask = tokens < context_len  # only the last block is partly masked
+    num_tiles = tl.cdiv(context_len, BLOCK_N)
+    per_split = tl.cdiv(num_tiles, num_splits)  # this sequence's tiles, cut into num_splits ranges
+    first, last = split * per_split, tl.minimum((split + 1) * per_split, num_tiles)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
+    for tile in range(first, last):
+        tokens = tile * BLOCK_N + offs_n
+        t_mask = tokens < context_len
+        # each position gathers its own physical block: a tile may span several blocks
+        physical = tl.load(BT + seq * stride_bt_seq + tokens // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        slot = tokens % BLOCK_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(K + physical * stride_k_block + offs_t[:, None] * stride_k_tok + kv_head * stride_k_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_SIZE, HEAD_DIM_P2]
-        v = tl.load(V + physical * stride_v_block + offs_t[:, None] * stride_v_tok + kv_head * stride_v_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P2, BLOCK_SIZE] scores
+        k = tl.load(K + physical[:, None] * stride_k_block + slot[:, None] * stride_k_tok + kv_head * stride_k_head
+                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM_P2]
+        v = tl.load(V + physical[:, None] * stride_v_block + slot[:, None] * stride_v_tok + kv_head * stride_v_head
+                    + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], fp32, base 2
         s = tl.where(t_mask[None, :], s, float("-inf"))
-        # online softmax: rescale what we have by exp(m - m_new), add this block
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: token 0 of every visited block is real
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])  # masked slots: exp(-inf) = 0
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the tile's first position is real
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])  # masked positions: exp2(-inf) = 0
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
     has_tokens = l > 0  # False for an empty split (or context_len 0)
-    out = acc / tl.where(has_tokens, l, 1.0)[:, None]
-    o_mask = g_mask[:, None] & d_mask[None, :]
+    safe_l = tl.where(has_tokens, l, 1.0)
     tl.store(O + seq * stride_o_seq + heads[:, None] * stride_o_head + split * stride_o_split + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=o_mask)
-    if WRITE_LSE:
-        lse = tl.where(has_tokens, m + tl.log(tl.where(has_tokens, l, 1.0)), float("-inf"))
-        tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=g_mask)
+             (acc / safe_l[:, None]).to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    if WRITE_LSE:  # natural-log log-sum-exp: (m + log2 l) * ln 2
+        lse = tl.where(has_tokens, (m + tl.log2(safe_l)) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=m_mask)
 
 
 @jit
-def _merge_splits_kernel(
-    O_PART, LSE, O, num_splits,
-    stride_p_seq, stride_p_head, stride_p_split, stride_lse_seq, stride_lse_head, stride_o_seq, stride_o_head,
-    SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
+def _merge_splits_kernel(O_PART, LSE, O, num_splits, stride_p_seq, stride_p_head, stride_p_split, stride_lse_seq,
+                         stride_lse_head, stride_o_seq, stride_o_head,
+                         SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
+    seq, head = tl.program_id(0), tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P2)
     offs_d = tl.arange(0, HEAD_DIM_P2)
     s_mask = offs_s < num_splits
@@ -132,8 +130,7 @@ def _merge_splits_kernel(
                    + offs_d[None, :], mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     w_sum = tl.sum(w, axis=0)
     out = tl.sum(w[:, None] * part, axis=0) / tl.where(w_sum > 0, w_sum, 1.0)
-    tl.store(O + seq * stride_o_seq + head * stride_o_head + offs_d, out.to(O.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    tl.store(O + seq * stride_o_seq + head * stride_o_head + offs_d, out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits) -> None:
@@ -174,8 +171,8 @@ def validate_decode_inputs(query, key_cache, value_cache, block_tables, context_
     if block_tables.shape[0] != num_seqs or context_lens.shape[0] != num_seqs:
         raise ValueError(f"num_seqs differs: query {num_seqs}, block_tables {block_tables.shape[0]}, "
                          f"context_lens {context_lens.shape[0]}")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits!r}")
     if scale is not None and not math.isfinite(float(scale)):
         raise ValueError(f"scale must be finite, got {scale}")
     kernel_device(query, key_cache, value_cache, block_tables, context_lens)
@@ -197,55 +194,89 @@ def validate_decode_inputs(query, key_cache, value_cache, block_tables, context_
                          f"{num_blocks} blocks (it holds tokens of a context of {int(lens[seq])})")
 
 
-def _num_warps(tile_elements: int) -> int:
-    """Fixed launch config (no autotuning): more warps for bigger [group, block, head_dim] tiles."""
-    return 4 if tile_elements <= 8192 else 8
+def choose_num_splits(num_programs: int, num_tiles: int, slots: int, max_splits: int = MAX_SPLITS) -> int:
+    """Split count for ``num_programs = num_seqs x num_kv_heads`` programs of ``num_tiles`` KV tiles each.
+
+    FlashAttention-3's rule: no split once the programs fill 80% of the ``slots`` (programs the GPU runs
+    at once); otherwise, among the split counts that shorten the longest split (``ceil(tiles / s)`` drops),
+    the smallest whose wave efficiency ``w / ceil(w)``, ``w = num_programs * s / slots``, is within 85%
+    of the best.
+    """
+    if num_programs >= 0.8 * slots or num_tiles <= 1:
+        return 1
+    counts = [s for s in range(1, min(max_splits, slots, num_tiles) + 1)
+              if s == 1 or -(-num_tiles // s) < -(-num_tiles // (s - 1))]
+    efficiency = {s: num_programs * s / slots / math.ceil(num_programs * s / slots) for s in counts}
+    return next(s for s in counts if efficiency[s] >= 0.85 * max(efficiency.values()))
 
 
-def launch_decode(query, key_cache, value_cache, block_tables, context_lens, scale=None, num_splits=1) -> torch.Tensor:
+@functools.cache
+def _gpu_slots(device_index: int) -> tuple[int, int]:
+    """(programs the GPU runs at once, shared memory per program in bytes) for this kernel: two programs
+    per SM (4 warps, <= 96 KB of K/V stages each), from ``torch.cuda.get_device_properties``."""
+    props = torch.cuda.get_device_properties(device_index)
+    return 2 * props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", 0)
+
+
+def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """Launch config (no autotuning): ``BLOCK_N`` so that one K+V tile stage is 32 KB (16..64 tokens),
+    4 warps, 3 pipeline stages where the GPU's shared memory holds them (else 2); in the interpreter a
+    fixed 64-token tile, 1 stage (pipelining and warps mean nothing there)."""
+    if INTERPRET or device.type != "cuda":
+        return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
+    stage = 2 * triton.next_power_of_2(head_dim) * dtype.itemsize  # bytes of K + V per token
+    block_n = max(16, min(64, 32768 // stage))
+    smem = _gpu_slots(device.index or 0)[1]
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if smem >= 3 * block_n * stage + 32768 else 2}
+
+
+def launch_decode(query, key_cache, value_cache, block_tables, context_lens, scale=None, num_splits=None,
+                  config: dict | None = None) -> torch.Tensor:
     """:func:`paged_attention_decode` without input validation: no checks and no host sync.
 
-    For callers that built the inputs themselves (the benchmark's timed region, an engine's step loop).
-    Wrong inputs here give wrong results or an illegal memory access, never an error message.
+    For callers that built the inputs themselves (the engine's step loop, the benchmark's timed region).
+    Wrong inputs here give wrong results or an illegal memory access, never an error message. ``config``
+    overrides :func:`decode_config` (keys ``BLOCK_N`` (>= 16 on a GPU), ``num_warps``, ``num_stages``).
     """
+    if INTERPRET and query.dtype == torch.bfloat16:  # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
+        return launch_decode(query.float(), key_cache.float(), value_cache.float(), block_tables, context_lens, scale,
+                             num_splits, config).to(torch.bfloat16)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    query = query.contiguous()
-    block_tables = block_tables.contiguous()
-    context_lens = context_lens.contiguous()
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    query, block_tables, context_lens = query.contiguous(), block_tables.contiguous(), context_lens.contiguous()
+    qk_scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * 1.4426950408889634  # x log2(e)
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
-    group_p2, d_p2 = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
-    blocks_per_split = triton.cdiv(block_tables.shape[1], num_splits)
-    common = dict(GROUP=group, GROUP_P2=group_p2, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_P2=d_p2,
-                  num_warps=_num_warps(group_p2 * block_size * d_p2))
-    k_strides = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2))
-    v_strides = (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))
+    cfg = {**decode_config(head_dim, query.dtype, query.device), **(config or {})}
+    if num_splits is None:
+        slots = INTERPRETER_SLOTS if INTERPRET else _gpu_slots(query.device.index or 0)[0]
+        num_splits = choose_num_splits(num_seqs * num_kv_heads, triton.cdiv(block_tables.shape[1] * block_size,
+                                                                             cfg["BLOCK_N"]), slots)
+    d_p2 = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs every dimension >= 16 on a GPU
+    meta = dict(GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+                HEAD_DIM_P2=d_p2, PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cfg)
+    strides = (query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
+               block_tables.stride(0))
+    grid = (num_seqs, num_kv_heads, num_splits)
     if num_splits == 1:
-        _paged_decode_kernel[(num_seqs, num_kv_heads, 1)](
-            query, key_cache, value_cache, block_tables, context_lens, out, out, scale, blocks_per_split,
-            query.stride(0), query.stride(1), *k_strides, *v_strides, block_tables.stride(0),
-            out.stride(0), out.stride(1), 0, 0, 0, WRITE_LSE=False, **common)
+        _decode_kernel[grid](query, key_cache, value_cache, block_tables, context_lens, out, out, qk_scale, 1, *strides,
+                             out.stride(0), out.stride(1), 0, 0, 0, WRITE_LSE=False, **meta)
         return out
     part = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
     lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
-    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, context_lens, part, lse, scale, blocks_per_split,
-        query.stride(0), query.stride(1), *k_strides, *v_strides, block_tables.stride(0),
-        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), WRITE_LSE=True, **common)
+    _decode_kernel[grid](query, key_cache, value_cache, block_tables, context_lens, part, lse, qk_scale, num_splits,
+                         *strides, *part.stride()[:3], lse.stride(0), lse.stride(1), WRITE_LSE=True, **meta)
     _merge_splits_kernel[(num_seqs, num_heads)](
-        part, lse, out, num_splits, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1), SPLITS_P2=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-        HEAD_DIM_P2=d_p2)
+        part, lse, out, num_splits, *part.stride()[:3], lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+        SPLITS_P2=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, HEAD_DIM_P2=d_p2)
     return out
 
 
 def paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
-                           num_splits: int = 1) -> torch.Tensor:
+                           num_splits: int | None = 1) -> torch.Tensor:
     """Decode attention over a paged KV cache (Triton; the interpreter on CPU).
 
     Args:
@@ -256,10 +287,12 @@ def paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor, value_c
             sequence ``s`` in logical order; entries past the context are never read.
         context_lens: int32 ``[num_seqs]``, tokens to attend per sequence (0 gives a zero output).
         scale: softmax scale, default ``1/sqrt(head_dim)``.
-        num_splits: 1 = single pass; > 1 = split-K (flash-decoding) over block ranges + a merge kernel.
+        num_splits: 1 = single pass; an int > 1 = split-K (flash-decoding) over that many tile ranges of
+            each sequence + a merge kernel; ``None`` = :func:`choose_num_splits` from the SM count, the
+            programs (``num_seqs x num_kv_heads``) and the table's capacity (width x block size; no sync).
 
     Returns ``[num_seqs, num_heads, head_dim]`` in ``query``'s dtype, accumulated in float32. Query head
-    ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+    ``h`` reads KV head ``h // (num_heads // num_kv_heads)``. bf16 is upcast to fp32 in the interpreter.
 
     Raises :class:`~paged.kernels.TritonUnavailableError` without Triton; ValueError (with the numbers)
     for bad shapes, dtypes, devices, GQA ratios, a context longer than its table row or a used table

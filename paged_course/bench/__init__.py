@@ -1,4 +1,5 @@
-"""Benchmarks: ``python -m paged bench {sim,allocator,prefix,scheduler,kernel,engine,all} [--quick] [--out DIR]``.
+"""Benchmarks: ``python -m paged bench {sim,allocator,prefix,scheduler,kernel,engine,all} [--quick] [--out DIR]``
+(``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's ungraded exercise).
 
 Each benchmark lives in ``paged_course/bench/<name>.py`` with ``run(quick: bool, out: Path) -> dict``; it
 prints its table, returns JSON-able results, and reports every figure as a ratio against a baseline
@@ -56,14 +57,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("name", choices=BENCHMARKS + ["all"])
     parser.add_argument("--quick", action="store_true", help="small sizes (all of them: < 3 min on 2 cores)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots")
+    parser.add_argument("--impl", choices=["solutions", "exercises"],
+                        help="kernel only: time the learner's kernel of ex04_fast_decode.py from this package")
     args = parser.parse_args(argv)
+    if args.impl and args.name != "kernel":
+        parser.error("--impl applies to `bench kernel` only")
     args.out.mkdir(parents=True, exist_ok=True)
     names = BENCHMARKS if args.name == "all" else [args.name]
     env = environment()
     for name in names:
         print(f"== bench {name} ({'quick' if args.quick else 'full'}) on {env['device']} ==")
         start = time.perf_counter()
-        results = import_module(f"paged_course.bench.{name}").run(quick=args.quick, out=args.out)
+        extra = {"impl": args.impl} if args.impl else {}
+        results = import_module(f"paged_course.bench.{name}").run(quick=args.quick, out=args.out, **extra)
         record = {"benchmark": name, "quick": args.quick, "environment": env,
                   "wall_seconds": round(time.perf_counter() - start, 2), "results": results}
         (args.out / f"{name}.json").write_text(json.dumps(record, indent=2, default=str))

@@ -27,8 +27,9 @@ THIS = Path(__file__).resolve().relative_to(ROOT).as_posix()
 LEFTOVERS: dict[str, re.Pattern] = {
     "planning file": re.compile(r"\b(?:CASES|DESIGN|COURSE_CONVENTIONS)\.md\b|\b(?:SEED|REFERENCE)_NOTES\b"
                                 r"|\bshared/|\bplanning (?:notes?|files?)\b", re.I),
-    "issue or ticket": re.compile(r"\bthe issue's\b|\bthe issues'(?!\w)|\bissues' goals?\b|\bissue ?#?\d+\b"
+    "issue or ticket": re.compile(r"\bthe issue's\b|\bthe issues'(?!\w)|\bissues' goals?\b|(?<!Triton )\bissue ?#?\d+\b"
                                   r"|\bissue note\b|\btickets?\b", re.I),
+    # (an upstream project's public bug, ``Triton issue 11584``, is a source, not a leftover)
     "development target": re.compile(r"\(targets?\b|\btargets? (?:not )?met\b|\btargets?:? ?(?:<=|>=|<|>|≤|≥)"
                                      r"|\btargets?:? \d|\b\d+(?:\.\d+)?(?:x|%) targets?\b|\btargets?: "
                                      r"|\((?:not )?met\)|\bwe aimed\b|\baimed for\b", re.I),
@@ -41,11 +42,6 @@ LEFTOVERS: dict[str, re.Pattern] = {
 # names the kinds it lets through (None: all). test_known_exclusions_are_still_needed fails once an
 # entry matches nothing: delete it then, so the files stay checked.
 KNOWN_TEMPORARY: dict[str, set[str] | None] = {
-    "kernels/cache_ops.py": {"planning file"},
-    "chapters/src/04_online_softmax_triton.py": {"issue or ticket", "development target"},
-    "chapters/04_online_softmax_triton.ipynb": {"issue or ticket", "development target"},
-    "paged_course/bench/kernel.py": {"issue or ticket", "development target"},
-    "paged_course/bench/engine.py": {"development target"},
 }
 
 PY_FOLDERS = ("paged/", "paged_course/", "kernels/", "tests/", "scripts/", "solutions/", "exercises/",
@@ -115,7 +111,14 @@ def _hits():
                 yield path, where, kind, m.group(0), line.strip()
 
 
+# Benchmarks are where the speed targets live (each a ratio against a baseline measured in the same run),
+# so their code, output strings and tests may name a target and say whether it is met.
+TARGETS_BELONG = ("paged_course/bench/", "tests/unit/test_bench_")
+
+
 def _excused(path: str, kind: str) -> bool:
+    if kind == "development target" and path.startswith(TARGETS_BELONG):
+        return True
     return path in KNOWN_TEMPORARY and (KNOWN_TEMPORARY[path] is None or kind in KNOWN_TEMPORARY[path])
 
 
@@ -132,6 +135,7 @@ def test_patterns_catch_the_leftovers_they_name():
         for line in lines:
             assert LEFTOVERS[kind].search(line), f"{kind!r} must catch {line!r}"
     for line in ["targets = {'A': 10}", "the design of the pool", "issue a prefill", "shared blocks",
+                 "the interpreter's bf16 tl.dot is wrong (Triton issue 11584)",
                  "the scheduler may issue", "a target block", "the model's targets"]:
         assert not any(p.search(line) for p in LEFTOVERS.values()), f"false alarm on {line!r}"
 

@@ -7,7 +7,7 @@ in its sequence, block size ``B``), computed by the block manager. The kernel st
 
 and skips tokens whose slot is ``-1`` (padding tokens that own no slot). One program per token copies
 all its KV heads. Shapes: ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]``; caches
-``[num_blocks, block_size, num_kv_heads, head_dim]`` (the pool layout of shared/DESIGN.md section 4);
+``[num_blocks, block_size, num_kv_heads, head_dim]`` (the KV pool layout of ``paged.worker.kv_cache``);
 ``slot_mapping`` int32/int64 ``[num_tokens]``.
 
 Source: vLLM ``csrc/cache_kernels.cu`` (``reshape_and_cache`` / ``reshape_and_cache_flash``) and the
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import jit, kernel_device, require_triton, tl, triton
-from .paged_attention import FLOAT_DTYPES, INDEX_DTYPES
+from paged.kernels._triton import jit, kernel_device, require_triton, tl, triton
+from paged.kernels.paged_attention import FLOAT_DTYPES, INDEX_DTYPES
 
 
 @jit

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import jit, kernel_device, require_triton, tl, triton
+from paged.kernels._triton import jit, kernel_device, require_triton, tl, triton
 
 
 @jit

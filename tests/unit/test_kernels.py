@@ -236,7 +236,8 @@ def test_case11_garbage_past_context(context, junk, num_splits):
 
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_case12_fp16_scores_do_not_overflow(num_splits):
-    """fp16 scores must not overflow: q = k = 32.0, head dim 64 (raw dot 65536 > fp16 max 65504); values 1, 2, 3 -> 2.0."""
+    """fp16 scores must not overflow: q = k = 32.0, head dim 64 (raw dot 65536 > fp16 max 65504); values 1, 2, 3
+    give 2.0."""
     key_cache = torch.full((2, 4, 1, 64), 32.0, dtype=torch.float16)
     value_cache = torch.zeros(2, 4, 1, 64, dtype=torch.float16)
     value_cache[0, :3] = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)[:, None, None]
@@ -283,7 +284,8 @@ def test_case14_output_independent_of_masked_slots():
 
 
 def test_case14_every_masked_load_names_its_fill():
-    """Masked loads need an explicit fill, statically: the interpreter happens to fill masked lanes with 0, a GPU does not."""
+    """Masked loads need an explicit fill, statically: the interpreter happens to fill masked lanes with 0, a GPU
+    does not."""
     files = [*sorted((ROOT / "kernels").glob("*.py")), *sorted((ROOT / "paged_course" / "kernel_lab").glob("*.py")),
              ROOT / "solutions" / "ex04_online_softmax.py", ROOT / "solutions" / "ex04_fast_decode.py"]
     checked = 0

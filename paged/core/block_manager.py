@@ -35,6 +35,20 @@ from paged.core.sequence import Sequence
 from paged.core.swap import SwapMaps
 
 
+def copy_on_write(table: BlockTable, allocator, allocate) -> list[tuple[int, int]]:
+    """Before new tokens are written after ``table.num_tokens``: if the last block is partially filled and
+    shared (ref count > 1, after a fork), give the table a private block from ``allocate()``, drop one
+    reference to the shared one, and return ``[(shared, private)]`` for the engine to copy; else ``[]``.
+    The caller has checked that a free block exists. Paper §4.4; vLLM v0 ``vllm/core/block/cpu_gpu_block_allocator.py``
+    (``cow_block_if_not_appendable``)."""
+    last = table.block_ids[-1] if table.block_ids else None
+    if last is None or table.num_tokens % table.block_size == 0 or allocator.ref_count(last) == 1:
+        return []
+    table.block_ids[-1] = allocate()
+    allocator.free(last)  # one holder fewer; the other holders keep it
+    return [(last, table.block_ids[-1])]
+
+
 class AllocStatus(enum.Enum):
     """Answer of ``can_allocate`` / ``can_swap_in``: admit now, wait for memory, or never fits."""
 
@@ -56,7 +70,7 @@ class BlockSpaceManager:
         watermark: fraction of GPU blocks that admission keeps free, in [0, 1).
         enable_prefix_caching: reuse cached full blocks across sequences.
         hash_fn: block hash for prefix caching (default ``prefix_cache.default_hash``; tests inject weak ones).
-        allocator_cls, prefix_cache_cls: the parts (``paged.engine.parts``) built here.
+        allocator_cls, prefix_cache_cls, copy_on_write: the parts (``paged.engine.parts``) it uses.
 
     Raises:
         ValueError: bad sizes; a sequence allocated twice, unknown, or of another block size.
@@ -65,7 +79,7 @@ class BlockSpaceManager:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0, watermark: float = 0.01,
                  enable_prefix_caching: bool = False, hash_fn: HashFn | None = None,
-                 allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache):
+                 allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache, copy_on_write=copy_on_write):
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         if num_gpu_blocks <= 0:
@@ -83,6 +97,7 @@ class BlockSpaceManager:
         self.block_tables: dict[int, BlockTable] = {}  # seq_id -> GPU blocks
         self.cpu_block_tables: dict[int, BlockTable] = {}  # seq_id -> CPU blocks of swapped-out sequences
         self.swaps = SwapMaps()
+        self.copy_on_write = copy_on_write
 
     # ---- queries -------------------------------------------------------------------------------
     def get_num_free_gpu_blocks(self) -> int:
@@ -206,14 +221,13 @@ class BlockSpaceManager:
         upto, needed, cow = self._append_needs(seq, table, num_tokens)
         if needed > self.gpu_allocator.num_free_blocks:
             raise NoFreeBlocksError(needed, self.gpu_allocator.num_free_blocks)
-        have, bs, copies = table.num_tokens, self.block_size, []
-        new = self._new_gpu_blocks(needed)
-        if cow:
-            src = table.block_ids[-1]
-            self.gpu_allocator.free(src)  # one holder fewer; the other holders keep src
-            table.block_ids[-1] = new.pop(0)
-            copies.append((src, table.block_ids[-1]))
-        elif upto > have and have % bs and self.swaps:
+        have, bs = table.num_tokens, self.block_size
+        new = self._new_gpu_blocks(needed)  # the copy-on-write block first, when one is needed
+        copies = self.copy_on_write(table, self.gpu_allocator, lambda: new.pop(0)) if upto > have else []
+        if len(copies) != cow:
+            raise RuntimeError(f"copy_on_write returned {copies} for sequence {seq.seq_id}, whose last block is "
+                               f"{'' if cow else 'not '}shared and partly filled")
+        if upto > have and have % bs and not cow and self.swaps:
             self.swaps.forget_gpu(table.block_ids[-1])  # written in place: older swap copies of it are stale
         table.block_ids += new
         table.num_tokens = upto

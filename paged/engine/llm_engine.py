@@ -56,7 +56,7 @@ class LLMEngine:
         block_manager = BlockSpaceManager(
             cache_config.block_size, cache_config.num_gpu_blocks, cache_config.num_cpu_blocks,
             cache_config.watermark, cache_config.enable_prefix_caching,
-            allocator_cls=parts.allocator, prefix_cache_cls=parts.prefix_cache)
+            allocator_cls=parts.allocator, prefix_cache_cls=parts.prefix_cache, copy_on_write=parts.copy_on_write)
         self.scheduler = parts.scheduler(scheduler_config, cache_config, block_manager)
         self.runner = ModelRunner(model, kv_cache, parts, parts.decode_for(kv_cache.device))
         self.sampler = Sampler(seed)

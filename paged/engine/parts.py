@@ -4,26 +4,22 @@
 reference for everything else. Each field is a class or a function with exactly the interface below
 (the methods the engine calls, nothing more); the defaults are this package's reference parts.
 
-========================  ===============================================  =======================
-part                      interface (what the engine calls)                reference
-========================  ===============================================  =======================
-``allocator``             ``Allocator(num_blocks)``: ``allocate_many(n)``,  ``core.allocator``
-                          ``free_many(ids)``, ``incref``, ``take``,
-                          ``ref_count``, ``num_free_blocks``
-``prefix_cache``          ``PrefixCache(block_size, hash_fn)``:             ``core.prefix_cache``
-                          ``lookup``, ``insert``, ``evict``,
-                          ``record_query``, ``hit_rate``, ``clear``
-``scheduler``             ``Scheduler(scheduler_config, cache_config,       ``core.scheduler``
-                          block_manager)``: ``schedule()`` and the
-                          request methods of ``core.scheduler.Scheduler``
-``slot_mapping``          ``(block_tables, start_positions, num_tokens,     ``core.block_table``
-                          block_size) -> list[int]``
-``write_kv``              ``(key_cache, value_cache, key, value,            ``worker.attention``
-                          slot_mapping) -> None``
-``decode_attention``      ``(query, key_cache, value_cache, block_tables,   ``worker.attention``
-                          context_lens, scale) -> out``                    (CPU), ``paged.kernels``
-                                                                           (CUDA)
-========================  ===============================================  =======================
+- ``allocator`` (chapter 02): a class ``Allocator(num_blocks)`` with ``allocate_many(n) -> list[int]``,
+  ``free_many(ids)``, ``incref(b)``, ``take(b)``, ``ref_count(b)`` and ``num_free_blocks``
+  (reference: ``paged/core/allocator.py``).
+- ``slot_mapping`` (chapter 03): ``(block_tables, start_positions, num_tokens, block_size) -> list[int]``
+  (``paged/core/block_table.py``).
+- ``write_kv`` (chapter 03): ``(key_cache, value_cache, key, value, slot_mapping) -> None``
+  (``paged/worker/attention.py``).
+- ``decode_attention`` (chapters 03 and 04): ``(query, key_cache, value_cache, block_tables, context_lens,
+  scale) -> out``; ``None`` picks by device: ``paged/worker/attention.py`` on CPU, ``paged.kernels`` on CUDA.
+- ``prefix_cache`` (chapter 05): a class ``PrefixCache(block_size, hash_fn)`` with ``lookup(seq, max_blocks)``,
+  ``insert(seq, block_ids, first, stop)``, ``evict(block_id)``, ``record_query``, ``hit_rate``, ``clear``
+  (``paged/core/prefix_cache.py``).
+- ``copy_on_write`` (chapter 05): ``(table, allocator, allocate) -> [(src, dst)]`` (``paged/core/block_manager.py``).
+- ``scheduler`` (chapter 06): a class ``Scheduler(scheduler_config, cache_config, block_manager)`` with
+  ``schedule()`` and the request methods of ``paged/core/scheduler.py`` (a subclass that overrides the
+  policy methods is the usual learner's part).
 
 Tensor shapes: query / out ``[S, H, D]``; caches ``[num_blocks, block_size, KVH, D]``; block_tables int32
 ``[S, W]`` (the width covers every context); context_lens int32 ``[S]``; key / value ``[T, KVH, D]``;
@@ -40,6 +36,7 @@ from typing import Protocol
 import torch
 
 from paged.core.allocator import BlockAllocator
+from paged.core.block_manager import copy_on_write
 from paged.core.block_table import slot_mapping
 from paged.core.prefix_cache import PrefixCache
 from paged.core.scheduler import Scheduler
@@ -73,6 +70,7 @@ class Parts:
     allocator: type = BlockAllocator
     prefix_cache: type = PrefixCache
     scheduler: type = Scheduler
+    copy_on_write: Callable = copy_on_write
     slot_mapping: Callable = slot_mapping
     write_kv: Callable = write_kv
     decode_attention: Callable | None = None

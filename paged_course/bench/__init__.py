@@ -26,7 +26,7 @@ ABOUT = {  # one line per benchmark, for the listing that ``python -m paged benc
     "kernel": "Triton decode kernel (GPU: bandwidth, paged vs contiguous; CPU: interpreter correctness only)",
     "engine": "the paged engine against transformers' generate on one workload, same tokens (C6)",
 }
-QUICK_HELP = "small sizes (all six in about 40 s on 2 busy vCPUs, most of it `engine`)"
+QUICK_TIME = "all six in 25-40 s on 2 shared vCPUs, 18 s of CPU time, most of it `engine`"  # measured
 
 
 def environment() -> dict:
@@ -67,14 +67,14 @@ def main(argv: list[str]) -> int:
                                                  "With no NAME, list the benchmarks and run nothing.")
     parser.add_argument("name", nargs="?", choices=BENCHMARKS + ["all"], metavar="NAME",
                         help=f"one of {', '.join(BENCHMARKS)}, or all (each in turn); omitted: list them")
-    parser.add_argument("--quick", action="store_true", help=QUICK_HELP)
+    parser.add_argument("--quick", action="store_true", help=f"small sizes ({QUICK_TIME})")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots")
     args = parser.parse_args(argv)
     if args.name is None:
         print("benchmarks (python -m paged bench NAME [--quick] [--out DIR]):")
         for name in BENCHMARKS:
             print(f"  {name:<10} {ABOUT[name]}")
-        print(f"  {'all':<10} each of the above in turn; `all --quick`: {QUICK_HELP.split('(')[1].rstrip(')')}")
+        print(f"  {'all':<10} each of the above in turn (with --quick: {QUICK_TIME})")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     names = BENCHMARKS if args.name == "all" else [args.name]

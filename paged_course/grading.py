@@ -14,7 +14,9 @@ pytest plugin (``-p paged_course.grading``) that writes one JSON line per event 
 autograder format: https://gradescope-autograders.readthedocs.io/en/latest/specs/ ; a skipped test
 counts as failed, with its reason), ``junit.xml`` and ``summary.md``. Learners get exit code 0
 (``--strict``: 1 below full marks); Ctrl-C stops the test process and its children, prints the
-table of the tests that finished and exits with 130.
+table of the tests that finished and exits with 130. The test process runs in its own process group,
+which the grader kills however it ends; on Linux the kernel also kills it if the grader itself is
+killed (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -458,6 +460,19 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 # The graded tests need none of the notebook / property-test plugins the course's dev extra installs;
 # not loading them (nor the ini's addopts, which name nbval's options) takes ~3 s off every grader start.
 _LEAN = ["-p", "no:nbval", "-p", "no:hypothesispytest", "-p", "no:anyio", "-o", "addopts="]
+_PARENT_ENV = "PAGED_GRADE_PARENT"
+# The test process runs pytest through this bootstrap. On Linux it first asks the kernel to kill it when
+# the grader dies (PR_SET_PDEATHSIG), so even a grader killed with SIGKILL leaves no test process behind.
+_BOOT = """
+import os, sys
+if sys.platform.startswith("linux"):
+    import ctypes, signal
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != int(os.environ.get("PAGED_GRADE_PARENT", os.getppid())):
+        os._exit(1)  # the grader died before the line above took effect
+import pytest
+raise SystemExit(pytest.console_main())
+"""
 
 
 def _run_pytest(targets: list[str], impl: str, timeout: float, chapters: list[str], root: Path,
@@ -472,7 +487,8 @@ def _run_pytest(targets: list[str], impl: str, timeout: float, chapters: list[st
     env = dict(os.environ, **{_LOG_ENV: str(log), _CHAPTERS_ENV: ",".join(chapters)})
     env.setdefault("TQDM_DISABLE", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    cmd = [sys.executable, "-m", "pytest", *targets, "-p", "paged_course.grading", f"--impl={impl}",
+    env[_PARENT_ENV] = str(os.getpid())
+    cmd = [sys.executable, "-c", _BOOT, *targets, "-p", "paged_course.grading", f"--impl={impl}",
            f"--timeout={timeout:g}", "-q", "--no-header", "-p", "no:cacheprovider", *_LEAN]
     log.write_text("")
     out_path = log.with_suffix(".out")
@@ -612,7 +628,7 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
                 bar.start(collected[ev["nodeid"]])
             starts[ev["nodeid"]] = time.monotonic()
         elif kind == "result":
-            _record(results, ev, collected.get(ev["nodeid"]))
+            _record(results, ev)
         elif kind == "finish" and ev["nodeid"] in collected:
             status, output = results.get(ev["nodeid"], ("failed", "no result recorded"))
             message = ""
@@ -661,7 +677,7 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
     return report
 
 
-def _record(results: dict, ev: dict, test: TestResult | None) -> None:
+def _record(results: dict, ev: dict) -> None:
     nodeid, outcome, output = ev["nodeid"], ev["outcome"], ev["output"]
     if outcome == "passed":
         results.setdefault(nodeid, ("passed", ""))

@@ -315,6 +315,32 @@ def test_ctrl_c_stops_the_tests_and_shows_what_finished(tmp_path):
     assert not _alive(grandchild), "and so is what the test started"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_grader_leaves_no_test_process(tmp_path):
+    """SIGKILL cannot be caught: the kernel ends the test process when the grader dies (e.g. a CI step timeout)."""
+    suite = _suite(tmp_path / "suite", STUCK)
+    pids_file = tmp_path / "pids"
+    env = dict(os.environ, PIDS_FILE=str(pids_file), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(suite)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not pids_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pytest_pid, grandchild = map(int, pids_file.read_text().split())
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(pytest_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(pytest_pid)
+    for pid in (pytest_pid, grandchild):  # tidy up whatever is left
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive, "the pytest child died with the grader"
+
+
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT to a process: POSIX")
 def test_interrupt_inside_grade_raises_with_the_partial_report(tmp_path, monkeypatch):
     """From Python (a notebook cell), Ctrl-C raises GradingInterrupted: a KeyboardInterrupt with the partial report."""

@@ -1,6 +1,8 @@
 """Benchmarks: ``python -m paged bench {sim,allocator,prefix,scheduler,kernel,engine,all} [--quick] [--out DIR]``
 (``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's ungraded exercise).
 
+``python -m paged bench`` with no name lists the benchmarks (it runs nothing and writes nothing).
+
 Each benchmark lives in ``paged_course/bench/<name>.py`` with ``run(quick: bool, out: Path) -> dict``; it
 prints its table, returns JSON-able results, and reports every figure as a ratio against a baseline
 measured in the same run, or as an absolute time marked with its device. This module records the
@@ -17,6 +19,15 @@ from importlib import import_module, metadata
 from pathlib import Path
 
 BENCHMARKS = ["sim", "allocator", "prefix", "scheduler", "kernel", "engine"]
+ABOUT = {  # one line per benchmark, for the listing that ``python -m paged bench`` prints
+    "sim": "fragmentation simulator: KV memory holding real tokens, static vs contiguous vs paged (C1-C3)",
+    "allocator": "what the block allocator and the block manager cost per call on this CPU",
+    "prefix": "prefix caching: what a cached allocate costs, blocks saved by 100 requests sharing a prompt (C5)",
+    "scheduler": "cost of one schedule() call against the number of running requests",
+    "kernel": "Triton decode kernel (GPU: bandwidth, paged vs contiguous; CPU: interpreter correctness only)",
+    "engine": "the paged engine against transformers' generate on one workload, same tokens (C6)",
+}
+QUICK_TIME = "all six in 25-40 s on 2 shared vCPUs, 18 s of CPU time, most of it `engine`"  # measured
 
 
 def environment() -> dict:
@@ -53,13 +64,21 @@ def timing_threads() -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m paged bench",
-                                     description="Benchmarks: tables printed, JSON and PNG written.")
-    parser.add_argument("name", choices=BENCHMARKS + ["all"])
-    parser.add_argument("--quick", action="store_true", help="small sizes (all of them: < 3 min on 2 cores)")
+                                     description="Benchmarks: tables printed, JSON and PNG written. "
+                                                 "With no NAME, list the benchmarks and run nothing.")
+    parser.add_argument("name", nargs="?", choices=BENCHMARKS + ["all"], metavar="NAME",
+                        help=f"one of {', '.join(BENCHMARKS)}, or all (each in turn); omitted: list them")
+    parser.add_argument("--quick", action="store_true", help=f"small sizes ({QUICK_TIME})")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots")
     parser.add_argument("--impl", choices=["solutions", "exercises"],
                         help="kernel only: time the learner's kernel of ex04_fast_decode.py from this package")
     args = parser.parse_args(argv)
+    if args.name is None:
+        print("benchmarks (python -m paged bench NAME [--quick] [--out DIR]):")
+        for name in BENCHMARKS:
+            print(f"  {name:<10} {ABOUT[name]}")
+        print(f"  {'all':<10} each of the above in turn (with --quick: {QUICK_TIME})")
+        return 0
     if args.impl and args.name != "kernel":
         parser.error("--impl applies to `bench kernel` only")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""pyproject.toml is the only package list; environment.yml must agree with it, and `kernels/` is `paged.kernels`."""
+"""pyproject.toml is the only package list; environment.yml and the README's set-up commands agree with it and with
+each other (one torch pin, PyPI by default, PyTorch's CPU index on request); `kernels/` is `paged.kernels`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11 (the course's environment.yml pins 3.11)
 yaml = pytest.importorskip("yaml")
 
@@ -39,6 +41,43 @@ def test_environment_pins_python_and_installs_the_project_with_its_extras(env, p
     assert {"notebooks", "dev"} <= set(extras), "the extras environment.yml asks for exist"
     names = {re.split(r"[<>=!~; \[]", line, maxsplit=1)[0].lower() for line in pip if not line.startswith("-")}
     assert names == {"torch"}, f"environment.yml lists packages of its own (keep them in pyproject): {names}"
+
+
+def test_environment_leaves_the_torch_build_to_the_command_line(env):
+    pip = _pip_lines(env)
+    assert [line for line in pip if line.startswith("-") and not line.startswith("-e")] == [], \
+        "an index line in environment.yml would give every machine the same torch build (README: CPU-only " \
+        "Linux sets PIP_EXTRA_INDEX_URL instead)"
+    assert f"PIP_EXTRA_INDEX_URL={CPU_INDEX} conda env create -f environment.yml" in \
+        (ROOT / "environment.yml").read_text(), "the file's comment gives the CPU-only command"
+
+
+def _setup_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Set up")
+    section = readme[start:readme.index("\n## ", start + 1)]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    return [line for block in blocks for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_readme_setup_commands_agree_with_environment_yml(env):
+    commands = _setup_commands()
+    pins = {pin for line in commands for pin in re.findall(r"torch==[\w.+]+", line)}
+    assert pins == {"torch==2.13.0"} and "torch==2.13.0" in _pip_lines(env), "one torch pin everywhere"
+    installs = [c for c in commands if "pip install" in c]
+    cpu = [c for c in installs if f"--index-url {CPU_INDEX}" in c]
+    default = [c for c in installs if "index-url" not in c]
+    assert len(cpu) == len(default) == 1 and len(installs) == 2, installs
+    assert "--extra-index-url" not in cpu[0] and cpu[0].count("pip install") == 2, \
+        "CPU index for torch only: the course's other packages are not on PyTorch's index"
+    for command in installs:
+        assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && ")
+        assert command.endswith('-e ".[notebooks,dev]" && python -m paged demo'), command
+    conda = [c for c in commands if "conda env create" in c]
+    assert conda == [f"PIP_EXTRA_INDEX_URL={CPU_INDEX} conda env create -f environment.yml && "
+                     f"conda activate {env['name']} && python -m paged demo"], conda
+    assert {c for c in commands if c.endswith("pytest")} == {
+        ". .venv/bin/activate && pytest", f"conda activate {env['name']} && pytest"}, "the test command, twice"
 
 
 def test_pyproject_torch_and_triton(pyproject):

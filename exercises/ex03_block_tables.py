@@ -75,7 +75,7 @@ def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: 
         sequence ``s`` at ``[s, p]``; ``valid`` bool ``[num_seqs, L]``, True where ``p < context_lens[s]``.
     """
     block_size = key_cache.shape[1]
-    raise NotImplementedError("ch03.ex2: unused table entries -> 0 (torch.where); key_cache[table].flatten(1, 2)")
+    raise NotImplementedError("ch03.ex2: entries past a context may be -1 or stale: index with valid ids only")
 
 
 def paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -15,6 +15,7 @@ ACTIONS = {
     "release": "paged_course.release",
     "autograder": "paged_course.autograder",
     "classroom": "paged_course.classroom",
+    "mutants": "paged_course.mutants",
 }
 
 

@@ -108,7 +108,9 @@ def pytest_collection_modifyitems(config, items):
         limit = max(x for x in (own, default, 0.0) if x is not None) or None
         if own is not None and limit != own:  # --timeout larger than the test's own limit: the larger wins
             item.add_marker(pytest.mark.timeout(limit), append=False)
-        _log({"event": "collected", "nodeid": item.nodeid, "id": ex_id, "points": points, "timeout": limit})
+        uses = list(item.get_closest_marker("exercise").kwargs.get("uses", ()))
+        _log({"event": "collected", "nodeid": item.nodeid, "id": ex_id, "points": points, "timeout": limit,
+              "uses": uses})
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -207,6 +209,7 @@ class TestResult:
     limit: float | None = None
     message: str = ""
     duration: float | None = None  # seconds from start to finish, as the grader saw it
+    uses: tuple[str, ...] = ()  # earlier exercises this test runs (the marker's ``uses=``)
 
     @property
     def chapter(self) -> str:
@@ -621,7 +624,8 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
         kind = ev["event"]
         if kind == "collected":
             collected.setdefault(ev["nodeid"], TestResult(ev["nodeid"], ev["id"], ev["points"],
-                                                          limit=ev.get("timeout") or timeout))
+                                                          limit=ev.get("timeout") or timeout,
+                                                          uses=tuple(ev.get("uses", ()))))
         elif kind == "start":
             if bar is not None:
                 bar.begin(list(collected.values()))
@@ -706,8 +710,12 @@ def _summary_lines(report: Report, width: int) -> list[str]:
         bad = [t for t in tests if t.status != "passed"]
         reason = bad[0].reason
         stub = re.search(r"NotImplementedError: (ch\d\d\.ex\d+[a-z]?):", reason)
+        broken = [u for u in bad[0].uses if any(t.exercise == u and t.status != "passed" for t in report.tests)]
         if stub and stub.group(1) != ex_id:  # this exercise calls an unfinished one
             reason = f"needs {stub.group(1)} first ({reason})"
+        elif broken:  # it runs an earlier exercise of the learner's that fails its own tests
+            first = next(t for t in report.tests if t.exercise == broken[0] and t.status != "passed")
+            reason = f"{ex_id} uses your {broken[0]}, which fails: {first.reason} (fix {broken[0]} first)"
         plain = reason.startswith(("timed out", "crashed", "not run", "skipped"))
         status = "" if plain else f"{_STATUS_WORDS[bad[0].status]}: "
         lines.append(_wrap(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {status}{reason}", 12, width))

@@ -36,8 +36,13 @@ def notebook_path(source: Path) -> Path:
     return CHAPTERS / (source.stem + ".ipynb")
 
 
-def execute(paths: list[Path], timeout: int = 600) -> dict[str, float]:
-    """Run each chapter, write ``NN_slug.ipynb`` with outputs; return seconds per chapter."""
+def execute(paths: list[Path], timeout: int = 600, impl: str = "solutions", write: bool = True) -> dict[str, float]:
+    """Run each chapter and write ``NN_slug.ipynb`` with outputs; return seconds per chapter.
+
+    ``impl``: the parts the chapters build on (``PAGED_IMPL``): the committed notebooks are executed on the
+    reference (``solutions``); ``exercises`` with ``write=False`` runs them on the learner's files (CI: the
+    untouched stubs) and raises ``nbclient.exceptions.CellExecutionError`` on the first cell that fails.
+    """
     import jupytext
     import torch
     from nbclient import NotebookClient
@@ -45,6 +50,7 @@ def execute(paths: list[Path], timeout: int = 600) -> dict[str, float]:
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("PYTHONHASHSEED", "0")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    os.environ["PAGED_IMPL"] = impl
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     seconds = {}
@@ -56,6 +62,9 @@ def execute(paths: list[Path], timeout: int = 600) -> dict[str, float]:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(CHAPTERS)}}).execute()
         seconds[path.stem] = time.perf_counter() - start
+        if not write:
+            print(f"{path.stem}: ran on {impl}/ in {seconds[path.stem]:.1f} s (not written)")
+            continue
         for i, cell in enumerate(nb.cells):  # keep diffs small: stable cell ids, no per-run timestamps
             cell["id"] = f"cell-{i:03d}"
             cell.metadata.pop("execution", None)
@@ -87,13 +96,16 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m paged course notebooks")
     parser.add_argument("action", choices=["execute", "check"])
     parser.add_argument("chapters", nargs="*", help="chapter numbers or names (default: all)")
+    parser.add_argument("--impl", choices=["solutions", "exercises"], default="solutions",
+                        help="parts the chapters build on (default: the reference, as committed)")
+    parser.add_argument("--no-write", action="store_true", help="run only (CI: every chapter on the stubs)")
     args = parser.parse_args(argv)
     paths = chapter_sources(args.chapters)
     if not paths:
         print("no chapter matched")
         return 1
     if args.action == "execute":
-        execute(paths)
+        execute(paths, impl=args.impl, write=not args.no_write)
         return 0
     bad = check(paths)
     if bad:

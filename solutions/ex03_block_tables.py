@@ -78,7 +78,7 @@ def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: 
         sequence ``s`` at ``[s, p]``; ``valid`` bool ``[num_seqs, L]``, True where ``p < context_lens[s]``.
     """
     block_size = key_cache.shape[1]
-    # BEGIN SOLUTION ch03.ex2 -- unused table entries -> 0 (torch.where); key_cache[table].flatten(1, 2)
+    # BEGIN SOLUTION ch03.ex2 -- entries past a context may be -1 or stale: index with valid ids only
     width = block_tables.shape[1]
     lens = context_lens.long()
     used = torch.arange(width, device=lens.device) < ((lens + block_size - 1) // block_size)[:, None]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_course.sync import MarkerError, exercise_ids, main, make_stub, sync
+from paged_course.sync import BEGIN, END, MarkerError, exercise_ids, main, make_stub, sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,3 +86,35 @@ def test_check_mode_reports_stale_files_without_writing(tmp_path, capsys):
 
 def test_repository_exercises_are_in_sync():
     assert sync(ROOT, check=True) == [], "run: python -m paged course sync"
+
+
+def _code_lines(body: list[str]) -> list[str]:
+    """The region's solution code worth hiding, normalized: each line without its comment, and the
+    expression on the right of an assignment (``key = key_cache[table].flatten(1, 2)`` hides both)."""
+    lines = []
+    for line in body:
+        code = " ".join(line.split("  #")[0].split())
+        if code.startswith("#"):
+            continue
+        for piece in (code, code.split(" = ", 1)[-1]):
+            if len(piece) >= 12:
+                lines.append(piece)
+    return lines
+
+
+def test_hints_never_contain_a_line_of_the_solution():
+    """A hint points the way; it never hands out a line of the answer (whitespace ignored)."""
+    leaks = []
+    for path in sorted((ROOT / "solutions").glob("ex*.py")):
+        region = None
+        for line in path.read_text().splitlines():
+            begin = BEGIN.match(line)
+            if begin:
+                region = (begin["id"], " ".join((begin["hint"] or "").split()), [])
+            elif END.match(line) and region:
+                ex_id, hint, body = region
+                leaks += [f"{path.name} {ex_id}: the hint contains `{c}`" for c in _code_lines(body) if c in hint]
+                region = None
+            elif region:
+                region[2].append(line)
+    assert not leaks, "\n".join(leaks)

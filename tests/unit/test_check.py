@@ -1,0 +1,88 @@
+"""The learner's loop (``paged_course.check``), the mutation check (``paged_course.mutants``) and the
+capstone's part loader (``paged_course.capstone``), on the repository's own chapter 02 exercise."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from paged_course import capstone, mutants
+from paged_course.check import ROOT, check, learner_or_reference, run_check, solution
+
+EX = "ch02.ex1"
+FILE = "ex02_allocator.py"
+
+
+@pytest.fixture
+def wrong(tmp_path):
+    """A copy of solutions/ whose ch02.ex1 hands out the back of the free list."""
+    folder = tmp_path / "impl"
+    shutil.copytree(ROOT / "solutions", folder)
+    source = (folder / FILE).read_text()
+    code = mutants.load_mutants()[FILE][EX]
+    (folder / FILE).write_text(mutants.apply(source, EX, next(iter(code.values()))))
+    return folder
+
+
+def test_check_passes_on_the_reference_and_names_an_unwritten_stub(capsys):
+    assert check(EX, impl="solutions") is True
+    assert f"{EX} passes" in capsys.readouterr().out
+    assert check(EX, impl="exercises") is False, "the untouched stub does not pass"
+    out = capsys.readouterr().out
+    assert "is not written yet" in out and "carries on with the reference" in out
+
+
+def test_check_shows_the_first_failing_case_in_plain_words(wrong, capsys):
+    assert check(EX, impl=str(wrong)) is False
+    out = capsys.readouterr().out
+    assert "checks pass; the first failing one:" in out
+    assert "check '" in out and "got" in out and "expected" in out, out
+
+
+def test_results_are_cached_until_a_file_changes(wrong):
+    first = run_check(EX, impl=str(wrong))
+    assert run_check(EX, impl=str(wrong)) is first, "an unchanged folder is not checked twice"
+    shutil.copyfile(ROOT / "solutions" / FILE, wrong / FILE)
+    assert run_check(EX, impl=str(wrong)).ok, "an edited file is checked again"
+
+
+def test_learner_or_reference_falls_back_with_one_line(capsys):
+    assert learner_or_reference(EX, "mine", "reference", impl="exercises") == "reference"
+    assert "using the reference for ch02.ex1" in capsys.readouterr().out
+    assert learner_or_reference(EX, "mine", "reference", impl="solutions") == "mine"
+
+
+def test_solution_prints_the_region_or_says_to_ask(capsys, monkeypatch, tmp_path):
+    solution(EX)
+    out = capsys.readouterr().out
+    assert out.startswith("# solutions/ex02_allocator.py") and "popleft" in out and "BEGIN" not in out
+    import paged_course.check as c
+
+    monkeypatch.setattr(c, "ROOT", tmp_path)  # a student release: no solutions/
+    solution(EX)
+    assert "ask your instructor" in capsys.readouterr().out
+
+
+def test_mutant_apply_replaces_only_the_region_body():
+    source = "def f():\n    # BEGIN SOLUTION ch09.ex1 -- hint\n    return 1\n    # END SOLUTION\n    x = 2\n"
+    out = mutants.apply(source, "ch09.ex1", "\n        return 2\n")
+    assert out == "def f():\n    # BEGIN SOLUTION ch09.ex1 -- hint\n    return 2\n    # END SOLUTION\n    x = 2\n"
+
+
+def test_every_planted_mutant_of_a_region_is_killed():
+    killed, total, problems = mutants.run(["ch02"])
+    assert total >= 3 and killed == total, problems
+
+
+def test_learner_parts_take_passing_parts_and_fall_back_otherwise(monkeypatch):
+    import exercises.ex02_allocator
+    import solutions.ex02_allocator
+
+    for module in (solutions.ex02_allocator, exercises.ex02_allocator):
+        monkeypatch.setattr(module, "PART_REGIONS", {"BlockAllocator": (EX,)}, raising=False)
+    parts, origin = capstone.learner_parts("solutions", parts=("allocator",))
+    assert parts.allocator.__module__ == "solutions.ex02_allocator" and origin["allocator"].startswith("yours")
+    parts, origin = capstone.learner_parts("exercises", parts=("allocator",))
+    assert parts.allocator.__module__ == "paged.core.allocator", "an unfinished part falls back"
+    assert "ch02.ex1 not passing" in origin["allocator"]

@@ -100,3 +100,15 @@ def test_jupyterlab_shows_one_entry_per_chapter():
     assert notebooks and notebooks == sources, f"one source per notebook: {notebooks} vs {sources}"
     beside = sorted(p.name for p in chapters.iterdir() if p.is_file() and p.suffix != ".ipynb")
     assert not beside, f"files beside the notebooks show up in JupyterLab as extra chapters: {beside}"
+
+
+def test_the_engine_stays_within_its_line_budget():
+    """``scripts/engine_lines.py``: paged/ + kernels/ at most 2,300 code lines, no module over 300."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_lines", ROOT / "scripts" / "engine_lines.py")
+    lines = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lines)
+    counts = lines.count(ROOT)
+    assert counts and lines.code_lines('"""doc."""\n\n# c\nx = 1\n') == 1, "docstrings, comments, blanks: not code"
+    assert not lines.problems(counts), lines.problems(counts)

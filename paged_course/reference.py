@@ -361,22 +361,6 @@ def paged_attention_blockwise(query: torch.Tensor, key_cache: torch.Tensor, valu
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
-def paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float | None = None, num_splits: int = 1) -> torch.Tensor:
-    """``paged_attention_gather`` with the exact signature of ``paged.kernels.paged_attention_decode``.
-
-    ``num_splits`` (a positive int) selects split-K in the Triton kernel; splitting only changes the
-    order of the sum, so the reference accepts it and computes the same result for every value.
-
-    Raises:
-        ValueError: ``num_splits < 1``, or anything ``paged_attention_gather`` rejects.
-    """
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be a positive integer, got {num_splits!r}")
-    return paged_attention_gather(query, key_cache, value_cache, block_tables, context_lens, scale)
-
-
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
                     backend: str | None = None) -> torch.Tensor:
@@ -397,4 +381,4 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
 __all__ = ["kv_cache_from_budget", "pad_block_tables", "write_kv", "contiguous_attention", "gather_kv",
            "paged_attention", "paged_attention_blockwise",
-           "paged_attention_decode", "paged_attention_gather", "select_backend"]
+           "paged_attention_gather", "select_backend"]

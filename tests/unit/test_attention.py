@@ -21,13 +21,11 @@ from paged_course.reference import (
     gather_kv,
     paged_attention,
     paged_attention_blockwise,
-    paged_attention_decode,
     paged_attention_gather,
     select_backend,
 )
 
-PAGED = {"gather": paged_attention_gather, "blockwise": paged_attention_blockwise,
-         "decode": paged_attention_decode}
+PAGED = {"gather": paged_attention_gather, "blockwise": paged_attention_blockwise}
 
 
 def sdpa_reference(query, key_cache, value_cache, block_tables, context_lens, scale=None):
@@ -169,14 +167,6 @@ def test_zero_context_gives_zero_output():
         out = fn(q, kc, vc, bt, cl)
         assert torch.equal(out[0], torch.zeros_like(out[0])), f"{name}: empty context must give zeros"
         assert torch.isfinite(out).all()
-
-
-def test_num_splits_is_accepted_and_validated():
-    q, kc, vc, bt, cl = make_batch([9, 2], num_heads=4, num_kv_heads=2, seed=2)
-    split = paged_attention_decode(q, kc, vc, bt, cl, num_splits=4)
-    assert torch.equal(split, paged_attention_gather(q, kc, vc, bt, cl))
-    with pytest.raises(ValueError, match="num_splits must be a positive integer, got 0"):
-        paged_attention_decode(q, kc, vc, bt, cl, num_splits=0)
 
 
 def _bad_inputs():

@@ -215,15 +215,14 @@ def print_sim(rows: list[dict]) -> None:
               f"{r['tok_s']:>10.0f}{r['tok_s'] / off['tok_s']:>8.2f}")
 
 
-def run(quick: bool = False, out: Path | None = None, model=None) -> dict:
-    """Engine comparison and simulator sweep on ``latency_workload`` (smaller under ``quick``); prints the
+def run(model, quick: bool = False, out: Path | None = None) -> dict:
+    """Engine comparison and simulator sweep on ``latency_workload`` (smaller under ``quick``) for ``model``
+    (``paged_course.bench.engine.bench_model()``: its 2,048 positions hold the long prompts); prints the
     tables and returns the results (JSON-able). With ``out``, writes ``engine_latency.png``."""
     from paged_course.bench import timing_threads
-    from paged_course.bench.engine import bench_model
 
     if not torch.cuda.is_available():
         timing_threads()  # one torch thread by default: on a shared CPU extra threads only add noise
-    model = model if model is not None else bench_model()
     if quick:
         work = latency_workload(num_short=6, num_long=2, short_output=(32, 40), long_prompt=(1000, 1050))
     else:

@@ -16,8 +16,17 @@ returns the figure). Times are plotted in milliseconds.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 COLORS = {"off": "#8d99ae", "on": "#2a9d8f"}
+
+
+def _plain_log_y(ax) -> None:
+    """A log y axis labelled 10, 20, 50, 100 ... instead of powers of ten."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def plot_budget_sweep(rows: list[dict], axes=None, unit: str = "cost model"):
@@ -42,7 +51,8 @@ def plot_budget_sweep(rows: list[dict], axes=None, unit: str = "cost model"):
                             label=f"{tag} chunked")
             ax.axhline(1e3 * off[f"{name}_{tag}"], color=line.get_color(), linestyle=":", linewidth=1.2,
                        label=f"{tag} whole prompts")
-        ax.set(ylabel=f"ms ({unit})", title=title, yscale="log")
+        ax.set(ylabel=f"ms ({unit})", title=title)
+        _plain_log_y(ax)
     axes[2].plot(budgets, [r["tok_s"] / off["tok_s"] for r in chunked], marker="o", color=COLORS["on"],
                  label="chunked")
     axes[2].axhline(1.0, color=COLORS["off"], linestyle=":", linewidth=1.2, label="whole prompts")
@@ -68,8 +78,9 @@ def plot_engine_latency(result: dict, ax=None, device: str = "cpu"):
         ax.bar(xs, [1e3 * r[k] for k in keys], width, color=COLORS[name],
                label=f"{label}: {r['tok_s']:.0f} tokens/s")
     ax.set_xticks(range(len(keys)), [k.replace("_", " ").upper().replace(" P", " p") for k in keys])
-    ax.set(ylabel=f"ms ({device})", yscale="log", title=f"engine: p99 ITL {result['itl_p99_ratio']:.1f}x lower, "
-                                                         f"throughput {result['throughput_change']:+.0%}")
+    ax.set(ylabel=f"ms ({device})", title=f"engine: p99 ITL {result['itl_p99_ratio']:.1f}x lower, "
+                                          f"throughput {result['throughput_change']:+.1%}")
+    _plain_log_y(ax)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1, frameon=False)
     return ax
 
@@ -82,8 +93,9 @@ def plot_step_times(result: dict, ax=None, device: str = "cpu"):
     for name, label in (("off", "whole prompts"), ("on", f"chunked, budget {result['budget']}")):
         steps = result[name]["step_seconds"]
         ax.plot(range(1, len(steps) + 1), [1e3 * s for s in steps], color=COLORS[name], linewidth=1, label=label)
-    ax.set(xlabel="engine step", ylabel=f"step time (ms, {device})", yscale="log",
+    ax.set(xlabel="engine step", ylabel=f"step time (ms, {device})",
            title="a whole long prompt stalls the step; chunks bound it")
+    _plain_log_y(ax)
     ax.legend(fontsize=7)
     return ax
 

@@ -456,7 +456,7 @@ def test_engine_latency_run_gives_the_same_tokens_with_and_without_chunks(llama)
     assert result["on"]["prefill_chunks"] > result["off"]["prefill_chunks"] == len(work)
     for name in ("off", "on"):
         r = result[name]
-        assert all(0 < r[k] < math.inf for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tok_s"))
+        assert all(0 < r[k] < math.inf for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tok_s", "cpu_tok_s"))
         assert len(r["step_seconds"]) == r["steps"]
     fig = plot_latency(result, simulate_budgets(work, budgets=(8, 16, None), max_num_seqs=4, max_model_len=128))
     assert len(fig.axes) == 5

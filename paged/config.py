@@ -32,12 +32,14 @@ class SchedulerConfig:
         enable_chunked_prefill: cut prompts into chunks that fit the token budget (vLLM v1, on by
             default). Off: a whole prompt must fit in one step, so the budget must be ``>= max_model_len``.
         long_prefill_token_threshold: when > 0, the most tokens one prompt computes in one step, so that a
-            long prompt leaves budget to others (vLLM's ``long_prefill_token_threshold``); 0 = no cap.
+            long prompt leaves budget to others (vLLM's ``long_prefill_token_threshold``); 0 = no cap. It cuts
+            prompts, so it needs ``enable_chunked_prefill``.
 
     Raises:
         ValueError: a non-positive size, a budget below ``max_num_seqs`` (each running sequence needs one
             token per step: vLLM's rule) or, without chunking, below ``max_model_len``, a negative
-            threshold, or an unknown ``preemption_mode`` (the message names the parameter and values).
+            threshold or one without chunking, or an unknown ``preemption_mode`` (the message names the
+            parameter and values).
     """
 
     max_num_seqs: int = 256
@@ -59,6 +61,9 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len}) when prefills are not chunked: a whole prompt must fit in one step "
                 "(or set enable_chunked_prefill=True)")
+        if not self.enable_chunked_prefill and self.long_prefill_token_threshold:
+            raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold} cuts prompts into "
+                             "chunks, so it needs enable_chunked_prefill=True (without chunking a prompt is never cut)")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({self.max_num_seqs}): a step decoding every running sequence needs one token each")

@@ -231,4 +231,7 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
 
         ax = plot_concurrency(sweep, device=str(next(model.parameters()).device))
         ax.figure.savefig(Path(out) / "engine_concurrency.png", dpi=120, bbox_inches="tight")
+    from paged_course.bench import latency  # chunked prefill: TTFT / ITL with long prompts among running decodes
+
+    result["latency"] = latency.run(model, quick=quick, out=out)
     return result

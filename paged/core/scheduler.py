@@ -239,7 +239,8 @@ class Scheduler:
     def _mark_scheduled(self, seq: Sequence, n: int, out: SchedulerOutputs) -> int:
         """List ``seq``'s next ``n`` tokens in ``out`` and mark them computed. Returns ``n``."""
         table = self.block_manager.block_tables[seq.seq_id].block_ids
-        out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, table))
+        out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, table,
+                                          seq.num_computed_tokens + n == len(seq)))
         seq.num_computed_tokens += n
         out.num_batched_tokens += n
         return n

@@ -20,12 +20,16 @@ class ScheduledSeq:
     have K/V in the pool: earlier steps, earlier chunks or prefix-cache hits). A prefill chunk has
     ``num_tokens >= 1`` (a fully cached prompt still computes its last token), a decode exactly 1.
     ``block_table``: the sequence's physical GPU blocks, valid until the next ``schedule()``.
+    ``samples``: after this step every token of the sequence has K/V, so the engine samples its next token
+    (False for a prompt chunk that is not the last one); fixed when scheduled, so it stays true after the
+    engine appends the sampled token.
     """
 
     seq: Sequence
     start: int
     num_tokens: int
     block_table: list[int]
+    samples: bool
 
     @property
     def token_ids(self) -> list[int]:
@@ -39,12 +43,6 @@ class ScheduledSeq:
     def is_prefill(self) -> bool:
         """Computes prompt tokens (or several tokens at once, as after a recompute preemption)."""
         return self.start < self.seq.num_prompt_tokens or self.num_tokens > 1
-
-    @property
-    def samples(self) -> bool:
-        """After this step every token of the sequence has K/V: the engine samples its next token.
-        False for a prompt chunk that is not the last one."""
-        return self.start + self.num_tokens == len(self.seq)
 
     @property
     def seq_group(self):

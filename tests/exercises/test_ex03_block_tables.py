@@ -112,7 +112,7 @@ def test_slot_mapping_at_block_boundaries(impl):
     assert ex.slot_mapping([table], [7], [2], 4) == [47, 48], "positions 7, 8: offset 3 of block 11, offset 0 of 12"
 
 
-@pytest.mark.exercise("ch03.ex1", points=3)
+@pytest.mark.exercise("ch03.ex1", points=2)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_slot_mapping_for_a_packed_batch(impl, block_size):
     # A packed step: whole prompts, decodes, prompt chunks that start mid-block and at a block edge, an idle row.
@@ -152,7 +152,7 @@ def _write_case(block_size, seed, dtype=torch.float32, num_kv_heads=2, head_dim=
     return key_cache, value_cache, key, value, slots.long()
 
 
-@pytest.mark.exercise("ch03.ex2", points=3)
+@pytest.mark.exercise("ch03.ex2", points=2)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_write_kv_stores_each_token_at_its_slot(impl, block_size):
     ex = impl("ex03_block_tables")
@@ -177,7 +177,7 @@ def test_write_kv_stores_each_token_at_its_slot(impl, block_size):
         ex.write_kv(key_cache, value_cache, key, value, torch.full_like(slots, key_cache.shape[0] * block_size))
 
 
-@pytest.mark.exercise("ch03.ex2", points=2)
+@pytest.mark.exercise("ch03.ex2", points=1)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_write_kv_into_one_layer_of_an_engine_pool(impl, dtype):
     # The engine's pool is one tensor [layers, 2, blocks, bs, KVH, D]; a layer's caches are views of it, and the
@@ -198,7 +198,7 @@ def test_write_kv_into_one_layer_of_an_engine_pool(impl, dtype):
 
 
 # ---------------------------------------------------------------------------------------- ch03.ex3
-@pytest.mark.exercise("ch03.ex3", points=3)
+@pytest.mark.exercise("ch03.ex3", points=2)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_gather_kv_through_shuffled_tables(impl, block_size):
     ex = impl("ex03_block_tables")
@@ -215,7 +215,7 @@ def test_gather_kv_through_shuffled_tables(impl, block_size):
         assert valid[s, :n].all() and not valid[s, n:].any(), f"sequence {s}: valid must be exactly p < {n}"
 
 
-@pytest.mark.exercise("ch03.ex3", points=2)
+@pytest.mark.exercise("ch03.ex3", points=1)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gather_kv_ignores_unused_table_entries(impl, dtype):
     # Every row ends in -1 padding and stale ids beyond the pool (pool of 9 blocks; ids 11 and 1000000).
@@ -230,7 +230,7 @@ def test_gather_kv_ignores_unused_table_entries(impl, dtype):
 
 
 # ---------------------------------------------------------------------------------------- ch03.ex4
-@pytest.mark.exercise("ch03.ex4", points=4)
+@pytest.mark.exercise("ch03.ex4", points=1)
 @pytest.mark.parametrize("group", [1, 2, 4, 7])
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_decode_attention_matches_reference(ex4, block_size, group):
@@ -246,7 +246,7 @@ def test_decode_attention_matches_reference(ex4, block_size, group):
                   f"scale {SCALE}")
 
 
-@pytest.mark.exercise("ch03.ex4", points=2)
+@pytest.mark.exercise("ch03.ex4", points=1)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_attention_in_half_precision(ex4, dtype):
     lens = [1, 8, 9, 21]
@@ -258,7 +258,7 @@ def test_decode_attention_in_half_precision(ex4, dtype):
     _assert_close(out, _naive(query, clean, 0.3, 2), dtype, f"{dtype} inputs, scale 0.3 (softmax in float32)")
 
 
-@pytest.mark.exercise("ch03.ex4", points=2)
+@pytest.mark.exercise("ch03.ex4", points=1)
 @pytest.mark.parametrize("fill", [float("inf"), 1e4])
 def test_decode_attention_ignores_garbage_past_the_context(ex4, fill):
     # Context 5 over table [3, 1] (bs 4): slots 5..7 of block 1, and every other slot, hold `fill`.
@@ -291,7 +291,7 @@ def test_decode_attention_fp16_scores_in_fp32(ex4):
         f"expected 2.0 everywhere (equal scores, values 1, 2, 3), got {out.unique().tolist()}"
 
 
-@pytest.mark.exercise("ch03.ex4", points=2, uses=("ch03.ex3",))
+@pytest.mark.exercise("ch03.ex4", points=1, uses=("ch03.ex3",))
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_decode_attention_part_with_your_gather(impl, block_size):
     # The engine's part as a whole: your gather_kv, then your attention; stale ids and -1 in every table.

@@ -148,7 +148,7 @@ def _run(ex, inputs, scale, device):
 
 
 @pytest.mark.triton
-@pytest.mark.exercise("ch04.ex2", points=3)
+@pytest.mark.exercise("ch04.ex2", points=1)
 @pytest.mark.parametrize("group", [1, 2, 4, 7])
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_kernel_matches_reference(impl, block_size, group):
@@ -178,7 +178,7 @@ def test_kernel_large_scores_and_head_dim_24(impl):
 
 
 @pytest.mark.triton
-@pytest.mark.exercise("ch04.ex2", points=2)
+@pytest.mark.exercise("ch04.ex2", points=1)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_kernel_half_precision(impl, dtype):
     device = _triton_or_skip()
@@ -192,7 +192,7 @@ def test_kernel_half_precision(impl, dtype):
 
 
 @pytest.mark.triton
-@pytest.mark.exercise("ch04.ex2", points=3)
+@pytest.mark.exercise("ch04.ex2", points=1)
 @pytest.mark.parametrize("num_splits", [2, 3, 8])
 def test_kernel_splits_write_each_partial_and_its_lse(impl, num_splits):
     # Split i owns logical blocks [i * per, (i + 1) * per) of the table width W, per = ceil(W / num_splits):
@@ -244,7 +244,7 @@ def _split_case(seed, scale=100.0):
     return partial.float(), lse.float(), scores, values
 
 
-@pytest.mark.exercise("ch04.ex4", points=3)
+@pytest.mark.exercise("ch04.ex4", points=2)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_merge_equals_one_softmax_over_all_splits(impl, seed):
     ex = impl("ex04_online_softmax")
@@ -278,7 +278,7 @@ def test_merge_rows_with_only_empty_splits(impl):
 
 
 @pytest.mark.triton
-@pytest.mark.exercise("ch04.ex4", points=2, uses=("ch04.ex2",))
+@pytest.mark.exercise("ch04.ex4", points=1, uses=("ch04.ex2",))
 @pytest.mark.parametrize("num_splits", [3, 8])
 def test_split_k_decode_equals_one_pass(impl, num_splits):
     device = _triton_or_skip()

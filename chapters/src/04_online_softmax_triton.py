@@ -370,7 +370,7 @@ if HAS_TRITON:
 #   `offs_d` the head dimension, padded the same way (head dim 80 becomes 128, masked by `d_mask`).
 # - **The query tile** `q` is `[GROUP_P2, HEAD_DIM_P2]`: rows `kv_head * GROUP + g`. Masked lanes load
 #   `other=0.0`, and the load is cast to float32 at once: fp16/bf16 only exist in memory, all arithmetic is
-#   fp32 (CASES 12 below). The scale is folded into `q` once.
+#   fp32 (section 6 shows what fp16 arithmetic would do). The scale is folded into `q` once.
 # - **State.** `m` (`-inf`), `l` (0) and `acc` (0) per query head, exactly the derivation's $m_0, l_0, a_0$.
 # - **The end.** `out = acc / l` (guarded: a program that saw no token writes 0), stored in the output's dtype;
 #   with split-K the program also writes its log-sum-exp (section 7).
@@ -463,7 +463,7 @@ if interp_seconds:
           "executes every program one after another; a GPU runs them in parallel, in microseconds)")
 
 # %% [markdown]
-# **fp16 scores must not overflow** (CASES 12). With `q` and every key all 32.0 and head dim 64, the raw dot
+# **fp16 scores must not overflow.** With `q` and every key all 32.0 and head dim 64, the raw dot
 # product is $32 \cdot 32 \cdot 64 = 65536$, above fp16's largest value 65504. Accumulated in fp16 it becomes
 # `inf` and the output NaN; the kernel upcasts at load, so all three scores are equal and the output is the
 # mean of the value rows 1, 2 and 3: exactly 2.0.

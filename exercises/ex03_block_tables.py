@@ -1,48 +1,57 @@
 # Generated from solutions/ex03_block_tables.py by `python -m paged course sync`. Edit only the marked regions;
 # grade with `python -m paged grade`.
 
-"""Exercise 03: slot mapping for a batch, and gather-based paged attention for one decode step (chapter 03).
+"""Exercise 03: three parts of the engine, built on the paged KV pool (chapter 03).
 
 The KV pool of one layer is ``key_cache``/``value_cache`` of shape
-``[num_blocks, block_size, num_kv_heads, head_dim]``. Token position ``p`` of a sequence lives in
-physical block ``block_table[p // block_size]`` at offset ``p % block_size``, i.e. at the flat *slot*
+``[num_blocks, block_size, num_kv_heads, head_dim]``. A sequence's block table lists the physical blocks
+that hold its logical blocks 0, 1, 2, ... in order; flattened to ``[num_blocks * block_size]`` rows, the
+pool has one row, a *slot*, per token. You write, with the engine's exact interfaces
+(``paged/engine/parts.py``):
 
-    slot = block_table[p // block_size] * block_size + p % block_size
+1. ``slot_mapping`` (region ch03.ex1): the slot of every token one engine step computes, for a packed
+   batch of prompt chunks and decodes (vLLM builds the same list in ``vllm/v1/worker/block_table.py``,
+   ``compute_slot_mapping``).
+2. ``write_kv`` (ch03.ex2): store one layer's new keys and values at those slots (vLLM's
+   ``reshape_and_cache_flash``, ``csrc/cache_kernels.cu``).
+3. ``decode_attention`` = ``gather_kv`` (ch03.ex3) + the attention itself (ch03.ex4): one query token per
+   sequence attends to its whole paged context (the PagedAttention paper, Kwon et al. 2023, section 4.1).
 
-You write three functions:
-
-1. ``slot_mapping``: the slots of this step's tokens for a whole batch (vLLM builds the same tensor in
-   ``vllm/v1/worker/gpu_model_runner.py`` and hands it to ``reshape_and_cache``).
-2. ``gather_kv``: every sequence's keys and values, gathered through its block table into padded
-   ``[num_seqs, max_len, num_kv_heads, head_dim]`` tensors, with a mask of the real positions.
-3. ``paged_attention_decode``: one query token per sequence attends to its context (GQA: query head
-   ``h`` uses KV head ``h // (num_heads // num_kv_heads)``), softmax in float32, and nothing stored past
-   the context (stale values, NaN, inf) may reach the output.
-
-Check your answers with ``python -m paged grade ch03``.
+Everything outside the marked regions (input checks, the call of ``gather_kv``) is written for you.
+``PART_REGIONS`` below tells the course which regions make each engine part; chapter 03 ends by running
+your three parts inside the engine. Check one step in the chapter with ``check("ch03.ex1")``, or all of
+them from a terminal with ``python -m paged grade ch03``.
 """
 
 from __future__ import annotations
 
 import torch
 
+# engine part -> the graded regions it is made of (read by paged_course.capstone)
+PART_REGIONS = {
+    "slot_mapping": ("ch03.ex1",),
+    "write_kv": ("ch03.ex2",),
+    "decode_attention": ("ch03.ex3", "ch03.ex4"),
+}
+
 
 def slot_mapping(block_tables: list[list[int]], start_positions: list[int], num_tokens: list[int],
-                 block_size: int) -> torch.Tensor:
-    """Slots of the tokens computed this step, for a packed batch.
+                 block_size: int) -> list[int]:
+    """Slots of the tokens one engine step computes, for a packed batch.
 
     Sequence ``s`` computes the ``num_tokens[s]`` tokens at positions ``start_positions[s]``,
-    ``start_positions[s] + 1``, ...: a prefill starts at 0 (``num_tokens`` = prompt length), a decode
-    step computes one token at position ``len - 1``. The result concatenates the sequences in order.
+    ``start_positions[s] + 1``, ...: a prompt (or a chunk of it, with chunked prefill) starts wherever its
+    computed tokens end; a decode computes one token, at position ``len - 1``. The result lists the slots
+    of sequence 0's tokens, then sequence 1's, and so on (the packed order of the step).
 
     Args:
-        block_tables: one list of physical block ids per sequence.
+        block_tables: one list of physical block ids per sequence, logical block 0 first.
         start_positions, num_tokens: one int per sequence, ``>= 0``.
         block_size: tokens per block, ``> 0``.
 
     Returns:
-        int64 tensor ``[sum(num_tokens)]``. Example: tables ``[[10, 11, 12]]``, start ``[7]``, 2 tokens,
-        block size 4 -> ``[47, 48]`` (positions 7 and 8 are offset 3 of block 11 and offset 0 of block 12).
+        ``sum(num_tokens)`` ints. Example: tables ``[[10, 11, 12]]``, start ``[7]``, 2 tokens, block size 4
+        -> ``[47, 48]`` (positions 7 and 8 are offset 3 of block 11 and offset 0 of block 12).
 
     Raises:
         ValueError: mismatched list lengths, ``block_size <= 0``, or a position past the end of its table.
@@ -56,45 +65,97 @@ def slot_mapping(block_tables: list[list[int]], start_positions: list[int], num_
         if start < 0 or n < 0 or start + n > len(table) * block_size:
             raise ValueError(f"sequence {s}: positions {start}..{start + n - 1} do not fit its table of "
                              f"{len(table)} blocks x {block_size} tokens")
-    raise NotImplementedError("ch03.ex1: each sequence, each position p: table[p // bs] * bs + p % bs")
+    raise NotImplementedError("ch03.ex1: per sequence, per new position: logical block -> physical block -> slot")
+
+
+def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store token ``i``'s key and value at slot ``slot_mapping[i]`` of one layer's caches, in place.
+
+    Args:
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, contiguous (the
+            engine's pool views are).
+        key, value: ``[T, num_kv_heads, head_dim]``, any float dtype (stored in the cache's dtype).
+        slot_mapping: int64 ``[T]``; slot ``-1`` means "store nothing for this token" (vLLM pads with it),
+            every other slot in ``[0, num_blocks * block_size)`` and none twice.
+
+    Slot ``x`` is offset ``x % block_size`` of block ``x // block_size``. Nothing but the given slots may
+    change, and a slot of ``-1`` must not write anywhere (in PyTorch, index ``-1`` means "the last row").
+
+    Raises:
+        ValueError: shapes that do not match, a slot mapping that is not int64 ``[T]``, or a slot outside
+            ``[-1, num_blocks * block_size)`` (checked before anything is written).
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(f"value_cache {list(value_cache.shape)} != key_cache {list(key_cache.shape)}")
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_dim) or t.shape[0] != slot_mapping.shape[0]:
+            raise ValueError(f"{name} must be [T={slot_mapping.shape[0]}, {num_kv_heads}, {head_dim}], "
+                             f"got {list(t.shape)}")
+    if slot_mapping.dim() != 1 or slot_mapping.dtype != torch.int64:
+        raise ValueError(f"slot_mapping must be int64 [T], got {slot_mapping.dtype} {list(slot_mapping.shape)}")
+    if slot_mapping.numel() and not -1 <= int(slot_mapping.min()) <= int(slot_mapping.max()) < num_blocks * block_size:
+        raise ValueError(f"slots {int(slot_mapping.min())}..{int(slot_mapping.max())} outside [-1, "
+                         f"{num_blocks * block_size}) ({num_blocks} blocks x {block_size} slots)")
+    raise NotImplementedError("ch03.ex2: a view with one row per slot; skip slot -1; one in-place copy per cache")
 
 
 def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
               context_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gather each sequence's K/V through its block table (vectorized: no loop over sequences).
+    """Gather each sequence's K/V through its block table (vectorized: no Python loop over sequences).
 
     Args:
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
-        block_tables: int ``[num_seqs, max_blocks_per_seq]``; entries past a sequence's last used block
-            may hold anything (-1, stale ids): do not index the pool with them.
-        context_lens: int ``[num_seqs]``, tokens per sequence (>= 1).
+        block_tables: int32 ``[num_seqs, W]``. Entry ``j`` of row ``s`` is used when
+            ``j < ceil(context_lens[s] / block_size)``; the entries after may hold anything: ``-1``
+            padding or a stale id of a block that no longer exists (``>= num_blocks``). Never index the pool
+            with them.
+        context_lens: int32 ``[num_seqs]``, tokens per sequence (>= 1).
 
     Returns:
-        ``(key, value, valid)``: ``key``/``value`` ``[num_seqs, L, num_kv_heads, head_dim]`` with
-        ``L = max_blocks_per_seq * block_size`` (or any ``L >= max(context_lens)``), position ``p`` of
-        sequence ``s`` at ``[s, p]``; ``valid`` bool ``[num_seqs, L]``, True where ``p < context_lens[s]``.
+        ``(key, value, valid)``: ``key``/``value`` ``[num_seqs, L, num_kv_heads, head_dim]`` in the cache's
+        dtype with ``L = W * block_size`` (any ``L >= max(context_lens)`` is accepted), position ``p`` of
+        sequence ``s`` at ``[s, p]``; what sits at positions past a context is unspecified. ``valid`` is
+        bool ``[num_seqs, L]``, True exactly where ``p < context_lens[s]``.
     """
     block_size = key_cache.shape[1]
-    raise NotImplementedError("ch03.ex2: entries past a context may be -1 or stale: index with valid ids only")
+    raise NotImplementedError("ch03.ex3: unused entries: swap in an id that exists, then index; blocks -> positions")
 
 
-def paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float | None = None) -> torch.Tensor:
-    """One decode step of attention over the paged pool, through ``gather_kv``.
+def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """One decode step of attention over the paged pool (the engine's ``decode_attention`` part).
 
     Args:
-        query: ``[num_seqs, num_heads, head_dim]`` (float32, float16 or bfloat16).
-        key_cache, value_cache, block_tables, context_lens: as in ``gather_kv``; same dtype as query.
-        scale: softmax scale, default ``head_dim ** -0.5``.
+        query: ``[num_seqs, num_heads, head_dim]``, float32, float16 or bfloat16.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the query's dtype.
+        block_tables, context_lens: as in :func:`gather_kv`.
+        scale: the softmax scale (the model's: not always ``head_dim ** -0.5``).
+
+    Query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)`` (GQA). Whatever the pool holds past a
+    context (stale keys, NaN, inf) must not reach the output. Scores and softmax in float32.
 
     Returns:
-        ``[num_seqs, num_heads, head_dim]`` in the query dtype, computed in float32.
+        ``[num_seqs, num_heads, head_dim]`` in the query's dtype.
+
+    Raises:
+        ValueError: mismatched shapes, ``num_heads % num_kv_heads != 0``, or a context length outside
+            ``[1, W * block_size]``.
     """
     num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = key_cache.shape[2]
+    num_blocks, block_size, num_kv_heads, kv_dim = key_cache.shape
+    if value_cache.shape != key_cache.shape or kv_dim != head_dim:
+        raise ValueError(f"query {list(query.shape)}, key_cache {list(key_cache.shape)}, value_cache "
+                         f"{list(value_cache.shape)}: head_dim and cache shapes must agree")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    scale = head_dim ** -0.5 if scale is None else scale
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or tuple(context_lens.shape) != (num_seqs,):
+        raise ValueError(f"{num_seqs} queries need block_tables [{num_seqs}, W] and context_lens [{num_seqs}], got "
+                         f"{list(block_tables.shape)} and {list(context_lens.shape)}")
+    capacity = block_tables.shape[1] * block_size
+    if num_seqs and not 1 <= int(context_lens.min()) <= int(context_lens.max()) <= capacity:
+        raise ValueError(f"context lengths {int(context_lens.min())}..{int(context_lens.max())} outside [1, "
+                         f"{capacity}] (a table of {block_tables.shape[1]} blocks x {block_size} tokens)")
     key, value, valid = gather_kv(key_cache, value_cache, block_tables, context_lens)
-    raise NotImplementedError("ch03.ex3: q.view(S, KVH, group, D); torch.where K/V to 0 and scores to -inf off valid")
+    raise NotImplementedError("ch03.ex4: heads grouped by KV head; fp32; padding harmless in both products (0*NaN=NaN)")

@@ -137,6 +137,7 @@ def run_check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> 
     result = CheckResult(exercise)
     args = [str(_test_file(exercise)), f"--impl={impl}", f"--timeout={timeout:g}", "-q", "--no-header",
             "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", f"--rootdir={ROOT}",
+            "-p", "no:nbval", "-p", "no:hypothesispytest",  # unused here; loading them cost the first check 6 s
             "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         pytest.main(args, plugins=[_Collector(exercise, result)])

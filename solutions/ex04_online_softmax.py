@@ -1,22 +1,23 @@
-r"""Exercise 04: the online-softmax update, first in PyTorch, then inside a Triton paged-decode kernel.
+r"""Exercise 04: the online softmax, a Triton paged-decode kernel, and the split-K merge (chapter 04, part 1).
 
-Attention of one query over a context walked block by block keeps three running values per query head:
-the max ``m`` of the scores seen so far, the denominator ``l = sum exp(score - m)`` and the accumulator
-``acc = sum exp(score - m) * value``. When a new block arrives with scores ``s`` (masked slots hold
-``-inf``) and values ``v``:
+Attention of one query over a context read block by block keeps, per query head, three running values:
+the max ``m`` of the scores seen so far, the denominator ``l`` of the softmax relative to ``m``, and the
+unnormalized weighted sum ``acc`` of the values relative to ``m`` (chapter 04, section 2, derives how a
+new block changes them). Three build steps, in this file:
 
-    m_new = max(m, max(s))
-    alpha = exp(m - m_new)             # rescales everything accumulated relative to the old max
-    p     = exp(s - m_new)
-    l     = alpha * l + sum(p)
-    acc   = alpha * acc + p @ v
-    m     = m_new
+1. ``online_softmax_update`` (region ch04.ex1, PyTorch, any machine): fold one block into the state.
+2. the loop of ``_decode_kernel`` (ch04.ex2, Triton; the interpreter on CPU): the paged decode kernel with
+   the structure of chapter 04's teaching kernel, one program per (sequence, KV head, split) serving the
+   whole GQA group. Everything around the loop is written: the query tile (the scale folded in), the
+   empty state, and the end, which writes ``acc / l`` and, for split-K, the log-sum-exp ``m + log l``.
+   You write the walk over this program's blocks.
+3. ``merge_splits`` (ch04.ex4, PyTorch): combine the partial outputs of split-K through their
+   log-sum-exps; a split that held no token must change nothing.
 
-and after the last block the output is ``acc / l``. (Seed error E1 forgot to carry ``m`` and divided by
-``output.sum()``.) Part 1 (``online_softmax_update``) runs on any machine; part 2 (the marked region of
-``_decode_kernel``) needs Triton (Linux; the interpreter on CPU).
-
-Check your answers with ``python -m paged grade ch04``.
+(``ch04.ex3``, in ``ex04_fast_decode.py``, is the ungraded "make it faster" exercise of the second half.)
+Check one step in the chapter with ``check("ch04.ex1")``, or all of them with ``python -m paged grade ch04``.
+Sources: Milakov & Gimelshein 2018 (online normalizer); Dao et al. 2022 (FlashAttention) and 2023
+(Flash-Decoding); vLLM ``csrc/attention/attention_kernels.cu`` (``paged_attention_v1`` / ``_v2``).
 """
 
 # ruff: noqa: E741 -- `l` is the running denominator of the online-softmax literature (and O the output)
@@ -26,7 +27,8 @@ import math
 
 import torch
 
-from paged.kernels._triton import jit, kernel_device, require_triton, tl, triton
+from paged.kernels import validate_decode_inputs
+from paged.kernels._triton import jit, require_triton, tl, triton
 
 
 def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
@@ -35,10 +37,11 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
 
     Shapes (float32): ``m``, ``l`` ``[N]`` (one entry per query row), ``acc`` ``[N, D]``, ``scores``
     ``[N, B]`` (``-inf`` marks a masked slot), ``values`` ``[B, D]``. The empty state is
-    ``m = -inf, l = 0, acc = 0``. A row whose block is entirely masked must come out unchanged (no NaN:
-    ``exp(-inf - (-inf))`` is NaN, so guard the case where ``m_new`` is still ``-inf``).
+    ``m = -inf, l = 0, acc = 0``. Scores may be large (hundreds): no ``exp`` of an unshifted score. A row
+    whose block is entirely masked must come out unchanged, without NaN, even from the empty state
+    (``-inf - (-inf)`` is NaN).
     """
-    # BEGIN SOLUTION ch04.ex1 -- m_new = max(m, rowmax); rescale l, acc by exp(m - m_new); guard -inf
+    # BEGIN SOLUTION ch04.ex1 -- the new max first; rescale the old l and acc to it; mind rows still at -inf
     m_new = torch.maximum(m, scores.amax(dim=-1))
     m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # all masked so far
     alpha = torch.exp(m - m_safe)  # exp(-inf) = 0 for the first real block
@@ -65,64 +68,166 @@ def attend_blockwise(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 
 
 @jit
-def _decode_kernel(Q, K, V, BT, CL, O, scale,
+def _decode_kernel(Q, K, V, BT, CL, O, LSE, scale, blocks_per_split,
                    stride_q_seq, stride_q_head, stride_k_block, stride_k_tok, stride_k_head,
-                   stride_bt_seq, stride_o_seq, stride_o_head,
-                   GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
-    """One program per (sequence, query head); K and V share strides (same pool layout)."""
+                   stride_bt_seq, stride_o_seq, stride_o_head, stride_o_split, stride_lse_seq, stride_lse_head,
+                   GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """One program per (sequence, KV head, split); K and V share strides (one pool layout).
+
+    The program serves the ``GROUP`` query heads ``kv_head * GROUP + g`` of its KV head: the query tile is
+    ``[GROUP_P2, HEAD_DIM_P2]`` (both padded to powers of two, the padding masked). Split ``split`` owns the
+    logical blocks ``split * blocks_per_split`` .. ``(split + 1) * blocks_per_split - 1`` of its sequence,
+    but only those that hold some of its ``context_len`` tokens. Output: ``O[seq, head, split]``; with
+    ``WRITE_LSE`` also ``LSE[seq, head, split]`` (``-inf`` for a split with no token).
+    """
     seq = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_head = head // GROUP
-    offs_t = tl.arange(0, BLOCK_SIZE)
-    offs_d = tl.arange(0, HEAD_DIM_P2)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_g = tl.arange(0, GROUP_P2)  # the group's query heads (padded)
+    offs_t = tl.arange(0, BLOCK_SIZE)  # token slots of one block
+    offs_d = tl.arange(0, HEAD_DIM_P2)  # head-dim lanes (padded)
+    g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    context_len = tl.load(CL + seq)
-    q = tl.load(Q + seq * stride_q_seq + head * stride_q_head + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    m = float("-inf")  # running max
-    l = 0.0  # running denominator
-    acc = tl.zeros([HEAD_DIM_P2], tl.float32)  # running sum of p * v
-    for b in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
-        physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)
-        t_mask = b * BLOCK_SIZE + offs_t < context_len
+    heads = kv_head * GROUP + offs_g
+    context_len = tl.load(CL + seq).to(tl.int32)
+    q = tl.load(Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    q = q * scale  # the softmax scale, folded into q once
+    m = tl.full([GROUP_P2], float("-inf"), tl.float32)  # running max, per query head of the group
+    l = tl.zeros([GROUP_P2], tl.float32)  # running denominator, relative to m
+    acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)  # running sum of p * v, relative to m
+    # BEGIN SOLUTION ch04.ex2 -- this split's blocks, none past the context; each: table, masks, loads, update
+    # STUB: pass  # your walk over this program's blocks: lookup, masked loads (other=), scores, online update
+    num_blocks = tl.cdiv(context_len, BLOCK_SIZE)
+    first = split * blocks_per_split
+    last = tl.minimum(first + blocks_per_split, num_blocks)
+    for b in range(first, last):  # logical block b of this sequence
+        physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)  # int64: big pools overflow int32
+        t_mask = b * BLOCK_SIZE + offs_t < context_len  # only the last block is partly masked
+        kv_mask = t_mask[:, None] & d_mask[None, :]
         kv_offsets = (physical * stride_k_block + offs_t[:, None] * stride_k_tok + kv_head * stride_k_head
                       + offs_d[None, :])
-        kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(K + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_SIZE, HEAD_DIM_P2]
         v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(q[None, :] * k, axis=1) * scale  # [BLOCK_SIZE] scores of this block
-        s = tl.where(t_mask, s, float("-inf"))
-        # BEGIN SOLUTION ch04.ex2 -- update m, l (scalars) and acc [HEAD_DIM_P2] with s and v (module docstring)
-        # STUB: # your online-softmax update of m, l and acc goes here (tl.maximum, tl.max, tl.exp, tl.sum)
-        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: token 0 of every visited block is real
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P2, BLOCK_SIZE]
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: token 0 of every visited block is real
         alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        l = l * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
-        # END SOLUTION
-    out = acc / l
-    tl.store(O + seq * stride_o_seq + head * stride_o_head + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
+    # END SOLUTION
+    has_tokens = l > 0  # False for a split with no token (or a context of 0)
+    out = acc / tl.where(has_tokens, l, 1.0)[:, None]
+    tl.store(O + seq * stride_o_seq + heads[:, None] * stride_o_head + split * stride_o_split + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    if WRITE_LSE:
+        lse = tl.where(has_tokens, m + tl.log(tl.where(has_tokens, l, 1.0)), float("-inf"))
+        tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=g_mask)
+
+
+def _launch(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits, out, lse):
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    if key_cache.stride() != value_cache.stride():
+        raise ValueError(f"key_cache and value_cache must have the same strides, got {key_cache.stride()} and "
+                         f"{value_cache.stride()}")
+    query, block_tables, context_lens = query.contiguous(), block_tables.contiguous(), context_lens.contiguous()
+    group = num_heads // num_kv_heads
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    split_stride = out.stride(2) if lse is not None else 0
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query, key_cache, value_cache, block_tables, context_lens, out, out if lse is None else lse, scale,
+        triton.cdiv(block_tables.shape[1], num_splits), query.stride(0), query.stride(1), key_cache.stride(0),
+        key_cache.stride(1), key_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
+        split_stride, 0 if lse is None else lse.stride(0), 0 if lse is None else lse.stride(1),
+        GROUP=group, GROUP_P2=triton.next_power_of_2(group), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+        HEAD_DIM_P2=triton.next_power_of_2(head_dim), WRITE_LSE=lse is not None)
+
+
+def decode_splits(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                  block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
+                  num_splits: int = 2, partial: torch.Tensor | None = None, lse: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first pass of split-K: the table width is cut into ``num_splits`` equal ranges of logical blocks
+    (``ceil(W / num_splits)`` each), one program per (sequence, KV head, split).
+
+    Returns ``(partial, lse)``: float32 ``[num_seqs, num_heads, num_splits, head_dim]`` (each split's
+    normalized output, 0 for a split with no token) and ``[num_seqs, num_heads, num_splits]`` (its
+    log-sum-exp, ``-inf`` for a split with no token). Writes into ``partial`` / ``lse`` when given.
+    Inputs and errors as :func:`paged_decode`.
+    """
+    require_triton()
+    validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
+    num_seqs, num_heads, head_dim = query.shape
+    if partial is None:
+        partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+    if lse is None:
+        lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
+    if num_seqs:
+        _launch(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits, partial, lse)
+    return partial, lse
+
+
+def merge_splits(partial: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The second pass of split-K: merge each row's splits into one output.
+
+    Args:
+        partial: float32 ``[..., P, D]``: split ``i``'s normalized output ``o_i``.
+        lse: float32 ``[..., P]``: split ``i``'s log-sum-exp of its scores, ``log sum_t exp(x_t)``;
+            ``-inf`` for a split that held no token, whose ``partial`` may then hold anything (NaN included).
+
+    Returns:
+        ``(out, lse_total)``: float32 ``[..., D]``, the output of one softmax over all the splits' tokens, and
+        ``[...]``, the log-sum-exp of all of them. A row whose splits are all empty gives ``out = 0`` and
+        ``lse_total = -inf`` (never NaN). Log-sum-exps may be in the hundreds: never ``exp`` one unshifted.
+    """
+    # BEGIN SOLUTION ch04.ex4 -- weights relative to the largest lse of the row; an empty split weighs 0
+    top = lse.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # every split empty: any finite shift
+    w = torch.exp(lse - top)  # [..., P]; an empty split: exp(-inf) = 0
+    total = w.sum(dim=-1)
+    summed = (w[..., None] * torch.where(w[..., None] > 0, partial, 0.0)).sum(dim=-2)  # 0 * NaN would be NaN
+    out = summed / torch.where(total > 0, total, 1.0)[..., None]
+    return out, torch.log(total) + top[..., 0]
+    # END SOLUTION
 
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """Decode attention through block tables with :func:`_decode_kernel` (contract of
-    ``paged.kernels.paged_attention_decode``, single pass, contexts >= 1). Writes into ``out`` when given."""
+                 num_splits: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode attention over the paged pool with :func:`_decode_kernel` (and :func:`merge_splits` for
+    ``num_splits > 1``): the contract of ``paged.kernels.paged_attention_decode`` and of
+    ``paged_course.kernel_lab.teaching_decode``.
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]`` float16, bfloat16 or float32.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, same dtype and strides.
+        block_tables: int32 ``[num_seqs, W]``; entries past a context are never read.
+        context_lens: int32 ``[num_seqs]``, ``0 <= context_len <= W * block_size``.
+        scale: softmax scale, default ``head_dim ** -0.5``.
+        num_splits: ``1`` (or ``None``), or split-K over that many ranges of the table's width.
+        out: write the result here (``[num_seqs, num_heads, head_dim]``, the query's dtype) when given.
+
+    Returns:
+        ``[num_seqs, num_heads, head_dim]`` in the query's dtype (fp32 accumulation); 0 for a context of 0.
+
+    Raises:
+        ValueError: the contract's bad inputs (``validate_decode_inputs``), with the numbers;
+        ``TritonUnavailableError`` without Triton.
+    """
     require_triton()
-    num_seqs, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    if num_heads % num_kv_heads or int(context_lens.min()) < 1:
-        raise ValueError(f"need num_heads % num_kv_heads == 0 ({num_heads} % {num_kv_heads}) and contexts >= 1")
-    kernel_device(query, key_cache, value_cache, block_tables, context_lens)
-    if key_cache.stride() != value_cache.stride():
-        raise ValueError("key_cache and value_cache must have the same strides")
-    query, block_tables = query.contiguous(), block_tables.contiguous()
+    num_splits = num_splits or 1  # None: one pass (this kernel has no split heuristic)
+    validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
     out = torch.empty_like(query) if out is None else out
-    scale = 1 / math.sqrt(head_dim) if scale is None else float(scale)
-    _decode_kernel[(num_seqs, num_heads)](
-        query, key_cache, value_cache, block_tables, context_lens, out, scale, query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0), out.stride(0),
-        out.stride(1), GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        HEAD_DIM_P2=triton.next_power_of_2(head_dim))
+    if query.shape[0] == 0:
+        return out
+    if num_splits == 1:
+        _launch(query, key_cache, value_cache, block_tables, context_lens, scale, 1, out, None)
+        return out
+    partial, lse = decode_splits(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
+    merged, _ = merge_splits(partial, lse)
+    out.copy_(merged)
     return out

@@ -19,33 +19,80 @@
 # blocks of `block_size` tokens. A sequence finds its tokens through its **block table**, and one
 # decode step of attention reads them back through the same table.
 #
+# **You will build** three parts of the engine, with the exact interfaces the engine calls
+# (`paged/engine/parts.py`), in four steps, all in **`exercises/ex03_block_tables.py`**:
+#
+# | step | region | engine part | what it does |
+# |---|---|---|---|
+# | 1 | `ch03.ex1` | `slot_mapping` | the pool slot of every token one engine step computes |
+# | 2 | `ch03.ex2` | `write_kv` | store one layer's new keys and values at those slots |
+# | 3 | `ch03.ex3` | `decode_attention`, first half: `gather_kv` | each sequence's K/V, gathered through its table |
+# | 4 | `ch03.ex4` | `decode_attention`, second half | one query per sequence attends to its context (GQA, masked, fp32) |
+#
+# and at the end the engine runs a small model on **your** three parts, token for token against the
+# reference engine.
+#
 # **You will learn to**
 #
-# 1. map a token position to its physical **slot** with the slot formula, for one sequence and for a batch;
-# 2. write a step's keys and values into the pool by **slot mapping** (`write_kv`, the checked version of the engine's write);
+# 1. map a token position to its physical **slot** with the slot formula, for one sequence and for a packed batch;
+# 2. write a step's keys and values into the pool by **slot mapping**, in place;
 # 3. explain the pool's layout, `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, and why
 #    vLLM v1, FlashAttention and FlashInfer all use it ("NHD");
 # 4. compute decode attention over the paged pool by **gathering** through the block tables, with grouped-query
 #    attention (GQA), and check it against PyTorch's `scaled_dot_product_attention`;
 # 5. correct a common misreading of vLLM (seed error E6): one block table per sequence serves *every* layer.
 #
-# Everything below imports the finished package (`paged.core.block_table`, `paged.worker.kv_cache`, `paged_course.reference`);
-# your own versions go in `exercises/ex03_block_tables.py` at the end.
+# After each build step a cell `check("ch03.exK")` runs that step's graded tests on your file and prints the
+# first failing case in words. The chapter then goes on with your piece when it passes, and with the
+# reference (saying so in one line) when it does not, so every cell runs even before you write anything.
+# Stuck? `solution("ch03.exK")` prints the reference answer, where your copy of the course ships it.
 
 # %%
+import importlib
+import sys
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "paged_course").is_dir())
+if str(ROOT) not in sys.path:  # the notebook runs in chapters/; the exercises live at the root
+    sys.path.insert(0, str(ROOT))
+
 from paged.core.allocator import BlockAllocator
 from paged.core.block_table import BlockTable
+from paged.core.block_table import slot_mapping as reference_slot_mapping
+from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
+from paged_course.check import check, impl_package, learner_or_reference, solution
 from paged_course.memory import KVSpec, kv_spec
-from paged_course.reference import (contiguous_attention, gather_kv, kv_cache_from_budget, pad_block_tables,
-                                    paged_attention_blockwise, paged_attention_gather, select_backend, write_kv)
+from paged_course.reference import (contiguous_attention, gather_kv, kv_cache_from_budget,
+                                    pad_block_tables, paged_attention_blockwise, paged_attention_gather,
+                                    select_backend)
 from paged_course.viz.kv_pool import plot_memory_order, plot_pool, plot_slot_mapping, slot_explorer
+
+
+def mine():
+    """Your exercise module, imported afresh (your last saved edit is what runs); None if it does not import."""
+    name = f"{impl_package()}.ex03_block_tables"
+    sys.modules.pop(name, None)
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # a syntax error while you edit must not stop the chapter
+        print(f"{name.replace('.', '/')}.py does not import: {type(err).__name__}: {err}")
+        return None
+
+
+def yours(exercises, name, reference):
+    """Your `name` when the regions `exercises` pass their checks, else `reference` (one line says so)."""
+    module = mine()
+    if module is None:
+        print(f"using the reference for {name}")
+        return reference
+    return learner_or_reference(exercises, getattr(module, name), reference)
+
 
 torch.manual_seed(0)
 torch.set_num_threads(2)
@@ -118,43 +165,86 @@ print("L :", " ".join(f"{L:3d}" for L in range(1, 10)))
 print("slot:", " ".join(f"{boundary.slot(L - 1):3d}" for L in range(1, 10)))
 
 # %% [markdown]
-# ## 2. Writing K/V by slot mapping
+# ### Build step 1 · the slot mapping of a packed step (`ch03.ex1`)
 #
-# Each forward step computes new tokens: a whole prompt for a *prefill*, one token per sequence for a
-# *decode*. The engine packs all of them into one batch and builds the step's **slot mapping**: the slot
-# of every new token, in batch order. Each attention layer then scatters its new keys and values to those
-# slots with one vectorized copy, vLLM's `reshape_and_cache` op (`csrc/cache_kernels.cu`). A slot of
-# `-1` means "do not write" (vLLM pads with it).
+# One engine step computes tokens of many sequences at once, packed into one batch: a whole prompt, or a
+# *chunk* of a long prompt (chunked prefill, chapter 06) that starts wherever the computed part ends, maybe in the
+# middle of a block; and one token for each sequence that is decoding, at position `len - 1`. Before the model
+# runs, the engine needs the slot of every one of those tokens, in batch order.
 #
-# `KVCache` is one tensor `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`;
-# `key_cache[layer]` and `value_cache[layer]` are views of it. Below: a prefill of `D`'s 3 prompt tokens
-# and decode steps of `A` and `C`, in one packed batch.
+# The engine calls your function as
+# `slot_mapping(block_tables, start_positions, num_tokens, block_size) -> list[int]`: one table (a list of
+# physical block ids) per sequence, the first position it computes this step and how many tokens. Example:
+# tables `[[10, 11, 12]]`, start `[7]`, 2 tokens, block size 4 give `[47, 48]`.
+#
+# Open `exercises/ex03_block_tables.py`, write region `ch03.ex1` in `slot_mapping` (the checks of the inputs
+# are written for you), save, and run the check. It feeds your function prompts, decodes and chunks, at two
+# block sizes, and compares every slot with the formula:
 
 # %%
+_ = check("ch03.ex1")
+
+# %% [markdown]
+# ## 2. Writing K/V by slot mapping
+#
+# With the slot mapping built once per step, each attention layer scatters its new keys and values to those
+# slots with one vectorized copy: vLLM's `reshape_and_cache_flash` op (`csrc/cache_kernels.cu`). A slot of `-1`
+# means "store nothing for this token": vLLM pads the slot mapping with it (`PAD_SLOT_ID`) for tokens that only
+# fill a fixed-size batch.
+#
+# `KVCache` is one tensor `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`;
+# `key_cache[layer]` and `value_cache[layer]` are views of it, `[num_blocks, block_size, num_kv_heads, head_dim]`.
+#
+# ### Build step 2 · `write_kv` (`ch03.ex2`)
+#
+# The engine calls `write_kv(key_cache, value_cache, key, value, slot_mapping) -> None` once per layer and step:
+# one layer's caches, the new `key` / `value` `[T, num_kv_heads, head_dim]` of the step's `T` tokens, and their
+# slots, int64 `[T]`. Three things decide whether it works:
+#
+# - **in place**: the engine keeps no return value; the caches passed in must change (and they are views of
+#   the one pool tensor: a write into a copy is lost);
+# - **one row per slot**: seen as `[num_blocks * block_size, num_kv_heads, head_dim]`, the pool has slot `x` at
+#   row `x`, which is block `x // block_size`, offset `x % block_size`; one vectorized copy per cache, no loop
+#   over tokens;
+# - **padding**: a token with slot `-1` writes nowhere. In PyTorch, index `-1` means the *last* row, so it must
+#   be left out, not passed on.
+#
+# Write region `ch03.ex2`, then check it:
+
+# %%
+_ = check("ch03.ex2")
+
+# %% [markdown]
+# Now a step of the three sequences above, with your two parts (or the reference, where yours does not pass
+# yet): a prefill of `D`'s 3 prompt tokens and decodes of `A` and `C`, in one packed batch.
+
+# %%
+slot_mapping = yours("ch03.ex1", "slot_mapping", reference_slot_mapping)
+write_kv = yours("ch03.ex2", "write_kv", reference_write_kv)
 NUM_LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 8
 cache = KVCache(NUM_LAYERS, NUM_BLOCKS, BS, KV_HEADS, HEAD_DIM)
 print(cache)
 step = [("D", 0, 3), ("A", 9, 1), ("C", 8, 1)]  # (sequence, first position, new tokens)
-slots = torch.tensor([s for name, start, n in step for s in tables[name].slot_mapping(start, start + n)])
+slots = torch.tensor(slot_mapping([tables[name].block_ids for name, _, _ in step], [start for _, start, _ in step],
+                                  [n for _, _, n in step], BS))
 print("slot mapping of the step:", slots.tolist())
 new_k = torch.randn(len(slots), KV_HEADS, HEAD_DIM)
 new_v = torch.randn(len(slots), KV_HEADS, HEAD_DIM)
-write_kv(cache, 0, new_k, new_v, slots)
+write_kv(cache.key_cache[0], cache.value_cache[0], new_k, new_v, slots)
 # position 9 of A lands in physical block 9 (its logical block 2), offset 1:
 print("A's token 9 is stored:", torch.equal(cache.key_cache[0][tables["A"][9 // BS], 9 % BS], new_k[3]))
 
 # %% [markdown]
-# Bad input is refused before anything is written (the pool is unchanged after an error):
+# Bad input is refused before anything is written: these checks sit outside your region, in the same file.
 
 # %%
-try:
-    write_kv(cache, 0, new_k.half(), new_v, slots)
-except ValueError as err:
-    print("ValueError:", err)
-try:
-    write_kv(cache, 0, new_k, new_v, torch.tensor([1, 2, 3, 4, 48]))
-except ValueError as err:
-    print("ValueError:", err)
+ex03 = mine()
+if ex03 is not None:
+    for bad_slots in (torch.tensor([1, 2, 3, 4, 48]), torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32)):
+        try:
+            ex03.write_kv(cache.key_cache[0], cache.value_cache[0], new_k, new_v, bad_slots)
+        except ValueError as err:
+            print("ValueError:", err)
 
 # %% [markdown]
 # ## 3. The pool layout: why "NHD"
@@ -218,28 +308,63 @@ print(pool, "| bytes per block:", pool.bytes_per_block)
 #
 # In a decode step each sequence has one new query token; it attends to all `context_len` tokens of
 # its own sequence. With **GQA**, `num_heads` query heads share `num_kv_heads` KV heads: query head `h`
-# reads KV head `h // (num_heads // num_kv_heads)`.
+# reads KV head `h // (num_heads // num_kv_heads)`, so consecutive query heads form a *group* over one KV head.
+# The scores are `scale * q · k`, with the `scale` the model passes in (usually `head_dim ** -0.5`, but not
+# always: some models fold their own factor into it).
 #
 # The plainest paged attention **gathers** each sequence's K/V through its block table into a padded
-# contiguous tensor (`key_cache[block_tables]`, one indexing op for the whole batch), then runs the
-# ordinary masked softmax. Two traps matter:
+# contiguous tensor (one indexing op for the whole batch), then runs the ordinary masked softmax. Three traps
+# matter:
 #
-# - Slots past `context_len` hold *anything*: stale tokens of a previous owner, or never-written memory
-#   (NaN, inf). Scores there are set to `-inf` before the softmax *and* the gathered values are replaced by
-#   zeros with `torch.where`: multiplying by a zero weight is not enough, since `0 × NaN = NaN`.
-# - fp16 scores overflow (a dot product of 64 elements of 32.0 is 65536 > 65504), so the math runs in fp32.
+# - **Table entries past a context hold anything.** The engine pads the tables of a batch to one width; the
+#   padding may be `-1`, or the id of a block that was freed and no longer exists (a *stale* id, even beyond the
+#   pool). Indexed with the raw table, `-1` quietly wraps around to the last block, and a stale id beyond the pool
+#   is an index error.
+# - **Slots past `context_len` hold anything**: stale tokens of a previous owner, or never-written memory (NaN,
+#   inf). Scores there must be `-inf` before the softmax *and* the values there must not enter the weighted sum:
+#   multiplying by a zero weight is not enough, since `0 × NaN = NaN`.
+# - **fp16 scores overflow** (a dot product of 64 elements of 32.0 is 65536 > 65504), so the math runs in fp32,
+#   and the result goes back to the query's dtype.
 #
-# `paged_course.reference` holds three references with one signature,
-# `(query, key_cache, value_cache, block_tables, context_lens, scale=None)`:
-# `paged_attention_gather` (the one above), `paged_attention_blockwise` (online softmax block by block: the
-# math of chapter 04's Triton kernel) and, for the unpaged picture, `contiguous_attention` on padded
-# per-sequence K/V. We check them against `torch.nn.functional.scaled_dot_product_attention` with
-# `enable_gqa=True` on the clean, un-paged K/V of each sequence. The pool is filled with NaN first, block
-# tables are shuffled and padded with `-1`, and the context lengths are ragged.
+# ### Build step 3 · `gather_kv` (`ch03.ex3`)
+#
+# `gather_kv(key_cache, value_cache, block_tables, context_lens) -> (key, value, valid)`: `block_tables` is int32
+# `[num_seqs, W]`, `context_lens` int32 `[num_seqs]`. Return `key` / `value` `[num_seqs, W * block_size,
+# num_kv_heads, head_dim]` with position `p` of sequence `s` at `[s, p]`, and `valid`, bool
+# `[num_seqs, W * block_size]`, true exactly where `p < context_lens[s]`. A sequence uses the first
+# `ceil(context_len / block_size)` entries of its row; before indexing the pool with the table, put an id that
+# surely exists (any) in the others. Vectorized: no Python loop over sequences. Write region `ch03.ex3`:
+
+# %%
+_ = check("ch03.ex3")
+
+# %% [markdown]
+# ### Build step 4 · the attention (`ch03.ex4`)
+#
+# `decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale) -> out` is the engine's
+# part: it calls your `gather_kv` for you (outside the region), and region `ch03.ex4` does the rest. `query` is
+# `[num_seqs, num_heads, head_dim]`; the output has its shape and dtype. A view of the query as
+# `[num_seqs, num_kv_heads, group, head_dim]` puts every group beside its KV head; then scores, mask, softmax and
+# the weighted sum of values, in float32, with the three traps above in mind. The check replaces your `gather_kv`
+# by its own, whose padding holds NaN, so that this step is graded on its own (one last test runs the part with
+# your gather):
+
+# %%
+_ = check("ch03.ex4")
+
+# %% [markdown]
+# We check the decode against `torch.nn.functional.scaled_dot_product_attention` with `enable_gqa=True` on the
+# clean, un-paged K/V of each sequence. The pool is filled with NaN first and written with your `write_kv`;
+# block tables are shuffled and their unused entries hold `-1` and stale ids beyond the pool; the context
+# lengths are ragged. Beside yours, `paged_course.reference` holds three references with one signature,
+# `(query, key_cache, value_cache, block_tables, context_lens, scale=None)`: `paged_attention_gather` (gather,
+# then attend), `paged_attention_blockwise` (an online softmax block by block: the math of chapter 04's Triton
+# kernel) and, for the unpaged picture, `contiguous_attention` on padded per-sequence K/V.
 
 # %%
 def random_paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_size, seed=0):
-    """Signed random K/V in a NaN-filled pool through shuffled block tables; also the clean K/V per sequence."""
+    """Signed random K/V in a NaN-filled pool through shuffled block tables; also the clean K/V per sequence.
+    Unused table entries hold -1 and stale ids beyond the pool."""
     gen = torch.Generator().manual_seed(seed)
     need = [-(-n // block_size) for n in context_lens]
     num_blocks = sum(need) + 4
@@ -251,11 +376,12 @@ def random_paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_si
         table = BlockTable(block_size, [free.pop() for _ in range(blocks)], num_tokens=n)
         k = torch.randn(n, num_kv_heads, head_dim, generator=gen)
         v = torch.randn(n, num_kv_heads, head_dim, generator=gen)
-        write_kv(kv, 0, k, v, torch.tensor(table.slot_mapping(0, n)))
+        write_kv(kv.key_cache[0], kv.value_cache[0], k, v, torch.tensor(table.slot_mapping(0, n)))
         tables.append(table.block_ids)
         clean.append((k, v))
     query = torch.randn(len(context_lens), num_heads, head_dim, generator=gen)
     block_tables = pad_block_tables(tables, max(need) + 1, pad=-1)
+    block_tables[1::2][block_tables[1::2] < 0] = num_blocks + 1000  # stale ids in every other row's padding
     return query, kv, block_tables, torch.tensor(context_lens, dtype=torch.int32), clean
 
 
@@ -270,32 +396,37 @@ def sdpa_per_sequence(query, clean, scale=None):
     return torch.stack(rows)
 
 
+decode = yours(["ch03.ex3", "ch03.ex4"], "decode_attention", paged_attention_gather)
 lens = [1, 16, 17, 100, 333, 64]  # one token, exactly a block, one past a block, ragged
 query, kv, block_tables, context_lens, clean = random_paged_batch(lens, num_heads=8, num_kv_heads=2,
                                                                   head_dim=64, block_size=16)
-print("block tables (padded with -1):", tuple(block_tables.shape))
+SCALE = 0.1  # an explicit scale (head_dim ** -0.5 would be 0.125)
+print("block tables (padded with -1 and stale ids):", tuple(block_tables.shape))
 print(block_tables[:3])
-expected = sdpa_per_sequence(query, clean)
+expected = sdpa_per_sequence(query, clean, scale=SCALE)
 args = (query, kv.key_cache[0], kv.value_cache[0], block_tables, context_lens)
 gathered_k, gathered_v, valid = gather_kv(*args[1:])
+who = "yours" if decode is not paged_attention_gather else "fallback"  # the reference, until yours passes
 results = {
-    "gather": paged_attention_gather(*args),
-    "blockwise": paged_attention_blockwise(*args),
-    "contiguous": contiguous_attention(query, gathered_k, gathered_v, context_lens),
+    who: decode(*args, SCALE),
+    "gather": paged_attention_gather(*args, SCALE),
+    "blockwise": paged_attention_blockwise(*args, SCALE),
+    "contiguous": contiguous_attention(query, gathered_k, gathered_v, context_lens, SCALE),
 }
 errors = {name: (out - expected).abs().max().item() for name, out in results.items()}
 for name, err in errors.items():
-    print(f"{name:10s} max |out - SDPA| = {err:.2e}")
+    print(f"{name:10s} max |out - SDPA| = {err:.2e}, NaN-free: {bool(torch.isfinite(results[name]).all())}")
 
 # %% tags=["nbval-check-output"]
-for name, err in errors.items():
+for name in ("gather", "blockwise", "contiguous"):  # the references (yours is above)
+    err = errors[name]
     print(f"{name:10s} max abs error vs SDPA = {err:.5f}  (< 1e-5: {err < 1e-5}, NaN-free: "
           f"{bool(torch.isfinite(results[name]).all())})")
 
 # %% [markdown]
-# All three agree with SDPA to float32 rounding (a few 1e-7 here), although every slot that no sequence uses
+# They agree with SDPA to float32 rounding (a few 1e-7 here), although every slot that no sequence uses
 # holds NaN. The gathered tensor is padded to the longest context; its padding holds whatever the pool has
-# there (NaN in the unused tail of a last block, another sequence's tokens where a `-1` table entry was
+# there (NaN in the unused tail of a last block, another sequence's tokens where an unused table entry was
 # replaced by block 0), and the mask keeps all of it out:
 
 # %%
@@ -303,27 +434,25 @@ print("gathered keys:", tuple(gathered_k.shape), "| padding slots holding NaN:",
       int(torch.isnan(gathered_k[~valid]).any(-1).any(-1).sum()), "of", int((~valid).sum()))
 
 # %% [markdown]
-# **fp16 and GQA edge cases.** Queries and keys of 32.0 in fp16 with head_dim 64 give
+# **fp16 and GQA edge cases**, on your decode. Queries and keys of 32.0 in fp16 with head_dim 64 give
 # raw dot products of 65536, past fp16's largest value; values are rows of 1, 2 and 3, so the right answer
 # is their mean, 2.0. And with 28 query heads over 4 KV heads (Qwen2.5-7B's ratio, group 7), where every
 # value row of KV head `g` is `g + 1`, query head `h` must output `h // 7 + 1`.
 
-# %% tags=["nbval-check-output"]
+# %%
 k16 = torch.full((1, 4, 1, 64), 32.0, dtype=torch.float16)
 v16 = torch.zeros((1, 4, 1, 64), dtype=torch.float16)
 for p in range(3):
     v16[0, p] = p + 1.0
 q16 = torch.full((1, 1, 64), 32.0, dtype=torch.float16)
-out16 = paged_attention_gather(q16, k16, v16, torch.tensor([[0]], dtype=torch.int32),
-                               torch.tensor([3], dtype=torch.int32))
+out16 = decode(q16, k16, v16, torch.tensor([[0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), 0.125)
 print("fp16 overflow case:", out16.dtype, "values", sorted(set(out16.flatten().tolist())))
 print("the same in fp16 arithmetic (no fp32): scores are", (q16[0] @ k16[0, :3, 0].T).flatten().tolist())
 
 kc = torch.randn(6, 4, 4, 16, generator=torch.Generator().manual_seed(13))
 vc = torch.arange(1.0, 5.0)[None, None, :, None].expand(6, 4, 4, 16).contiguous()  # KV head g holds g + 1
 q28 = torch.randn(1, 28, 16)
-out28 = paged_attention_gather(q28, kc, vc, torch.tensor([[2, 0, 5]], dtype=torch.int32),
-                               torch.tensor([9], dtype=torch.int32))
+out28 = decode(q28, kc, vc, torch.tensor([[2, 0, 5]], dtype=torch.int32), torch.tensor([9], dtype=torch.int32), 0.25)
 print("GQA 28/4, output per query head:", [round(x) for x in out28[0, :, 0].tolist()])
 
 # %% [markdown]
@@ -334,7 +463,8 @@ print("GQA 28/4, output per query head:", [round(x) for x in out28[0, :, 0].toli
 # The gather copies every sequence's context into a padded tensor before attending: that copy is what a
 # fused paged-attention kernel avoids by reading the pool through the block table inside the kernel
 # (paper §5.1, "fused block read and attention"). On this CPU, for a batch of 32 sequences of up to 512
-# tokens, compared with attention on K/V that are already contiguous (the cost paging must win back):
+# tokens, compared with attention on K/V that are already contiguous (the cost paging must win back), with the
+# reference gather:
 
 # %%
 lens_big = torch.randint(64, 513, (32,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -371,56 +501,93 @@ print(f"the gather copies {copied / 2**20:.1f} MiB of K/V (padded to the longest
 # slot mapping, shared by all layers; only the pool tensor differs per layer. In vLLM v0 the tables live in
 # the block manager (`vllm/core/block_manager.py`, `vllm/core/block/block_table.py`), the pool tensors in the
 # worker's cache engine (`vllm/worker/cache_engine.py`), and the kernels behind the attention backends
-# (`vllm/attention/backends/`, v1: `vllm/v1/attention/backends/`). Four layers, one table:
+# (`vllm/attention/backends/`, v1: `vllm/v1/attention/backends/`). Four layers, one table, your three parts:
 
-# %% tags=["nbval-check-output"]
+# %%
 layers = 4
 kv4 = KVCache(layers, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=16)
 kv4.kv.fill_(float("nan"))
 table = BlockTable(4, [6, 1, 3], num_tokens=10)
-slot_map = torch.tensor(table.slot_mapping(0, 10))  # computed once
+slot_map = torch.tensor(slot_mapping([table.block_ids], [0], [10], 4))  # computed once
 bt, cl = pad_block_tables([table.block_ids]), torch.tensor([10], dtype=torch.int32)
 q4 = torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(4))
 worst = 0.0
 for layer in range(layers):
     k, v = torch.randn(10, 2, 16), torch.randn(10, 2, 16)  # each layer has its own K/V
-    write_kv(kv4, layer, k, v, slot_map)  # same slots
-    out = paged_attention_gather(q4, kv4.key_cache[layer], kv4.value_cache[layer], bt, cl)  # same table
+    write_kv(kv4.key_cache[layer], kv4.value_cache[layer], k, v, slot_map)  # same slots
+    out = decode(q4, kv4.key_cache[layer], kv4.value_cache[layer], bt, cl, 0.25)  # same table
     worst = max(worst, (out - sdpa_per_sequence(q4, [(k, v)])).abs().max().item())
 print(f"{layers} layers, 1 block table {table.block_ids}: max abs error vs SDPA = {worst:.5f}")
 print(f"block-table bytes per step: {bt.numel() * bt.element_size()} (one table), "
       f"not {layers * bt.numel() * bt.element_size()} (one per layer)")
 
 # %% [markdown]
-# ## Your turn
+# ## 6. Your parts inside the engine
 #
-# Open **`exercises/ex03_block_tables.py`** and fill in the three marked regions:
-#
-# 1. `slot_mapping(block_tables, start_positions, num_tokens, block_size)`: the slots of a packed batch of
-#    prefills and decodes (ch03.ex1);
-# 2. `gather_kv(key_cache, value_cache, block_tables, context_lens)`: K/V gathered through the tables, with the
-#    mask of real positions, without a Python loop over sequences (ch03.ex2);
-# 3. `paged_attention_decode(...)`: GQA decode attention over the gathered K/V, masked, in fp32 (ch03.ex3).
-#
-# Then grade them from a terminal:
+# The engine (`paged.LLM`) takes its parts as a constructor argument: `LLM(model, parts=Parts(slot_mapping=...,
+# write_kv=..., decode_attention=...))`. `paged_course.capstone.learner_parts` collects yours from
+# `exercises/ex03_block_tables.py` (the module's `PART_REGIONS` names the regions each part is made of) and keeps
+# the reference for a part whose regions do not pass yet. Below, a tiny Llama (2 layers, 4 query heads over 2 KV
+# heads, head dim 16, random weights) generates greedily for three prompts, with blocks of 4 tokens and at most
+# 8 tokens per step, so the long prompts are computed in chunks whose later pieces read the earlier ones back
+# from the pool through your slots; every decode step runs your `decode_attention`. The reference engine runs the
+# same requests:
+
+# %%
+from paged.core.sequence import SamplingParams
+from paged.engine.llm import LLM
+from paged_course.capstone import learner_parts, origin_table
+from paged_course.models import tiny_model
+
+
+def engine_tokens(parts=None):
+    llm = LLM(tiny_model("llama", vocab_size=128), block_size=4, num_gpu_blocks=32, max_num_batched_tokens=8,
+              max_num_seqs=4, parts=parts, verbose=False)
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [50 + i for i in range(13)], [90, 91]]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], llm.stats()
+
+
+parts, origin = learner_parts(parts=("slot_mapping", "write_kv", "decode_attention"))
+print(origin_table(origin))
+reference_tokens, reference_stats = engine_tokens()
+your_tokens, your_stats = engine_tokens(parts)
+print("prompt chunks computed:", your_stats["prefill_chunks"], "| generated:", your_tokens)
+print("same tokens as the reference engine:", your_tokens == reference_tokens)
+
+# %% [markdown]
+# Grade all four steps from a terminal (the score the course records):
 #
 # ```bash
 # python -m paged grade ch03
 # ```
 #
-# The graded tests use signed random inputs, pools filled with NaN, inf or 1e4 past every context, shuffled
-# block tables padded with -1, ragged context lengths and two block sizes, so an answer that only works on
-# tidy inputs will not pass.
-#
 # ## Summary
 #
 # - A block table maps a sequence's logical blocks to physical blocks; the slot of position `p` is
-#   `table[p // bs] * bs + p % bs`. A step's slot mapping lists the slot of every new token.
+#   `table[p // bs] * bs + p % bs`. A step's slot mapping lists the slot of every new token, prompts, chunks and
+#   decodes packed in batch order (your `slot_mapping`).
 # - `KVCache` is one preallocated tensor per engine, `[layers, 2, blocks, block_size, kv_heads, head_dim]`; each
 #   layer sees `[blocks, block_size, kv_heads, head_dim]` (NHD): a token's heads are contiguous, and so is a
-#   block. Bytes per block = 2 × layers × kv_heads × head_dim × block_size × dtype bytes (E8).
-# - Paged decode attention = gather through the block tables + masked fp32 softmax; it matches
-#   `scaled_dot_product_attention` to float32 rounding with GQA, ragged lengths and garbage past every context.
+#   block. A step's K/V go in with one in-place copy per cache on the one-row-per-slot view; slot `-1` stores
+#   nothing (your `write_kv`). Bytes per block = 2 × layers × kv_heads × head_dim × block_size × dtype bytes (E8).
+# - Paged decode attention = gather through the block tables (never indexing the pool with an unused entry) +
+#   a masked fp32 softmax with the model's scale and GQA groups (your `decode_attention`); it matches
+#   `scaled_dot_product_attention` to float32 rounding with ragged lengths and garbage past every context.
 # - One block table per sequence serves every layer (E6).
+# - Your three parts ran inside the engine and produced the reference engine's tokens.
 # - Next, chapter 04 computes the same attention without the gather: an online softmax over the blocks, in a
 #   Triton kernel.
+#
+# ## Further reading
+#
+# - Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*, SOSP 2023:
+#   §4.1 (the PagedAttention algorithm: attention block by block through a block table), §4.2-4.3 (the KV cache
+#   manager, logical and physical blocks), §5.1 (the fused kernels: block read and attention, `reshape_and_cache`).
+# - vLLM v1: `vllm/v1/worker/block_table.py` (`BlockTable.compute_slot_mapping`: block tables and the slot
+#   mapping of a packed batch), `vllm/v1/worker/gpu_model_runner.py` (the step's packed inputs),
+#   `vllm/v1/attention/backends/flash_attn.py` (the NHD pool, the write, the attention call).
+# - vLLM v0: `vllm/core/block/block_table.py` (one table per sequence), `vllm/attention/backends/utils.py`
+#   (`compute_slot_mapping`, with `PAD_SLOT_ID = -1`), `vllm/worker/cache_engine.py` (the pool tensors per layer),
+#   `csrc/cache_kernels.cu` (`reshape_and_cache`, `reshape_and_cache_flash`).
+# - PyTorch: `torch.nn.functional.scaled_dot_product_attention` (`enable_gqa`, `scale`), the ground truth here.

@@ -22,34 +22,47 @@
 # **You will learn to**
 #
 # 1. derive the online softmax: a running max `m`, a running denominator `l` and a running weighted sum `acc`,
-#    rescaled by `exp(m_old - m_new)` whenever the max grows;
+#    rescaled by `exp(m_old - m_new)` whenever the max grows, and write its update (build step 1);
 # 2. find the two bugs in a widely copied sketch of it (seed error E1);
-# 3. read a Triton paged-attention decode kernel line by line: one program per (sequence, KV head), grouped-query
-#    attention (GQA), masking of the last block, fp32 accumulation;
-# 4. run it on this CPU with Triton's interpreter and check it against the PyTorch reference;
+# 3. write the loop of a Triton paged-attention decode kernel (build step 2): one program per (sequence, KV head),
+#    grouped-query attention (GQA), masking of the last block, fp32 accumulation;
+# 4. run it on this CPU with Triton's interpreter and check it against the PyTorch reference and your chapter-03
+#    decode;
 # 5. split a long context over several programs (split-K, "flash-decoding") and merge the pieces exactly with
-#    their log-sum-exp;
+#    their log-sum-exp (build step 3);
 # 6. (part 2, the performance lab) count the bytes a decode step must read, and take the kernel from about a tenth
 #    of a GPU's memory bandwidth towards all of it, one idea per step: the GQA group in tensor cores, KV tiles that
 #    span blocks, software pipelining, and a split count chosen from the machine;
 # 7. say what the paging overhead really is at the roofline, and what the paper measured (seed claim E2).
 #
-# Part 1 (sections 1-8) builds the *teaching* kernel, written to be read: `paged_course.kernel_lab` (the folder
-# `paged_course/kernel_lab/`). Part 2 (sections 9-17) builds the *tuned* kernel that the engine runs:
+# Part 1 (sections 1-8) has you build the *teaching* kernel, written to be read, in
+# **`exercises/ex04_online_softmax.py`** (three marked regions: `ch04.ex1`, `ch04.ex2`, `ch04.ex4`); the finished
+# one is `paged_course.kernel_lab` (the folder `paged_course/kernel_lab/`), which the chapter uses wherever yours
+# does not pass its checks yet. Part 2 (sections 9-17) builds the *tuned* kernel that the engine runs:
 # `paged.kernels.paged_attention_decode` (the folder `kernels/`). The PyTorch references are in
-# `paged_course.reference`.
+# `paged_course.reference`. After each build step a cell `check("ch04.exK")` runs that step's graded tests on your
+# file and prints the first failing case in words.
 
 # %%
+import importlib
 import inspect
 import math
+import sys
 import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
 
-from paged_course.reference import paged_attention_blockwise, paged_attention_gather
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "paged_course").is_dir())
+if str(ROOT) not in sys.path:  # the notebook runs in chapters/; the exercises live at the root
+    sys.path.insert(0, str(ROOT))
+
 from paged.kernels import HAS_TRITON, MODE, REASON
+from paged_course.check import check, impl_package, learner_or_reference, solution
+from paged_course.kernel_lab.softmax_state import merge_splits as reference_merge
+from paged_course.kernel_lab.softmax_state import online_softmax_update as reference_update
+from paged_course.reference import paged_attention_blockwise, paged_attention_gather
 from paged_course.viz.kernels import (online_softmax_trace, plot_lab_steps, plot_online_softmax, plot_program_reads,
                                      plot_split_weights, plot_tile_gather, program_reads_explorer)
 
@@ -65,6 +78,19 @@ def show_source(fn, first: str | None = None, last: str | None = None) -> None:
     stop = next((i for i, line in enumerate(lines) if last and last in line and i >= start), len(lines) - 1)
     for i in range(start, stop + 1):
         print(f"{i + 1:3d}  {lines[i]}")
+
+
+def yours(exercises, module: str, name: str, reference):
+    """`name` from your exercise module when the regions `exercises` pass their checks, else `reference`
+    (one line says so). The module is imported afresh, so your last saved edit is what runs."""
+    full = f"{impl_package()}.{module}"
+    sys.modules.pop(full, None)
+    try:
+        learner = getattr(importlib.import_module(full), name)
+    except Exception as err:  # a syntax error while you edit must not stop the chapter
+        print(f"{full.replace('.', '/')}.py does not import ({type(err).__name__}: {err}); using the reference")
+        return reference
+    return learner_or_reference(exercises, learner, reference)
 
 
 # %% [markdown]
@@ -204,22 +230,47 @@ print(f"patched output sums to {patched.sum().item():.3f}; "
 # `l` and rescale it together with the output, divide by `l` at the end. (The seed's own formula block states
 # the `l` update correctly; the code just drops it.)
 
+# %% [markdown]
+# ### Build step 1 · the update (`ch04.ex1`)
+#
+# Open `exercises/ex04_online_softmax.py` and write region `ch04.ex1` in
+# `online_softmax_update(m, l, acc, scores, values) -> (m, l, acc)`: the state of `N` query rows (`m`, `l`
+# `[N]`, `acc` `[N, D]`), one block of their scores `[N, B]` and the block's values `[B, D]`, all float32. It is
+# section 2's derivation, for `N` rows at once, with two traps the sketch never meets:
+#
+# - the scores may be in the hundreds, so never take `exp` of a score that is not shifted by the running max;
+# - a masked slot has score `-inf`, and a row can meet a block that is *entirely* masked (the tail of a short
+#   sequence, a whole block past its context) while its state is still empty: `m` is `-inf` before and after,
+#   and `exp(-inf - (-inf))` is NaN. Such a row must come out unchanged.
+#
+# The check feeds your update rows of signed scores large enough to overflow `exp`, with the max arriving in the
+# last block, ragged blocks and fully masked ones, and compares `acc / l` with one softmax over the whole row:
+
 # %%
-def fixed_sketch(query, key_cache, value_cache, block_table, seq_len):
+_ = check("ch04.ex1")
+
+# %% [markdown]
+# With your update carrying the state, the seed's loop is right: the same loop, `m`, `l` and `acc` folded in
+# block by block, divided by `l` at the end.
+
+# %%
+update = yours("ch04.ex1", "ex04_online_softmax", "online_softmax_update", reference_update)
+
+
+def seed_loop_with_state(query, key_cache, value_cache, block_table, seq_len):
+    """The seed's loop over the blocks, with the state of section 2 carried by `update` (one query row)."""
     block_size, head_dim = key_cache.shape[1], query.shape[0]
-    acc, m, l = torch.zeros_like(query), torch.tensor(float("-inf")), torch.tensor(0.0)  # noqa: E741
+    m, l, acc = torch.full((1,), float("-inf")), torch.zeros(1), torch.zeros(1, head_dim)  # noqa: E741
     for block_idx in range(-(-seq_len // block_size)):
         keys, values = key_cache[block_table[block_idx]], value_cache[block_table[block_idx]]
         scores = keys @ query / math.sqrt(head_dim)
         scores[min(block_size, seq_len - block_idx * block_size):] = float("-inf")
-        m_new = torch.maximum(m, scores.max())
-        alpha, p = torch.exp(m - m_new), torch.exp(scores - m_new)
-        l, acc, m = l * alpha + p.sum(), acc * alpha + p @ values, m_new  # noqa: E741
-    return acc / l
+        m, l, acc = update(m, l, acc, scores[None], values)  # noqa: E741
+    return acc[0] / l[0]
 
 
-fixed = fixed_sketch(q1, k_pool, v_pool, table1, n1)
-print(f"fixed sketch: max |error| = {(fixed - reference).abs().max().item():.6f}")
+fixed = seed_loop_with_state(q1, k_pool, v_pool, table1, n1)
+print(f"the seed's loop with the state carried: max |error| = {(fixed - reference).abs().max().item():.6f}")
 
 # %% [markdown]
 # `paged_course.reference.paged_attention_blockwise` is this loop for a whole batch at once (all sequences, all heads,
@@ -282,54 +333,83 @@ else:
     print("skipped:", REASON)
 
 # %% [markdown]
-# ## 5. The paged decode kernel, line by line
+# ## 5. The paged decode kernel: the skeleton, and your loop
 #
 # The teaching kernel `paged_course.kernel_lab.teaching_decode(query, key_cache, value_cache, block_tables,
 # context_lens, scale=None, num_splits=1)` has the signature of the reference (and of the engine's tuned kernel,
-# part 2): `query` `[num_seqs, num_heads, head_dim]`, the pool
-# `[num_blocks, block_size, num_kv_heads, head_dim]`, int32 block tables and context lengths. The grid has
-# **one program per (sequence, KV head)**. With GQA, `group = num_heads // num_kv_heads` query heads share one KV
-# head; the program serves all of them, so each K/V block is read from memory once per group rather than
-# once per query head. Here is the kernel:
+# part 2): `query` `[num_seqs, num_heads, head_dim]`, the pool `[num_blocks, block_size, num_kv_heads, head_dim]`,
+# int32 block tables and context lengths. The grid has **one program per (sequence, KV head)** (and per split,
+# section 7). With GQA, `group = num_heads // num_kv_heads` query heads share one KV head; the program serves all
+# of them, so each K/V block is read from memory once per group rather than once per query head.
+#
+# Your kernel, `_decode_kernel` in `exercises/ex04_online_softmax.py` (launched by `paged_decode` in the same
+# file), has this structure, and everything but the loop over the blocks is written for you. The skeleton, as the
+# teaching kernel has it: the beginning,
 
 # %%
 if HAS_TRITON:
     from paged_course.kernel_lab import decode_teaching as pa
 
-    show_source(pa._paged_decode_kernel, first="seq = tl.program_id(0)", last="tl.log(")
+    show_source(pa._paged_decode_kernel, first="seq = tl.program_id(0)", last="acc = tl.zeros")
 else:
     print("skipped:", REASON)
 
 # %% [markdown]
-# Reading it from the top (line numbers as printed):
+# then your loop, then the end:
+
+# %%
+if HAS_TRITON:
+    show_source(pa._paged_decode_kernel, first="has_tokens = l > 0")
+
+# %% [markdown]
+# Reading the skeleton (line numbers as printed):
 #
 # - **Program ids.** `seq`, `kv_head` and `split` say which piece of work this program owns.
 # - **Tiles.** `offs_g` enumerates the group's query heads, padded to a power of two (`tl.arange` needs one;
 #   a group of 7 becomes 8, the 8th lane masked by `g_mask`); `offs_t` the `block_size` slots of a block;
 #   `offs_d` the head dimension, padded the same way (head dim 80 becomes 128, masked by `d_mask`).
 # - **The query tile** `q` is `[GROUP_P2, HEAD_DIM_P2]`: rows `kv_head * GROUP + g`. Masked lanes load
-#   `other=0.0`, and every load is cast to float32 at once: fp16/bf16 only exist in memory, all arithmetic is
-#   fp32 (CASES 12 below). The scale is folded into `q` once.
+#   `other=0.0`, and the load is cast to float32 at once: fp16/bf16 only exist in memory, all arithmetic is
+#   fp32 (section 6 shows what fp16 arithmetic would do). The scale is folded into `q` once.
 # - **State.** `m` (`-inf`), `l` (0) and `acc` (0) per query head, exactly the derivation's $m_0, l_0, a_0$.
-# - **The loop** runs over the *logical* blocks `b` this program owns: `cdiv(context_len, BLOCK_SIZE)` of them
-#   (for `num_splits = 1`). `physical = BT[seq, b]` is the block table lookup: the only line that makes this
-#   kernel *paged*. It is widened to int64 before it multiplies a stride, because a large pool has more than
-#   $2^{31}$ elements.
-# - **Masking the last block.** `tokens < context_len` marks the real slots; K and V loads use it with
-#   `other=0.0`, so whatever sits past the context (stale keys, NaN, inf) is never even read, and the scores
-#   of those slots are set to `-inf`, so their weight `exp(-inf - m)` is exactly 0.
-# - **Scores** `s = sum(q[:, None, :] * k[None, :, :], axis=2)` is a `[group, block]` matrix product written as a
-#   broadcast and a sum: the product is first built as a `[group, block, head_dim]` tile in registers, then summed.
-#   `tl.dot` would run it on tensor cores, but it needs tiles of at least 16 x 16 (groups are often 1 to 8); this
-#   kernel stays with the plainest form. It is tempting to say that decode is limited by memory bandwidth, so the
-#   arithmetic costs little. The GPU measurement in part 2 says otherwise: this kernel reaches about a tenth of
-#   the bandwidth, and section 10 points at that three-dimensional tile.
-# - **The online update** is the derivation line for line: `m_new`, `alpha = exp(m - m_new)`, `p`, then `l` and
-#   `acc` rescaled by `alpha` and increased by this block's share. `m_new` is finite: token 0 of every block in
-#   the loop is real.
-# - **The end.** `out = acc / l` (guarded for an empty context, which gives 0), stored in the query's dtype;
+# - **The end.** `out = acc / l` (guarded: a program that saw no token writes 0), stored in the output's dtype;
 #   with split-K the program also writes its log-sum-exp (section 7).
 #
+# ### Build step 2 · the loop (`ch04.ex2`)
+#
+# Region `ch04.ex2` walks this program's blocks and folds each into `m`, `l`, `acc`:
+#
+# - **Which blocks.** A sequence uses its first `cdiv(context_len, BLOCK_SIZE)` logical blocks. Split `split` owns
+#   `blocks_per_split` consecutive logical blocks starting at `split * blocks_per_split`, but only those the context
+#   uses: a split past the end owns none, and then its loop must not run at all (its state stays empty, and the end
+#   writes 0 and `-inf` for it). With one split, the program owns every block of the context.
+# - **The lookup.** The physical block of logical block `b` is entry `b` of the sequence's row of `BT`: the only
+#   line that makes this kernel *paged*. Widen it to int64 before it multiplies a stride, because a large pool has
+#   more than $2^{31}$ elements.
+# - **Masking the last block.** Only the slots of tokens before `context_len` are real. Load the block's K and V
+#   tiles, `[BLOCK_SIZE, HEAD_DIM_P2]` at KV head `kv_head`, with a mask and `other=0.0`, so that whatever sits past
+#   the context (stale keys, NaN, inf) is never even read (a GPU leaves masked lanes undefined without `other=`),
+#   cast them to float32, and give the scores of the other slots `-inf`, so their weight is exactly 0.
+# - **Scores** are a `[group, block]` matrix product of `q` and the block's keys, written as a broadcast and a sum
+#   over the head dimension: the product is first built as a `[group, block, head_dim]` tile in registers, then
+#   summed. `tl.dot` would run it on tensor cores, but it needs tiles of at least 16 x 16 (groups are often 1 to 8);
+#   this kernel stays with the plainest form. It is tempting to say that decode is limited by memory bandwidth, so
+#   the arithmetic costs little. The GPU measurement in part 2 says otherwise: the teaching kernel reaches about a
+#   tenth of the bandwidth, and section 10 points at that three-dimensional tile.
+# - **The update** is your step 1 for the whole group: `m`, `l` `[GROUP_P2]` and `acc` `[GROUP_P2, HEAD_DIM_P2]`,
+#   with `tl.maximum`, `tl.max`, `tl.exp` and `tl.sum`. Every block the loop visits holds a real token (its first
+#   slot), so the new max is finite here and needs no guard.
+#
+# `raise` cannot live inside `@triton.jit`, so the stub's region is an empty loop body: it runs, and writes zeros.
+# The check runs your kernel in the interpreter on tiny inputs and writes into outputs filled with NaN first; the
+# tables are shuffled, their unused entries hold `-1` and ids of blocks beyond the pool, every unused slot holds
+# NaN, and it compares with a float64 reference for GQA groups 1, 2, 4 and 7, two block sizes, fp16 and bf16, and
+# split by split for 2, 3 and 8 splits:
+
+# %%
+_ = check("ch04.ex2")
+
+# %% [markdown]
 # Which pool slots does each program read? One row per program, one column per slot of the pool; light cells
 # are loaded with the last block but masked. Move the slider (in Jupyter) to split the sequences (section 7).
 
@@ -345,11 +425,12 @@ plt.show()
 # %% [markdown]
 # ## 6. Run it (Triton interpreter on this CPU) and check it
 #
-# Each case: shuffled block tables, NaN in every unused slot, context lengths 1, `block_size`, `block_size + 1`
-# and more; compared with `paged_attention_gather` (chapter 03) computed in fp32 on the same inputs, so for
-# fp16/bf16 the error is the rounding of the output to 16 bits.
+# Your kernel (or the teaching kernel, until yours passes), on cases with shuffled block tables, NaN in every
+# unused slot, context lengths 1, `block_size`, `block_size + 1` and more; compared with `paged_attention_gather`
+# (chapter 03) computed in fp32 on the same inputs, so for fp16/bf16 the error is the rounding of the output to 16
+# bits.
 
-# %% tags=["nbval-check-output"]
+# %%
 cases = [  # (dtype, num_heads, num_kv_heads, head_dim, block_size)
     (torch.float32, 4, 4, 16, 8),
     (torch.float32, 14, 2, 24, 8),  # GQA group 7, head dim not a power of two
@@ -360,11 +441,12 @@ interp_seconds = []
 if HAS_TRITON:
     from paged_course.kernel_lab import teaching_decode
 
+    decode_kernel = yours("ch04.ex2", "ex04_online_softmax", "paged_decode", teaching_decode)
     report = []  # printed at the end, in one piece
     for dtype, heads, kv_heads, head_dim, bs in cases:
         inputs = paged_batch([1, bs, bs + 1, 2 * bs + 3], heads, kv_heads, head_dim, bs, dtype=dtype, seed=heads)
         start = time.perf_counter()
-        out = teaching_decode(*inputs)
+        out = decode_kernel(*inputs)
         interp_seconds.append(time.perf_counter() - start)
         exact = paged_attention_gather(*(t.float() if t.is_floating_point() else t for t in inputs))  # fp32 math
         err = (out.float() - exact).abs().max().item()  # fp16/bf16: the output's own rounding
@@ -381,19 +463,19 @@ if interp_seconds:
           "executes every program one after another; a GPU runs them in parallel, in microseconds)")
 
 # %% [markdown]
-# **fp16 scores must not overflow** (CASES 12). With `q` and every key all 32.0 and head dim 64, the raw dot
+# **fp16 scores must not overflow.** With `q` and every key all 32.0 and head dim 64, the raw dot
 # product is $32 \cdot 32 \cdot 64 = 65536$, above fp16's largest value 65504. Accumulated in fp16 it becomes
 # `inf` and the output NaN; the kernel upcasts at load, so all three scores are equal and the output is the
 # mean of the value rows 1, 2 and 3: exactly 2.0.
 
-# %% tags=["nbval-check-output"]
+# %%
 if HAS_TRITON:
     kc = torch.full((2, 4, 1, 64), 32.0, dtype=torch.float16)
     vc = torch.zeros(2, 4, 1, 64, dtype=torch.float16)
     vc[0, :3] = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)[:, None, None]
     q16 = torch.full((1, 1, 64), 32.0, dtype=torch.float16)
     print("fp16 dot product in fp16:", (q16[0, 0] * kc[0, 0, 0]).sum(dtype=torch.float16).item())
-    out16 = teaching_decode(q16, kc, vc, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32))
+    out16 = decode_kernel(q16, kc, vc, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32))
     print("kernel output (all 64 lanes):", sorted(set(out16.flatten().tolist())))
 else:
     print("skipped:", REASON)
@@ -409,16 +491,34 @@ else:
 #
 # $$o_i = a_i / l_i, \qquad \mathrm{lse}_i = m_i + \log l_i = \log \sum_{t \in \text{split } i} e^{x_t}.$$
 #
-# A second kernel merges them. The full denominator is $\sum_i e^{\mathrm{lse}_i}$, so with
+# A second pass merges them. The full denominator is $\sum_i e^{\mathrm{lse}_i}$, so with
 # $M = \max_i \mathrm{lse}_i$ and weights $w_i = e^{\mathrm{lse}_i - M}$,
 #
-# $$o = \frac{\sum_i w_i\, o_i}{\sum_i w_i}.$$
+# $$o = \frac{\sum_i w_i\, o_i}{\sum_i w_i}, \qquad \mathrm{lse} = M + \log \sum_i w_i.$$
 #
 # A split that holds no token (a short sequence in a wide table) has $l_i = 0$ and $\mathrm{lse}_i = -\infty$,
-# so $w_i = 0$: it **merges as a no-op**. The merge kernel guards the one case where that could produce NaN,
-# all splits empty ($M = -\infty$, and $-\infty - (-\infty)$ is NaN). First the merge in PyTorch, for one head:
+# so $w_i = 0$: it **merges as a no-op**. One case needs care: all splits empty ($M = -\infty$, and
+# $-\infty - (-\infty)$ is NaN).
+#
+# ### Build step 3 · the merge (`ch04.ex4`)
+#
+# Region `ch04.ex4` is `merge_splits(partial, lse) -> (out, lse_total)`: `partial` float32 `[..., P, D]` holds the
+# `P` splits' normalized outputs $o_i$ and `lse` `[..., P]` their log-sum-exps; return the merged output `[..., D]`
+# and the log-sum-exp of all the tokens `[...]` (so that a merged result can be merged again). The traps:
+# log-sum-exps in the hundreds (never `exp` one unshifted); a split with no token, whose partial output may hold
+# anything, NaN included (nothing of it may reach the output: `0 × NaN` is NaN); a row whose splits are all empty (a
+# context of 0), which merges to 0 and `-inf`. With `num_splits > 1`, `paged_decode` in your file runs your kernel
+# for the partials (`decode_splits`), then your merge. (`ch04.ex3` is the ungraded exercise of part 2.)
 
-# %% tags=["nbval-check-output"]
+# %%
+_ = check("ch04.ex4")
+
+# %% [markdown]
+# First the merge for one head, on partial results computed directly in PyTorch; the last split is empty and its
+# partial output is NaN:
+
+# %%
+merge = yours("ch04.ex4", "ex04_online_softmax", "merge_splits", reference_merge)
 x_row = torch.randn(40, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 4
 v_rows = torch.randn(40, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
 ranges = [(0, 16), (16, 32), (32, 40), (40, 40)]  # the last split is empty
@@ -426,15 +526,14 @@ lse, parts = [], []
 for a, b in ranges:
     if a == b:
         lse.append(float("-inf"))
-        parts.append(torch.zeros(3, dtype=torch.float64))
+        parts.append(torch.full((3,), float("nan"), dtype=torch.float64))  # whatever an empty split left there
         continue
     lse.append(torch.logsumexp(x_row[a:b], 0).item())
     parts.append(torch.softmax(x_row[a:b], 0) @ v_rows[a:b])
-lse_t = torch.tensor(lse, dtype=torch.float64)
-w = torch.exp(lse_t - lse_t.max())
-merged = (w[:, None] * torch.stack(parts)).sum(0) / w.sum()
+merged, lse_all = merge(torch.stack(parts), torch.tensor(lse, dtype=torch.float64))
 print("lse per split:", [f"{v:.4f}" for v in lse])
 print(f"merged vs one softmax over all 40: max |error| = {(merged - torch.softmax(x_row, 0) @ v_rows).abs().max():.2e}")
+print(f"merged lse {float(lse_all):.4f}, log-sum-exp of all 40 scores {torch.logsumexp(x_row, 0).item():.4f}")
 
 # %%
 fig = plot_split_weights(lse)
@@ -450,39 +549,57 @@ plt.show()
 
 # %% [markdown]
 # Split-K must give the single-pass result, whatever the number of splits, including splits with no token
-# (8 splits over a table 4 blocks wide) and a sequence of context 0 (all splits empty: output 0, not NaN):
+# (8 splits over a table 4 blocks wide) and a sequence of context 0 (all splits empty: output 0, not NaN). Your
+# kernel and your merge (or the teaching kernel and its merge kernel, until both of yours pass):
 
-# %% tags=["nbval-check-output"]
+# %%
 if HAS_TRITON:
+    split_decode = yours(["ch04.ex2", "ch04.ex4"], "ex04_online_softmax", "paged_decode", teaching_decode)
     inputs = paged_batch([3, 16, 29], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, seed=7)
-    single = teaching_decode(*inputs)
-    diffs = {s: (teaching_decode(*inputs, num_splits=s) - single).abs().max().item() for s in (2, 3, 8)}
-    empty = teaching_decode(*inputs[:4], torch.tensor([0, 16, 29], dtype=torch.int32), num_splits=4)
+    single = split_decode(*inputs)
+    diffs = {s: (split_decode(*inputs, num_splits=s) - single).abs().max().item() for s in (2, 3, 8)}
+    empty = split_decode(*inputs[:4], torch.tensor([0, 16, 29], dtype=torch.int32), num_splits=4)
     print("\n".join(f"num_splits={s}: max |split - single| < 1e-6: {d < 1e-6}" for s, d in diffs.items()))
     print("context 0 with 4 empty splits -> output all zero:", bool((empty[0] == 0).all()))
 else:
     print("skipped:", REASON)
 
 # %% [markdown]
-# ## 8. Your turn (graded)
+# ## 8. Your kernel against your chapter-03 decode
 #
-# Open **`exercises/ex04_online_softmax.py`** and fill in the two marked regions:
-#
-# 1. `online_softmax_update(m, l, acc, scores, values)`: fold one block into the running state, in PyTorch
-#    (ch04.ex1; runs on any machine). Mind the block whose scores are all `-inf`: it must leave the state as it
-#    was, without NaN.
-# 2. the online-softmax update inside the Triton kernel `_decode_kernel` (ch04.ex2): the skeleton loads the
-#    block and computes its scores `s`; you update `m`, `l` and `acc`.
-#
-# Then grade them from a terminal:
+# The engine on a CPU runs the PyTorch decode (your chapter-03 `decode_attention`, in chapter 03's last section);
+# on a GPU it runs a Triton kernel. Yours is the teaching kernel's twin: it does not run inside the CPU engine
+# (the interpreter takes milliseconds per program), but it must agree with both PyTorch decodes on the same
+# inputs, with a scale of the model's choosing, one pass or split:
+
+# %%
+if HAS_TRITON:
+    ch03_decode = yours(["ch03.ex3", "ch03.ex4"], "ex03_block_tables", "decode_attention", paged_attention_gather)
+    inputs = paged_batch([1, 8, 9, 30], num_heads=8, num_kv_heads=2, head_dim=16, block_size=8, seed=3)
+    scale = 0.2
+    reference_out = paged_attention_gather(*inputs, scale)
+    ch03_out = ch03_decode(*inputs, scale)
+    lines = []
+    for num_splits in (1, 3):
+        out = split_decode(*inputs, scale, num_splits)
+        lines.append(f"kernel, {num_splits} split{'s' if num_splits > 1 else ' '}: max |kernel - reference| = "
+                     f"{(out - reference_out).abs().max().item():.1e}, max |kernel - chapter-03 decode| = "
+                     f"{(out - ch03_out).abs().max().item():.1e}")
+    print("\n".join(lines))
+else:
+    print("skipped:", REASON)
+
+# %% [markdown]
+# Grade the three build steps from a terminal (the score the course records):
 #
 # ```bash
 # python -m paged grade ch04
 # ```
 #
 # The graded tests compare with a plain softmax on signed inputs large enough that skipping the max
-# subtraction overflows, with ragged and fully masked blocks; the kernel writes into an output pre-filled with
-# NaN, through shuffled block tables of two block sizes with NaN in every unused slot.
+# subtraction overflows, with ragged and fully masked blocks; the kernel writes into outputs pre-filled with
+# NaN, through shuffled block tables of two block sizes with NaN in every unused slot, one pass and split; the
+# merge meets empty splits holding NaN and rows with no token at all.
 
 # %% [markdown]
 # ---
@@ -856,3 +973,18 @@ if HAS_TRITON:
 # - Paging's cost (E2) must be measured at the roofline: the 2.4% of the teaching kernel was hidden by its slowness;
 #   the paper's 20-26% compares vLLM's kernel with FasterTransformer's, from lookups, branches and ragged lengths.
 # - Next, chapter 05 shares blocks between sequences: prefix caching and copy-on-write.
+#
+# ## Further reading
+#
+# - Milakov & Gimelshein, *Online normalizer calculation for softmax* (2018): the one-pass recurrence for `m` and `l`.
+# - Dao et al., *FlashAttention* (NeurIPS 2022), §3.1: tiling attention with the online softmax; Dao, Haziza,
+#   Massa, Sizov, *Flash-Decoding for long-context inference* (2023): split-K for decode, merged by log-sum-exp.
+# - Kwon et al., *PagedAttention* (SOSP 2023), §4.1 (attention block by block through the block table) and §5.1
+#   (the fused kernel), §7.1 (its measured cost).
+# - vLLM v0's CUDA kernels: `csrc/attention/paged_attention_v1.cu` (one pass) and `csrc/attention/paged_attention_v2.cu`
+#   (partitions plus a reduce kernel: split-K), both built on `csrc/attention/attention_kernels.cuh` (in older
+#   versions all in `csrc/attention/attention_kernels.cu`).
+# - vLLM's Triton kernels: `vllm/attention/ops/triton_decode_attention.py` (grouped decode with split stages),
+#   `vllm/v1/attention/ops/triton_unified_attention.py` (tiles independent of the page size),
+#   `vllm/attention/ops/merge_attn_states.py` and `csrc/attention/merge_attn_states.cu` (merging partial attention
+#   results by their log-sum-exp).

@@ -5,6 +5,8 @@
   (``decode_teaching.py``). Same signature and errors as :func:`paged.kernels.paged_attention_decode`,
   the tuned kernel that the engine runs; :func:`launch_teaching_decode` skips the checks.
 * :func:`softmax`, :func:`online_softmax` -- the warm-up row-softmax kernels (``row_softmax.py``).
+* :func:`online_softmax_update`, :func:`merge_splits` -- the online-softmax state in PyTorch: one block
+  folded in, split-K partials merged (``softmax_state.py``; chapter 04 falls back on them).
 * :func:`reshape_and_cache` -- write new keys/values into the KV pool by slot mapping (``cache_ops.py``;
   the engine does the same write with ``index_copy_`` in ``paged/worker/kv_cache.py``).
 
@@ -15,5 +17,7 @@ a GPU) before any of them is defined.
 from .cache_ops import reshape_and_cache
 from .decode_teaching import launch_teaching_decode, teaching_decode
 from .row_softmax import online_softmax, softmax
+from .softmax_state import merge_splits, online_softmax_update
 
-__all__ = ["launch_teaching_decode", "online_softmax", "reshape_and_cache", "softmax", "teaching_decode"]
+__all__ = ["launch_teaching_decode", "merge_splits", "online_softmax", "online_softmax_update", "reshape_and_cache",
+           "softmax", "teaching_decode"]

@@ -705,7 +705,7 @@ else:
 # never stored. At $G = 4$, 12 of the 16 rows compute nothing useful; that is free, because decode has arithmetic
 # to spare ($I \approx G$). What matters is that each K/V tile is read from memory **once per KV head** and serves
 # the whole group; reading it once per query head would multiply the bytes by $G$. The scores stay fp32 (`tl.dot`
-# accumulates in fp32, so fp16 scores cannot overflow: CASES 12 of section 6), and $P$ is rounded to the values'
+# accumulates in fp32, so fp16 scores cannot overflow: the all-32.0 case of section 6), and $P$ is rounded to the values'
 # dtype for the second product, as FlashAttention does. In the tuned kernel:
 
 # %%

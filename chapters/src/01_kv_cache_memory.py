@@ -226,7 +226,7 @@ plt.show()
 # decides how many slots a request holds. Then run the check:
 
 # %%
-check("ch01.ex1");
+_ = check("ch01.ex1")
 
 # %% [markdown]
 # A failing check prints the first case it got wrong; `solution("ch01.ex1")` shows the reference answer when
@@ -317,7 +317,7 @@ plt.show()
 # 13 blocks in use: a 5-block prompt is `OK` (2 stay free), a 6-block prompt `LATER`, a 19-block prompt `NEVER`.
 
 # %%
-check("ch01.ex2");
+_ = check("ch01.ex2")
 
 # %% [markdown]
 # **Step 3, growth and preemption (`grow`, region `ch01.ex3`).** A sequence grows one token per step, and
@@ -330,7 +330,7 @@ check("ch01.ex2");
 # `grow` returns the preempted ids, in order.
 
 # %%
-check("ch01.ex3");
+_ = check("ch01.ex3")
 
 # %% [markdown]
 # ### Your pieces in the simulator

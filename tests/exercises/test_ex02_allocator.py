@@ -120,7 +120,7 @@ class Model:
 
 # ---- ch02.ex1: the free queue --------------------------------------------------------------------------
 
-@pytest.mark.exercise("ch02.ex1", points=2)
+@pytest.mark.exercise("ch02.ex1", points=1)
 @pytest.mark.parametrize("n", [0, 1, 5, 12])
 def test_a_fresh_queue_holds_every_id_in_order(impl, n):
     q = impl("ex02_allocator").FreeBlockQueue(n)
@@ -151,7 +151,7 @@ def test_remove_from_the_front_the_middle_and_the_back(impl):
     assert list(q) == [6] and q.popleft() == 6, "an emptied queue works again"
 
 
-@pytest.mark.exercise("ch02.ex1", points=3)
+@pytest.mark.exercise("ch02.ex1", points=2)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_queue_histories_match_a_list(impl, seed):
     cls = impl("ex02_allocator").FreeBlockQueue
@@ -230,7 +230,7 @@ def test_allocate_many_takes_the_front_of_any_queue(alloc_cls, seed):
 
 # ---- ch02.ex3: the id and count check ------------------------------------------------------------------
 
-@pytest.mark.exercise("ch02.ex3", points=2)
+@pytest.mark.exercise("ch02.ex3", points=1)
 @pytest.mark.parametrize("bad", [-1, -7, 7, 100, 2.0, "3", None])
 def test_ids_outside_the_pool_are_rejected_by_name(alloc_cls, bad):
     a = _pool(alloc_cls, 7, [4, 1, 6], {0: 1, 2: 2, 3: 1, 5: 1})
@@ -291,7 +291,7 @@ def test_free_many_is_all_or_nothing(checked_cls):
     assert list(a._free) == [2, 5, 1, 0], "an id listed twice with two holders is freed twice; iterators work"
 
 
-@pytest.mark.exercise("ch02.ex4", points=3, uses=("ch02.ex2",))
+@pytest.mark.exercise("ch02.ex4", points=2, uses=("ch02.ex2",))
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_random_allocate_and_free_histories_match_the_model(checked_cls, seed):
     rng = random.Random(seed)

@@ -230,9 +230,8 @@ _ = check("ch01.ex1")
 
 # %% [markdown]
 # A failing check prints the first case it got wrong; `solution("ch01.ex1")` shows the reference answer when
-# you are stuck. External fragmentation is not a property of one request but of
-# the free memory around the waiting one, so the simulator measures it itself, from the holes its allocator
-# leaves.
+# you are stuck. External fragmentation is not a property of one request but of the free memory around the
+# waiting one, so the simulator measures it itself, from the holes its allocator leaves.
 #
 # The trace: 2,000 requests with log-normal prompt and output lengths (means near the ShareGPT averages of the
 # paper's Fig. 11, a long right tail; `paged_course.sim.workload` says exactly what it imitates and what it does not), an
@@ -325,9 +324,8 @@ _ = check("ch01.ex2")
 # the manager *preempts*: it frees the most recently admitted request (`held` keeps the admission order, so
 # that is its last key), which will be recomputed from scratch later, and tries again. The oldest requests
 # keep running and finish, so the pool drains (paper §4.5: requests are served first come, first served, so
-# the latest arrivals are the first preempted). If the
-# request that wants to grow is itself the newest, it is the one preempted, and it takes no block.
-# `grow` returns the preempted ids, in order.
+# the latest arrivals are the first preempted). If the request that wants to grow is itself the newest, it
+# is the one preempted, and it takes no block. `grow` returns the preempted ids, in order.
 
 # %%
 _ = check("ch01.ex3")

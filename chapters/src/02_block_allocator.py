@@ -389,8 +389,9 @@ for n in (64, 256, 1024):
 # allocator also checks the id and keeps a reference count. Its queue is a `deque` with lazy deletion:
 # chapter 05 pulls a given free block out of the middle by marking its entry dead, and allocation skips
 # dead entries. Two empty Python methods around a deque already cost about 2.4x the bare deque, so one
-# block at a time stays near 4x; the batched calls (`allocate_many`, `free_many`, used by the block
-# manager) are within 3x. On an idle machine the block
+# block at a time the allocator stays at about 4-5x; the batched calls (`allocate_many`, `free_many`, used
+# by the block manager) pay for a call once per 64 blocks and come closer, at about 3-3.5x. On an idle
+# machine the block
 # manager's cost per block is below a microsecond and about the same from 4,096 to 65,536 blocks (the
 # larger runs pay somewhat more for CPU cache misses): the work is linear in the number of blocks. On a
 # busy machine single runs are slower; `python -m paged bench allocator` reports the best of many.

@@ -1,57 +1,112 @@
 # Generated from solutions/ex01_fragmentation.py by `python -m paged course sync`. Edit only the marked regions;
 # grade with `python -m paged grade`.
 
-"""Exercise 01: waste accounting for a trace of requests (chapter 01).
+"""Exercise 01: the waste accounting and the paged manager of the fragmentation simulator (chapter 01).
 
-A paged KV cache stores each request in blocks of ``block_size`` token slots. Given the final token
-count of every request, you compute how many blocks each one holds, how many of their slots are
-wasted (the slack in the last block: PagedAttention paper §4.3), and how many requests of a queue fit
-in a pool of ``num_blocks`` blocks. All functions take a sequence of lengths (a list or a 1-D NumPy
-array of non-negative ints) and must work on a whole trace at once (NumPy, no per-token loop).
+You write two pieces of ``paged_course.sim.fragmentation`` and the chapter runs the simulator on them:
 
-Check your answers with ``python -m paged grade ch01``.
+- ``slot_kinds(tokens, final, held)`` (ch01.ex1) splits the slots a request holds into real tokens,
+  reserved slots and internal waste; ``simulate(..., slot_kinds=slot_kinds)`` applies it to every
+  request at every step of a run.
+- ``PagedManager`` decides for the paged manager: ``can_allocate`` (ch01.ex2) admits a request above a
+  watermark of free blocks, ``grow`` (ch01.ex3) gives a running request its next block and preempts
+  the most recently admitted request when none is free. ``simulate(..., paged_manager=PagedManager)``
+  steps the simulation through your class.
+
+The simulator's own versions (same names, same interfaces) are the reference; the graded tests compare
+with plain loops written in the tests and with the simulator's own results. Check each step in the
+chapter with ``check("ch01.ex1")`` (and ex2, ex3) or with ``python -m paged grade ch01``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from paged.core.block_manager import AllocStatus
 
-def _lengths(lengths) -> np.ndarray:
-    arr = np.asarray(lengths, dtype=np.int64)
-    if arr.ndim != 1 or (arr < 0).any():
-        raise ValueError(f"lengths must be a 1-D sequence of non-negative token counts, got {lengths!r}")
-    return arr
+PART_REGIONS = {"slot_kinds": ("ch01.ex1",), "PagedManager": ("ch01.ex2", "ch01.ex3")}
 
 
-def num_blocks(lengths, block_size: int) -> np.ndarray:
-    """Blocks each request holds: ``ceil(length / block_size)``; a 0-token request holds 0 blocks.
+def slot_kinds(tokens, final, held) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split the slots requests hold now into ``(real, reserved, internal)`` (PagedAttention paper §3, Fig. 2).
 
-    Returns an int64 array shaped like ``lengths``. Raises ValueError when ``block_size <= 0``.
+    Args:
+        tokens: tokens each request holds now (1-D int array).
+        final: tokens each request will hold when it finishes (``>= tokens``): the accounting knows the
+            future, as the paper's Fig. 2 does.
+        held: token slots allocated to each request now. Static: ``max_seq_len``; contiguous:
+            ``prompt + max_tokens``; paged: ``ceil(tokens / block_size) * block_size`` (never below
+            ``tokens``).
+
+    Returns:
+        Three int64 arrays shaped like ``tokens``: ``real`` slots hold a token now, ``reserved`` slots
+        are empty but one of this request's future tokens will fill them, ``internal`` slots will stay
+        empty until the request leaves. For every request they add up to ``held``.
     """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be > 0, got {block_size}")
-    n = _lengths(lengths)
-    raise NotImplementedError("ch01.ex1: ceil division without floats: (n + block_size - 1) // block_size")
+    tokens, final, held = (np.asarray(a, dtype=np.int64) for a in (tokens, final, held))
+    raise NotImplementedError("ch01.ex1: number the held slots 0, 1, 2, ...: compare each index with tokens and final")
 
 
-def internal_waste(lengths, block_size: int) -> np.ndarray:
-    """Slots allocated but never filled, per request: ``num_blocks * block_size - length``.
+class PagedManager:
+    """The paged manager of the simulator: counts the blocks of each running request (blocks are not
+    placed: any free block serves any request).
 
-    Always between 0 and ``block_size - 1`` (claim C3). Returns an int64 array like ``lengths``.
+    ``simulate(trace, pool, "paged", block_size, watermark, paged_manager=PagedManager)`` builds
+    ``PagedManager(pool // block_size, block_size, watermark)`` and, in every step, calls ``free`` for
+    the requests that finished, ``can_allocate`` for the new arrivals (``NEVER``: rejected), ``grow`` for
+    every running request whose tokens just overflowed its blocks (oldest admission first), then
+    ``can_allocate`` and ``allocate`` for the head of the waiting queue while the answer is ``OK``.
+    A request ``grow`` preempted goes back to the front of the waiting queue holding its prompt and the
+    tokens it generated (recomputation, paper §4.5), unless it was the only one running: then it is cut
+    short (truncated).
+
+    State (set up for you; keep it up to date):
+        held: ``{request id: blocks it holds}`` in admission order (the most recently admitted last;
+            ``allocate`` adds at the end, ``free`` removes).
+        num_free_blocks: blocks no request holds.
+        watermark_blocks: ``int(watermark * num_blocks)``, the free blocks admission must leave.
     """
-    n = _lengths(lengths)
-    raise NotImplementedError("ch01.ex2: allocated slots minus real tokens; reuse num_blocks()")
 
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01):
+        if num_blocks < 0 or block_size <= 0 or not 0 <= watermark < 1:
+            raise ValueError(f"need num_blocks >= 0, block_size > 0 and watermark in [0, 1), got {num_blocks}, "
+                             f"{block_size}, {watermark}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.held: dict[int, int] = {}
+        self.num_free_blocks = num_blocks
 
-def requests_that_fit(lengths, block_size: int, num_blocks_in_pool: int) -> int:
-    """How many requests, taken in queue order from the head, fit in the pool together.
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
+        return -(-num_tokens // self.block_size)
 
-    Admission stops at the first request whose blocks do not fit (first-come first-served, no
-    skipping ahead). Example: lengths ``[20, 5, 40]``, block_size 16, pool of 4 blocks -> 2
-    (2 + 1 blocks fit, 3 more do not).
-    """
-    if num_blocks_in_pool < 0:
-        raise ValueError(f"num_blocks_in_pool must be >= 0, got {num_blocks_in_pool}")
-    blocks = num_blocks(lengths, block_size)
-    raise NotImplementedError("ch01.ex3: running total of blocks (np.cumsum); count the prefix that stays <= the pool")
+    def can_allocate(self, num_tokens: int) -> AllocStatus:
+        """May a request holding ``num_tokens`` tokens be admitted now? (vLLM v0 ``BlockSpaceManager.can_allocate``)
+
+        ``AllocStatus.NEVER`` when its blocks do not fit beside the watermark even in an empty pool;
+        ``AllocStatus.OK`` when taking them leaves at least ``watermark_blocks`` blocks free;
+        ``AllocStatus.LATER`` otherwise. Changes nothing.
+        """
+        raise NotImplementedError("ch01.ex2: could it fit beside the watermark in an empty pool? and now?")
+
+    def allocate(self, req: int, num_tokens: int) -> None:
+        """Admit ``req`` holding ``num_tokens`` tokens (its prompt, or all it held when it was preempted)."""
+        need = self.blocks_for(num_tokens)
+        if req in self.held or need > self.num_free_blocks:
+            raise ValueError(f"allocate: request {req} is running already, or needs {need} blocks with "
+                             f"{self.num_free_blocks} free")
+        self.held[req] = need
+        self.num_free_blocks -= need
+
+    def free(self, req: int) -> None:
+        """``req`` leaves (it finished, or it is preempted): its blocks go back to the pool."""
+        self.num_free_blocks += self.held.pop(req)
+
+    def grow(self, req: int, num_tokens: int) -> list[int]:
+        """``req`` now holds ``num_tokens`` tokens: give it one more block if they overflow its blocks.
+
+        When no block is free, preempt the most recently admitted request (``free`` it) until one is,
+        or until ``req`` itself is preempted: then it takes no block. Returns the preempted request ids
+        in the order they were preempted (``[]`` when nobody was).
+        """
+        raise NotImplementedError("ch01.ex3: new block only if the last is full; preempt the newest (held's order)")

@@ -1,65 +1,148 @@
 # Generated from solutions/ex02_allocator.py by `python -m paged course sync`. Edit only the marked regions;
 # grade with `python -m paged grade`.
 
-"""Exercise 02: a block allocator with a free list and reference counts (chapter 02).
+"""Exercise 02: the engine's block allocator (chapter 02).
 
-The KV cache pool holds ``num_blocks`` blocks, numbered ``0 .. num_blocks - 1``. The allocator keeps
+You write ``BlockAllocator``, the part of the engine that hands out KV-cache block ids, and the chapter
+runs the engine with it: ``LLM(..., parts=Parts(allocator=BlockAllocator))``. Its interface is exactly
+the one ``paged/engine/parts.py`` names (the reference is ``paged/core/allocator.py``):
 
-- ``free_list``: a ``deque`` of the free block ids, handed out from the front; a freed block goes to
-  the back (first in, first out);
-- ``ref_counts``: for every block, how many block tables hold it (0 = free).
+- ``BlockAllocator(num_blocks)``: blocks ``0 .. num_blocks - 1``, all free;
+- ``allocate()`` / ``allocate_many(n)``: blocks from the front of the free queue, reference count 1;
+- ``free(b)`` / ``free_many(ids)``: one reference fewer each; a block whose count reaches 0 joins the
+  back of the free queue (first in, first out: the block freed longest ago is reused first);
+- ``incref(b)``: one more holder for a block in use (a fork, a prefix-cache hit);
+- ``take(b)``: a *given* free block leaves the middle of the free queue (a prefix-cache hit on a block
+  that was freed but still holds its tokens, chapter 05);
+- ``ref_count(b)``, ``num_free_blocks``, ``num_used_blocks``, ``free_queue()`` (the free ids, front first).
 
-Implement ``allocate``, ``free`` and ``incref`` so that
+Errors, as the reference: ``NoFreeBlocksError(requested, available)`` when too few blocks are free;
+``ValueError`` naming the id and the range ``0..num_blocks-1`` for an id that is not an int in range, or
+saying "already free" for a block nobody holds; and every call that raises changes nothing.
 
-- ``allocate()`` takes the front of the free list, sets its count to 1 and returns its id; on an empty
-  free list it raises ``NoFreeBlocksError(1, 0)`` (requested 1, available 0);
-- ``free(b)`` drops one reference; when the count reaches 0 the block goes to the back of the free list;
-- ``incref(b)`` adds one reference to a block in use (a fork shares it);
-- ``free`` and ``incref`` raise ``ValueError`` for an id outside ``0 .. num_blocks - 1`` (or not an int)
-  and for a block that is free (count 0), and change nothing when they raise.
-
-This is vLLM v0's ``vllm/core/block/naive_block.py`` idea in a few lines. Check with
-``python -m paged grade ch02``.
+The regions: the free queue (ch02.ex1), ``allocate_many`` (ch02.ex2), the id and count check that every
+other method uses (ch02.ex3), ``free_many`` (ch02.ex4), ``take`` (ch02.ex5). Check each in the chapter with
+``check("ch02.ex1")`` ... or with ``python -m paged grade ch02``. vLLM v1 keeps the same state in
+``vllm/v1/core/block_pool.py`` (``BlockPool``) and ``vllm/v1/core/kv_cache_utils.py``
+(``FreeKVCacheBlockQueue``, a doubly linked list); vLLM v0 in ``vllm/core/block/naive_block.py``.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 from paged.core.allocator import NoFreeBlocksError
+
+PART_REGIONS = {"BlockAllocator": ("ch02.ex1", "ch02.ex2", "ch02.ex3", "ch02.ex4", "ch02.ex5")}
+
+
+class FreeBlockQueue:
+    """The free block ids in the order they will be handed out, with removal from anywhere.
+
+    - ``FreeBlockQueue(num_blocks)`` holds ``0, 1, ..., num_blocks - 1``, front first;
+    - ``popleft()`` removes and returns the front id (``IndexError`` when the queue is empty);
+    - ``append(block_id)`` puts an id that is not in the queue at the back;
+    - ``remove(block_id)`` takes out an id that is in the queue, wherever it stands;
+    - ``len(queue)`` counts the ids; ``iter(queue)`` yields them front first.
+
+    The allocator calls these in its hot path (once per block of every sequence), so ``popleft``,
+    ``append``, ``remove`` and ``len`` must not walk the queue: constant time each. The callers guarantee
+    that ``append`` gets an id that is not queued and ``remove`` one that is. Any structure works: vLLM
+    v1 links the free blocks in a doubly linked list (``prev`` / ``next`` per block); Python's
+    ``collections.OrderedDict`` keeps insertion order and deletes any key in constant time.
+    """
+
+    def __init__(self, num_blocks: int):
+        raise NotImplementedError("ch02.ex1: write FreeBlockQueue (its docstring says what each method does)")
+    def popleft(self) -> int:
+        raise NotImplementedError("ch02.ex1: write FreeBlockQueue.popleft")
+    def append(self, block_id: int) -> None:
+        raise NotImplementedError("ch02.ex1: write FreeBlockQueue.append")
+    def remove(self, block_id: int) -> None:
+        raise NotImplementedError("ch02.ex1: write FreeBlockQueue.remove")
+    def __len__(self) -> int:
+        raise NotImplementedError("ch02.ex1: write FreeBlockQueue.__len__")
+    def __iter__(self):
+        raise NotImplementedError("ch02.ex1: write FreeBlockQueue.__iter__")
 
 
 class BlockAllocator:
-    """Free list + reference counts over blocks ``0 .. num_blocks - 1``."""
+    """Hands out block ids ``0 .. num_blocks - 1`` and counts the holders of each (module docstring).
+
+    State (set up for you): ``_ref_counts[b]``, the holders of block ``b`` (0: free); ``_free``, a
+    ``FreeBlockQueue`` of exactly the blocks whose count is 0. Invariant: ``num_free_blocks + (blocks with
+    count > 0) == num_blocks``.
+    """
 
     def __init__(self, num_blocks: int):
-        if num_blocks < 0:
-            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        if type(num_blocks) is not int or num_blocks < 0:
+            raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
         self.num_blocks = num_blocks
-        self.free_list: deque[int] = deque(range(num_blocks))
-        self.ref_counts: list[int] = [0] * num_blocks
+        self._ref_counts = [0] * num_blocks
+        self._free = FreeBlockQueue(num_blocks)
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_list)
+        return len(self._free)
 
-    def ref_count(self, block_id: int) -> int:
-        return self.ref_counts[block_id]
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def free_queue(self) -> list[int]:
+        """The free block ids in the order ``allocate`` will hand them out (front first)."""
+        return list(self._free)
 
     def allocate(self) -> int:
-        """Front of the free list, count set to 1; ``NoFreeBlocksError(1, 0)`` when none is free."""
-        raise NotImplementedError("ch02.ex1: popleft from free_list (empty: NoFreeBlocksError(1, 0)); count = 1")
-
-    def _check_in_use(self, block_id: int, op: str) -> None:
-        """Raise ValueError unless ``block_id`` is a valid id of a block in use."""
-        raise NotImplementedError("ch02.ex2: ValueError unless an int in 0..num_blocks-1 with count > 0")
+        """The block at the front of the free queue, its count set to 1."""
+        return self.allocate_many(1)[0]
 
     def free(self, block_id: int) -> None:
-        """Drop one reference; at zero, append the block to the back of the free list."""
-        self._check_in_use(block_id, "free")
-        raise NotImplementedError("ch02.ex3: decrement the count; at 0 append the block to the back of free_list")
+        """One holder fewer; at zero the block joins the back of the free queue."""
+        self.free_many((block_id,))
 
     def incref(self, block_id: int) -> None:
         """One more holder for a block in use."""
-        self._check_in_use(block_id, "incref")
-        raise NotImplementedError("ch02.ex4: one more reference")
+        self._check(block_id, "incref")
+        self._ref_counts[block_id] += 1
+
+    def ref_count(self, block_id: int) -> int:
+        """Holders of ``block_id`` (0 when it is free)."""
+        return self._check(block_id, "ref_count", in_use=False)
+
+    def allocate_many(self, n: int) -> list[int]:
+        """The ``n`` blocks at the front of the free queue, in queue order, each now held once.
+
+        All or nothing: with fewer than ``n`` free blocks, raise ``NoFreeBlocksError(n, free blocks)``
+        and change nothing (vLLM v1 ``BlockPool.get_new_blocks``).
+        """
+        raise NotImplementedError("ch02.ex2: decide before touching anything; then the front n, in order, held once")
+
+    def _check(self, block_id, op: str, in_use: bool = True) -> int:
+        """The reference count of ``block_id``, after checking it.
+
+        Raises ``ValueError`` whose message starts with ``op`` and names the id and the range
+        ``0..num_blocks-1`` unless ``block_id`` is an ``int`` in that range (a float, a string, ``None``
+        or a negative id is not an id); with ``in_use``, ``ValueError`` saying the block is "already free"
+        when its count is 0. Changes nothing.
+        """
+        raise NotImplementedError("ch02.ex3: type() first (2.0 is no id), then the range (-1 wraps), then the count")
+
+    def free_many(self, block_ids) -> None:
+        """Drop one holder of each listed block, in the order listed; a block whose count reaches 0 joins
+        the back of the free queue (a sequence frees its blocks tail first, so its tail is reused first).
+
+        All or nothing: every id is checked before anything changes (``_check`` with op ``"free"``), and
+        an id listed ``k`` times needs ``k`` holders, else ``ValueError`` naming it.
+        """
+        block_ids = tuple(block_ids)
+        raise NotImplementedError("ch02.ex4: two passes: count each id's listings against its holders, then release")
+
+    def take(self, block_id: int) -> None:
+        """Pull the free block ``block_id`` out of the free queue, wherever it stands; its count becomes 1.
+
+        ``ValueError`` for an id out of range (``_check`` with op ``"take"``) and for a block in use (the
+        message says "in use" and gives its count); nothing changes then.
+        """
+        raise NotImplementedError("ch02.ex5: a block nobody holds leaves the queue from wherever it stands")
+
+    def __repr__(self) -> str:
+        return f"BlockAllocator(num_blocks={self.num_blocks}, free={self.num_free_blocks})"

@@ -26,14 +26,19 @@
 # 2. reproduce the seed article's memory table and correct its two errors (E7: Llama-2-70B; E8: bytes per block);
 # 3. tell apart the kinds of KV waste (reserved slots, internal waste, external fragmentation) and measure each
 #    for static pre-allocation, contiguous first-fit reservation, and paged blocks on a chat-like trace;
-# 4. check three claims of the seed with your own numbers: the real-token share before and after paging (C1),
+# 4. build two pieces of the simulator yourself, the waste accounting and the paged manager (admission with a
+#    watermark, growth block by block, preemption of the newest request), and run the simulation on them;
+# 5. check three claims of the seed with your own numbers: the real-token share before and after paging (C1),
 #    the split between the kinds of waste (C2), and the at-most-one-partial-block bound of paging (C3).
 #
-# Everything below imports the finished package: `paged_course.memory` (the calculator), `paged_course.sim` (the trace and
-# the simulator) and `paged_course.viz.fragmentation` (the plots). Your own waste accounting goes in
-# `exercises/ex01_fragmentation.py` at the end.
+# The calculator is `paged_course.memory`, the trace and the simulator `paged_course.sim`, the plots
+# `paged_course.viz.fragmentation`. Your pieces go in **`exercises/ex01_fragmentation.py`**: three build steps,
+# each followed by a cell that runs its checks. Until a piece passes them, the chapter runs the simulator's own
+# version and says so in one line.
 
 # %%
+import importlib
+import sys
 import time
 from dataclasses import replace
 
@@ -41,11 +46,25 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 
+from paged_course.check import ROOT, check, impl_package, learner_or_reference, solution
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the notebook runs in chapters/; your exercise files live at the root
+
 from paged_course.memory import KNOWN_MODELS, KVSpec, format_bytes, kv_spec
-from paged_course.sim.fragmentation import compare, max_concurrency, simulate, summary_table
+from paged_course.sim.fragmentation import (PagedManager, compare, max_concurrency, simulate, slot_kinds,
+                                            summary_table)
 from paged_course.sim.workload import chat_trace
-from paged_course.viz.fragmentation import (fragmentation_widget, plot_pool_strip, plot_shares, plot_utilization,
-                                     small_comparison)
+from paged_course.viz.fragmentation import (fragmentation_widget, plot_held_slots, plot_pool_strip, plot_shares,
+                                            plot_utilization, small_comparison)
+
+
+def yours(name: str):
+    """``name`` from your exercise file as it is on disk now (``exercises/`` unless PAGED_IMPL says otherwise)."""
+    module = f"{impl_package()}.ex01_fragmentation"
+    sys.modules.pop(module, None)
+    return getattr(importlib.import_module(module), name)
+
 
 chapter_start = time.perf_counter()
 
@@ -181,6 +200,39 @@ for length in (512, 1024, 2048):
 # - **external fragmentation**: free slots the waiting request cannot use although enough memory is free in
 #   total (no single hole is large enough).
 #
+# ### Build step 1: the waste accounting
+#
+# The first three kinds belong to one request at one step, and they need only three numbers: the tokens it
+# holds now, the tokens it will hold when it finishes, and the slots it holds. Here is one request, 40 tokens
+# into a life of 70 (a 20-token prompt, 50 output tokens, `max_tokens` 80), under each manager, and a second
+# paged request near its end:
+
+# %%
+plot_held_slots([("static (max_seq_len 128)", 40, 70, 128), ("contiguous (20 + 80)", 40, 70, 100),
+                 ("paged, block size 16", 40, 70, 48), ("paged, 66 of 70 tokens", 66, 70, 80)], block_size=16)
+plt.show()
+
+# %% [markdown]
+# Number the held slots 0, 1, 2, ... Slot `i` holds a token now if `i < tokens`. If not, it is *reserved* when
+# a later token of the same request will land in it before the request ends, and *internal waste* when none
+# ever will. A paged request holds only the blocks its tokens need, so early in its life every empty slot
+# it holds is reserved (third bar); only once it holds its final block does the slack past the final length
+# turn into internal waste (fourth bar, at most `block_size - 1` slots).
+#
+# **Your turn.** In `exercises/ex01_fragmentation.py`, write the body of `slot_kinds(tokens, final, held)`
+# (region `ch01.ex1`): three NumPy arrays of the same length in, `(real, reserved, internal)` out, one count
+# per request, for all requests at once (no Python loop over requests). The simulator calls it on every
+# request at every step of a run (`simulate(..., slot_kinds=...)`), whatever the manager: the manager only
+# decides how many slots a request holds. Then run the check:
+
+# %%
+_ = check("ch01.ex1")
+
+# %% [markdown]
+# A failing check prints the first case it got wrong; `solution("ch01.ex1")` shows the reference answer when
+# you are stuck. External fragmentation is not a property of one request but of the free memory around the
+# waiting one, so the simulator measures it itself, from the holes its allocator leaves.
+#
 # The trace: 2,000 requests with log-normal prompt and output lengths (means near the ShareGPT averages of the
 # paper's Fig. 11, a long right tail; `paged_course.sim.workload` says exactly what it imitates and what it does not), an
 # output cap `max_tokens` per request from {256, 512, 1024, 2048}, all queued at step 0. The pool holds 32,768
@@ -242,6 +294,72 @@ plot_pool_strip(results, step=3000)
 plt.show()
 
 # %% [markdown]
+# ### Build steps 2 and 3: the paged manager
+#
+# The paged row above came from the simulator's own paged manager. Now you write it. It keeps one number
+# per running request, the blocks it holds (`held`, a dict in admission order), and `num_free_blocks`;
+# blocks are never placed, since any free block serves any request. In every step the simulator asks it,
+# in this order:
+#
+# 1. `free(req)` for each request that finished (written for you);
+# 2. `can_allocate(prompt_tokens)` for each arrival: `NEVER` rejects it for good;
+# 3. `grow(req, tokens)` for each running request whose tokens just overflowed its blocks, oldest first;
+#    whoever `grow` preempts goes back to the front of the queue and is recomputed later;
+# 4. `can_allocate(tokens)` for the head of the waiting queue, and `allocate(req, tokens)` (written for you)
+#    while the answer is `OK`: first come, first served, nobody skips ahead.
+#
+# **Step 2, admission (`can_allocate`, region `ch01.ex2`).** vLLM admits a request only if, after it takes
+# the blocks of its prompt, at least `watermark_blocks = int(watermark * num_blocks)` blocks stay free, so
+# that the running requests still have room to grow (chapter 02 comes back to this rule and to a common
+# misreading of it). The answer is one of `AllocStatus.OK`, `LATER` (wait for memory) or `NEVER` (the
+# prompt does not fit beside the watermark even in an empty pool). With 20 blocks, a watermark of 2 and
+# 13 blocks in use: a 5-block prompt is `OK` (2 stay free), a 6-block prompt `LATER`, a 19-block prompt `NEVER`.
+
+# %%
+_ = check("ch01.ex2")
+
+# %% [markdown]
+# **Step 3, growth and preemption (`grow`, region `ch01.ex3`).** A sequence grows one token per step, and
+# a paged request needs a new block only when its tokens overflow the blocks it holds. When no block is free,
+# the manager *preempts*: it frees the most recently admitted request (`held` keeps the admission order, so
+# that is its last key), which will be recomputed from scratch later, and tries again. The oldest requests
+# keep running and finish, so the pool drains (paper §4.5: requests are served first come, first served, so
+# the latest arrivals are the first preempted). If the request that wants to grow is itself the newest, it
+# is the one preempted, and it takes no block. `grow` returns the preempted ids, in order.
+
+# %%
+_ = check("ch01.ex3")
+
+# %% [markdown]
+# ### Your pieces in the simulator
+#
+# The simulator now runs the whole trace again, with your waste accounting for all three managers and
+# your paged manager for the paged one (the simulator's own pieces stand in for any that does not pass yet),
+# and sets the result next to its own run:
+
+# %%
+your_kinds = learner_or_reference("ch01.ex1", yours("slot_kinds"), slot_kinds)
+your_manager = learner_or_reference(["ch01.ex2", "ch01.ex3"], yours("PagedManager"), PagedManager)
+start = time.perf_counter()
+your_results = compare(trace, pool_slots=32768, block_size=16, paged_manager=your_manager, slot_kinds=your_kinds)
+print(f"ran in {time.perf_counter() - start:.2f} s on {'your' if your_kinds is not slot_kinds else 'the reference'} "
+      f"slot_kinds and {'your' if your_manager is not PagedManager else 'the reference'} PagedManager "
+      "(the simulator's own run in brackets):")
+for name, res in your_results.items():
+    a, b = res.summary(), results[name].summary()
+    same = all(np.array_equal(getattr(res, k), getattr(results[name], k))
+               for k in ("real", "reserved", "internal", "external", "running", "waiting"))
+    print(f"{name:<11} utilization {a['utilization']:.1%} ({b['utilization']:.1%}), reserved {a['reserved_share']:.1%} "
+          f"({b['reserved_share']:.1%}), internal {a['internal_share']:.1%} ({b['internal_share']:.1%}) of the pool, "
+          f"{a['preemptions']} ({b['preemptions']}) preemptions: "
+          f"{'the same counts at every step' if same else 'the per-step counts differ'}")
+
+# %% [markdown]
+# When your three pieces pass their checks, every column agrees with the reference and the per-step counts are
+# the same at every one of the thousands of steps: your manager admitted, grew and preempted exactly as the
+# simulator's own did, and your accounting split every held slot the same way. The claims below are measured
+# on the simulator's own run (`results`); once your pieces pass, that run and yours are the same.
+#
 # ## 4. The seed's claims, measured
 #
 # **C1: "before vLLM, 20-40% of KV memory holds real tokens; vLLM 80-96%".** The paper measured 20.4%-38.2% for
@@ -341,28 +459,6 @@ for bs in (1, 4, 16, 64, 256):
     print(f"block_size {bs:>3}: utilization {s['utilization']:.1%}, mean running {s['mean_running']:.1f}")
 
 # %% [markdown]
-# ## Your turn
-#
-# Open **`exercises/ex01_fragmentation.py`** and fill in the three marked regions:
-#
-# 1. `num_blocks(lengths, block_size)`: blocks per request, a ceiling division over a whole trace (ch01.ex1);
-# 2. `internal_waste(lengths, block_size)`: empty slots of each request's blocks (ch01.ex2);
-# 3. `requests_that_fit(lengths, block_size, num_blocks_in_pool)`: first-come first-served admission into a pool
-#    of blocks (ch01.ex3).
-#
-# Then grade them, from a terminal with `python -m paged grade ch01`, or by re-running the cell below (it
-# runs the same grader in a separate process, so you need not restart this notebook after an edit). Untouched
-# stubs score 0.
-#
-# The graded tests compare with plain-Python loops on seeded random traces with lengths 0, exact multiples of
-# the block size and one past them, for block sizes 1, 3, 16 and 32.
-
-# %%
-from paged_course.grading import grade
-
-print(grade(["ch01"], impl="exercises", timeout=60).table())
-
-# %% [markdown]
 # ## Summary
 #
 # - KV bytes per token = 2 × layers × kv_heads × head_dim × dtype bytes; per block, times block_size (E8).
@@ -377,7 +473,23 @@ print(grade(["ch01"], impl="exercises", timeout=60).table())
 #   seed's definitions its split (C2) holds for contiguous reservation on this trace; it depends on the trace and
 #   the reservation rule. Paging removes external fragmentation (any free block serves any request) and bounds
 #   the rest by `block_size - 1` slots per request (C3).
-# - Next, chapter 02 builds the block allocator that hands out those blocks.
+# - You wrote the waste accounting (`slot_kinds`) and the paged manager (`can_allocate` with vLLM's watermark,
+#   `grow` with preemption of the newest request), and the simulator ran the whole trace on them with the same
+#   result at every step. `python -m paged grade ch01` grades the three regions from a terminal.
+# - Next, chapter 02 builds the block allocator that hands out those blocks: which block, not just how many.
+#
+# ## Further reading
+#
+# - Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
+#   (SOSP 2023): §3 (the three kinds of waste; Fig. 2, the share of KV memory holding tokens in earlier
+#   systems), §4.2-4.3 (the KV cache manager: blocks on demand, at most one partial block per sequence),
+#   §4.5 (scheduling and preemption: all-or-nothing eviction of the last admitted request, recomputation).
+# - vLLM v0, `vllm/core/block_manager.py`: `BlockSpaceManager.can_allocate` (`AllocStatus`, the watermark)
+#   and `can_append_slots`; `vllm/core/scheduler.py`: `_schedule_running`, which preempts from the tail of
+#   the running queue when a sequence cannot get its next slot.
+# - vLLM v1, `vllm/v1/core/kv_cache_manager.py`: `allocate_slots` (new blocks for the tokens of a step, `None`
+#   when the pool is short); `vllm/v1/core/sched/scheduler.py`: `schedule`, which then preempts the last
+#   running request and puts it back in the waiting queue.
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")

@@ -41,7 +41,14 @@ does not model (every request is one sequence).
 Requests that can never fit (static: ``max_seq_len > pool``; contiguous: reservation > pool; paged:
 prompt blocks > pool) are reported in ``rejected`` and skipped, never a hang.
 
-Cost: one Python iteration per event (arrival, finish, preemption), NumPy for everything per token.
+Two pieces can be swapped for other implementations of the same interface (chapter 01 runs the
+learner's): ``simulate(..., paged_manager=cls)`` runs the paged manager's decisions through an object of
+``PagedManager``'s interface, stepped by the simulator; ``simulate(..., slot_kinds=fn)`` splits the slots
+each request holds at each step into real / reserved / internal with ``fn`` (``slot_kinds``' interface).
+Without them the same results come from faster code paths that never call per-request objects.
+
+Cost: one Python iteration per event (arrival, finish, preemption), NumPy for everything per token
+(``paged_manager``: one iteration per step in which some request takes a block).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from paged.core.block_manager import AllocStatus
 from paged_course.sim.workload import Trace
 
 MANAGERS = ("static", "contiguous", "paged")
@@ -268,6 +276,182 @@ def _simulate_paged(trace: Trace, pool: int, bs: int, watermark: float):
     return seg, intervals, rejected, truncated, preemptions
 
 
+class PagedManager:
+    """The paged manager's block bookkeeping, one request at a time (what ``simulate`` decides for ``paged``).
+
+    Blocks are counted, not placed: any free block serves any request, so a count per request is the
+    whole state. The simulator drives an object of this interface step by step
+    (``simulate(..., paged_manager=PagedManager)``); in each step it calls, in this order, ``free`` for the
+    requests that finished, ``can_allocate`` for the arrivals (``NEVER``: rejected), ``grow`` for every
+    running request whose last block is full, oldest admission first, and ``can_allocate`` / ``allocate``
+    for the head of the waiting queue while it answers ``OK`` (first come, first served).
+
+    Args:
+        num_blocks: blocks in the pool (``pool_slots // block_size``).
+        block_size: token slots per block (> 0).
+        watermark: fraction of the pool that admission keeps free: ``watermark_blocks =
+            int(watermark * num_blocks)`` (vLLM v0 ``vllm/core/block_manager.py``; chapter 02, seed error E9).
+
+    State: ``held`` maps each running request to the blocks it holds, in admission order (the most
+    recently admitted request last; a preempted request that comes back is admitted anew);
+    ``num_free_blocks`` is ``num_blocks`` minus their sum.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01):
+        if num_blocks < 0 or block_size <= 0 or not 0 <= watermark < 1:
+            raise ValueError(f"need num_blocks >= 0, block_size > 0 and watermark in [0, 1), got {num_blocks}, "
+                             f"{block_size}, {watermark}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.held: dict[int, int] = {}
+        self.num_free_blocks = num_blocks
+
+    def can_allocate(self, num_tokens: int) -> AllocStatus:
+        """``NEVER`` if ``num_tokens`` need more blocks than the pool holds beside the watermark, ``OK`` if
+        taking them leaves at least ``watermark_blocks`` free, else ``LATER`` (vLLM v0 ``can_allocate``)."""
+        need = -(-num_tokens // self.block_size)
+        if need > self.num_blocks - self.watermark_blocks:
+            return AllocStatus.NEVER
+        return AllocStatus.OK if self.num_free_blocks - need >= self.watermark_blocks else AllocStatus.LATER
+
+    def allocate(self, req: int, num_tokens: int) -> None:
+        """Admit ``req`` holding ``num_tokens`` tokens (its prompt, or all it held before a preemption)."""
+        need = -(-num_tokens // self.block_size)
+        if req in self.held or need > self.num_free_blocks:
+            raise ValueError(f"allocate: request {req} is running already, or needs {need} blocks with "
+                             f"{self.num_free_blocks} free")
+        self.held[req] = need
+        self.num_free_blocks -= need
+
+    def grow(self, req: int, num_tokens: int) -> list[int]:
+        """``req`` now holds ``num_tokens`` tokens: give it a block when they overflow its blocks.
+
+        With no free block, the most recently admitted request is preempted (its blocks freed; the
+        simulator recomputes it later) until one is free, or until ``req`` itself is the victim (then it
+        takes nothing). Returns the preempted requests, in preemption order (paper §4.5: the last
+        admitted is the first evicted; vLLM v0 ``Scheduler._schedule_running``).
+        """
+        if -(-num_tokens // self.block_size) <= self.held[req]:
+            return []
+        victims = []
+        while not self.num_free_blocks:
+            victim = next(reversed(self.held))
+            self.free(victim)
+            victims.append(victim)
+            if victim == req:
+                return victims
+        self.held[req] += 1
+        self.num_free_blocks -= 1
+        return victims
+
+    def free(self, req: int) -> None:
+        """``req`` leaves (finished, or preempted): its blocks return to the pool."""
+        self.num_free_blocks += self.held.pop(req)
+
+
+def slot_kinds(tokens, final, held) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split the slots requests hold into ``(real, reserved, internal)`` (the paper's Fig. 2 kinds, §3).
+
+    Args:
+        tokens: tokens each request holds now; final: tokens it will hold when it finishes (>= tokens);
+        held: slots allocated to it now (static: ``max_seq_len``; contiguous: ``prompt + max_tokens``;
+        paged: ``ceil(tokens / block_size) * block_size``). Equal-shaped int arrays.
+
+    Returns int64 arrays of that shape: ``real`` slots hold a token, ``reserved`` slots will hold one of
+    this request's future tokens, ``internal`` slots never will; they sum to ``held``.
+    """
+    tokens, final, held = (np.asarray(a, dtype=np.int64) for a in (tokens, final, held))
+    filled = np.minimum(held, final)  # the slots that hold a token at some point of the stay
+    return tokens, filled - tokens, held - filled
+
+
+def _simulate_managed(trace: Trace, pool: int, bs: int, watermark: float, manager_cls):
+    """The paged manager through an object of ``PagedManager``'s interface, stepped by the simulator.
+
+    Same output as ``_simulate_paged``. The loop visits only the steps in which something happens: an
+    arrival, a finish, or a running request whose last block is full (its *phase*, as in
+    ``_simulate_paged``: a request admitted at step ``s`` with ``init`` tokens fills a block at every step
+    ``t`` with ``t % bs == (s - init) % bs`` and takes its next one at the step after).
+    """
+    manager = manager_cls(pool // bs, bs, watermark)
+    final, prompt, arrival = trace.final_len.tolist(), trace.prompt_len.tolist(), trace.arrival.tolist()
+    n = trace.n
+    running: dict[int, tuple[int, int, int]] = {}  # req -> (start, init, end), in admission order
+    order: dict[int, int] = {}  # req -> admission number, to call grow oldest first
+    phases: list[set[int]] = [set() for _ in range(bs)]  # requests that take a block at steps t, t % bs == k
+    finishing: list[tuple[int, int]] = []  # heap of (end, req); entries of preempted stays are skipped
+    waiting: deque[tuple[int, int]] = deque()  # (req, tokens to prefill)
+    seg, intervals, rejected, truncated = [], [], [], []
+    preemptions, t, nxt, admissions = 0, 0, 0, 0
+
+    def leave(r: int, at: int) -> int:  # end r's stay before step `at`; tokens it had at at - 1
+        start, init, _ = running.pop(r)
+        phases[(start - init + 1) % bs].discard(r)
+        seg.append((r, start, at, init, final[r], 0, -1))
+        return init + at - 1 - start
+
+    while nxt < n or waiting or running:
+        while finishing and finishing[0][0] <= t:
+            end, r = heapq.heappop(finishing)
+            if r in running and running[r][2] == end:
+                manager.free(r)
+                leave(r, t)
+        while nxt < n and arrival[nxt] <= t:
+            never = manager.can_allocate(prompt[nxt]) == AllocStatus.NEVER
+            (rejected.append(nxt) if never else waiting.append((nxt, prompt[nxt])))
+            nxt += 1
+        for r in sorted(phases[t % bs], key=order.__getitem__):
+            if r not in running:  # preempted earlier in this step
+                continue
+            start, init, _ = running[r]
+            for victim in manager.grow(r, init + t - start):
+                tokens = leave(victim, t)
+                if running:
+                    waiting.appendleft((victim, tokens))
+                    preemptions += 1
+                else:  # alone and still cannot grow: the KV cache is exhausted for this request
+                    truncated.append(victim)
+        while waiting and manager.can_allocate(waiting[0][1]) == AllocStatus.OK:
+            r, tokens = waiting.popleft()
+            manager.allocate(r, tokens)
+            end = t + final[r] - tokens + 1
+            running[r], order[r] = (t, tokens, end), admissions
+            admissions += 1
+            phases[(t - tokens + 1) % bs].add(r)
+            heapq.heappush(finishing, (end, r))
+        t_next = min(arrival[nxt] if nxt < n else math.inf, finishing[0][0] if finishing else math.inf)
+        if t_next == math.inf:
+            break
+        if running:  # the next step in which a running request takes a block
+            t_next = min(t_next, t + next(k for k in range(1, bs + 1) if phases[(t + k) % bs]))
+        intervals.append((t, int(t_next), len(waiting), pool % bs if waiting else 0))
+        t = int(t_next)
+    return seg, intervals, rejected, truncated, preemptions
+
+
+def _per_step_kinds(seg: np.ndarray, num_steps: int, manager: str, bs: int, kinds) -> dict[str, np.ndarray]:
+    """Per-step slot counts with a ``slot_kinds``-like function applied to every (request, step) pair.
+
+    Expands each segment into one row per step of its stay (the request's tokens, final length and held
+    slots at that step), classifies the rows with ``kinds`` and sums them per step (``bincount``).
+    """
+    r, s, e, init, final, reserve = (seg[:, k] for k in range(6))
+    length = e - s
+    row = np.repeat(np.arange(len(seg)), length)
+    offset = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    step, tokens = s[row] + offset, init[row] + offset
+    held = -(-tokens // bs) * bs if manager == "paged" else reserve[row]
+    out = kinds(tokens, final[row], held)
+    if len(out) != 3 or any(np.shape(a) != tokens.shape for a in out):
+        raise ValueError(f"slot_kinds must return (real, reserved, internal), each of shape {tokens.shape}")
+
+    def per_step(weights):
+        return np.bincount(step, np.asarray(weights, dtype=float), minlength=num_steps)[:num_steps]
+
+    return {"real": per_step(out[0]), "reserved": per_step(out[1]), "internal": per_step(out[2]),
+            "running": np.bincount(step, minlength=num_steps)[:num_steps].astype(float)}
+
+
 def _per_step(seg: np.ndarray, num_steps: int, manager: str, bs: int) -> dict[str, np.ndarray]:
     """Rebuild per-step slot counts from residency segments (difference arrays, no per-token loop).
 
@@ -303,12 +487,20 @@ def _per_step(seg: np.ndarray, num_steps: int, manager: str, bs: int) -> dict[st
     return {"real": real, "allocated": allocated, "internal": internal, "running": count}
 
 
-def simulate(trace: Trace, pool_slots: int, manager: str, block_size: int = 16,
-             watermark: float = 0.01) -> SimResult:
+def simulate(trace: Trace, pool_slots: int, manager: str, block_size: int = 16, watermark: float = 0.01, *,
+             paged_manager=None, slot_kinds=None) -> SimResult:
     """Run one manager on ``trace`` with a pool of ``pool_slots`` token slots; see the module docstring.
 
+    Args:
+        paged_manager: a class with ``PagedManager``'s interface to make the paged manager's decisions
+            (``manager="paged"`` only); default: the built-in event loop, which decides the same.
+        slot_kinds: a function with ``slot_kinds``' interface to split each request's held slots into
+            real / reserved / internal at every step; default: the built-in accounting, which gives the same.
+
     Raises:
-        ValueError: an unknown manager, ``pool_slots`` or ``block_size`` <= 0, watermark outside [0, 1).
+        ValueError: an unknown manager, ``pool_slots`` or ``block_size`` <= 0, watermark outside [0, 1),
+            ``paged_manager`` with another manager than ``paged``, a ``slot_kinds`` whose output has the
+            wrong shape.
     """
     if manager not in MANAGERS:
         raise ValueError(f"manager must be one of {MANAGERS}, got {manager!r}")
@@ -317,7 +509,12 @@ def simulate(trace: Trace, pool_slots: int, manager: str, block_size: int = 16,
                          f"block_size={block_size}")
     if not 0 <= watermark < 1:
         raise ValueError(f"watermark must be in [0, 1), got {watermark}")
-    if manager == "paged":
+    if paged_manager is not None and manager != "paged":
+        raise ValueError(f"paged_manager replaces the paged manager; manager is {manager!r}")
+    if paged_manager is not None:
+        seg, intervals, rejected, truncated, pre = _simulate_managed(trace, pool_slots, block_size, watermark,
+                                                                     paged_manager)
+    elif manager == "paged":
         seg, intervals, rejected, truncated, pre = _simulate_paged(trace, pool_slots, block_size, watermark)
     else:
         seg, intervals, rejected, truncated, pre = _simulate_reserving(trace, pool_slots, manager)
@@ -326,25 +523,30 @@ def simulate(trace: Trace, pool_slots: int, manager: str, block_size: int = 16,
     iv = np.array(intervals, dtype=np.int64).reshape(-1, 4)
     iv = iv[iv[:, 0] < num_steps]
     lengths = np.minimum(iv[:, 1], num_steps) - iv[:, 0]
-    steps = _per_step(seg_arr, num_steps, manager, block_size)
     admitted = np.zeros(num_steps + 1, np.int64)
     by_req = seg_arr[np.lexsort((seg_arr[:, 1], seg_arr[:, 0]))]
     first_admit = by_req[np.unique(by_req[:, 0], return_index=True)[1], 1]
     np.add.at(admitted, first_admit, 1)
-    real = np.rint(steps["real"]).astype(np.int64)
-    allocated = np.rint(steps["allocated"]).astype(np.int64)
-    internal = np.rint(steps["internal"]).astype(np.int64)
+    if slot_kinds is None:
+        steps = _per_step(seg_arr, num_steps, manager, block_size)
+        steps["reserved"] = steps["allocated"] - steps["real"] - steps["internal"]
+    else:
+        steps = _per_step_kinds(seg_arr, num_steps, manager, block_size, slot_kinds)
+    real, reserved, internal, running = (np.rint(steps[k]).astype(np.int64)
+                                         for k in ("real", "reserved", "internal", "running"))
     names = ["req", "start", "end", "init", "final", "reserve", "offset"]
-    return SimResult(manager, pool_slots, block_size, real, allocated - real - internal, internal,
-                     np.repeat(iv[:, 3], lengths), np.rint(steps["running"]).astype(np.int64),
+    return SimResult(manager, pool_slots, block_size, real, reserved, internal,
+                     np.repeat(iv[:, 3], lengths), running,
                      np.repeat(iv[:, 2], lengths), np.cumsum(admitted)[:num_steps],
                      {k: seg_arr[:, i] for i, k in enumerate(names)}, np.array(rejected, np.int64),
                      np.array(truncated, np.int64), pre)
 
 
-def compare(trace: Trace, pool_slots: int, block_size: int = 16, watermark: float = 0.01) -> dict[str, SimResult]:
-    """The three managers on the same trace and pool."""
-    return {m: simulate(trace, pool_slots, m, block_size, watermark) for m in MANAGERS}
+def compare(trace: Trace, pool_slots: int, block_size: int = 16, watermark: float = 0.01, *,
+            paged_manager=None, slot_kinds=None) -> dict[str, SimResult]:
+    """The three managers on the same trace and pool (``paged_manager`` and ``slot_kinds``: as ``simulate``)."""
+    return {m: simulate(trace, pool_slots, m, block_size, watermark, slot_kinds=slot_kinds,
+                        paged_manager=paged_manager if m == "paged" else None) for m in MANAGERS}
 
 
 def summary_table(results: dict[str, SimResult]) -> str:

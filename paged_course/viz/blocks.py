@@ -112,12 +112,13 @@ def draw_block_table(block_table: list[int], num_tokens: int, block_size: int, n
 
 
 # ---- the allocator stepper (chapter 02) -------------------------------------------------------------
-def allocator_trace(num_blocks: int, ops: Seq[str]) -> list[dict]:
-    """Run ``ops`` ("allocate", "free 3", "incref 1") on a fresh ``BlockAllocator``; one state per step.
+def allocator_trace(num_blocks: int, ops: Seq[str], allocator_cls=BlockAllocator) -> list[dict]:
+    """Run ``ops`` ("allocate", "free 3", "incref 1", "take 2") on a fresh allocator; one state per step.
 
-    An operation that raises records the error message and leaves the state as it was.
+    ``allocator_cls``: any class with the allocator interface of ``paged/engine/parts.py`` (chapter 02 passes
+    the learner's). An operation that raises records the error message and leaves the state as it was.
     """
-    alloc = BlockAllocator(num_blocks)
+    alloc = allocator_cls(num_blocks)
     frames = [{"op": "start", "result": "", "refs": [0] * num_blocks, "free": alloc.free_queue(),
                "allocator": copy.deepcopy(alloc)}]
     for op in ops:
@@ -145,10 +146,10 @@ def _draw_frame(frame: dict, ax):
     ax.text(-1.5, -0.55, "free queue: " + " ".join(map(str, frame["free"])), fontsize=8, va="top")
 
 
-def allocator_stepper(num_blocks: int, ops: Seq[str]):
+def allocator_stepper(num_blocks: int, ops: Seq[str], allocator_cls=BlockAllocator):
     """A slider over the steps of ``allocator_trace``. Returns an ipywidgets box, or without ipywidgets
     the figure of the last step; either way ``trace_table`` gives the same content as text."""
-    frames = allocator_trace(num_blocks, ops)
+    frames = allocator_trace(num_blocks, ops, allocator_cls)
     try:
         import ipywidgets as widgets
         from IPython.display import display
@@ -172,9 +173,9 @@ def allocator_stepper(num_blocks: int, ops: Seq[str]):
     return widgets.VBox([slider, out])
 
 
-def draw_trace(num_blocks: int, ops: Seq[str], every: int = 1):
+def draw_trace(num_blocks: int, ops: Seq[str], every: int = 1, allocator_cls=BlockAllocator):
     """Small multiples of the allocator states (the stepper as one static figure)."""
-    frames = allocator_trace(num_blocks, ops)[::every]
+    frames = allocator_trace(num_blocks, ops, allocator_cls)[::every]
     fig, axes = plt.subplots(len(frames), 1, figsize=(0.75 * num_blocks + 2, 1.25 * len(frames)))
     for frame, ax in zip(frames, [axes] if len(frames) == 1 else axes):
         _draw_frame(frame, ax)

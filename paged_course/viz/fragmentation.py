@@ -1,5 +1,6 @@
 """Pictures of KV-cache waste (chapter 01): utilization over time, the pool at one step, a widget.
 
+``plot_held_slots`` draws the held slots of a few single requests, split by ``slot_kinds``;
 ``plot_utilization`` stacks the per-step shares of the pool (real tokens, reserved, internal waste,
 external fragmentation, free) for each manager; ``pool_snapshot`` / ``plot_pool_strip`` draw the pool
 slot by slot at one step, each request in its own color, waste in grey; ``fragmentation_widget``
@@ -13,7 +14,7 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
-from paged_course.sim.fragmentation import KINDS, MANAGERS, SimResult, compare
+from paged_course.sim.fragmentation import KINDS, MANAGERS, SimResult, compare, slot_kinds
 from paged_course.sim.workload import Trace, chat_trace
 
 COLORS = {"real": "#2a9d8f", "reserved": "#e9c46a", "internal": "#8d99ae", "external": "#d62828",
@@ -116,6 +117,27 @@ def plot_pool_strip(results: dict[str, SimResult], step: int, width: int | None 
                  "red: external fragmentation)", fontsize=9)
     ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in ("internal", "external", "free")],
               fontsize=7, loc="upper right", bbox_to_anchor=(1, -0.35), ncol=3)
+    return ax
+
+
+def plot_held_slots(rows: list[tuple[str, int, int, int]], block_size: int | None = None, ax=None):
+    """One bar per ``(label, tokens now, final tokens, held slots)``: its slots split into real, reserved and
+    internal by ``slot_kinds``; dotted lines mark block boundaries on the rows whose label says ``paged``."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 0.8))
+    for y, (label, tokens, final, held) in enumerate(rows[::-1]):
+        left = 0
+        for kind, width in zip(KINDS, (int(a[0]) for a in slot_kinds([tokens], [final], [held]))):
+            ax.barh(y, width, left=left, color=COLORS[kind], edgecolor="white", linewidth=0.5,
+                    label=LABELS[kind] if y == 0 else None)
+            left += width
+        if block_size and "paged" in label:
+            for edge in range(block_size, held, block_size):
+                ax.plot([edge, edge], [y - 0.4, y + 0.4], ":", color="black", linewidth=0.8)
+        ax.text(held + 1, y, f"{held} slots", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows[::-1]], fontsize=8)
+    ax.set_xlabel("token slots held by one request")
+    ax.legend(fontsize=7, ncol=3, loc="lower right", bbox_to_anchor=(1, 1))
     return ax
 
 

@@ -1,7 +1,11 @@
-"""Graded: chapter 02, the block allocator (exercises/ex02_allocator.py).
+"""Graded: chapter 02, the engine's block allocator (exercises/ex02_allocator.py).
 
-Each test compares the learner's allocator with a plain model written here (a list as the free queue,
-a dict of counts), on hand-made cases and on seeded random traces over several pool sizes.
+Each test compares the learner's code with a plain model written here (a Python list as the free queue,
+a list of counts) on hand-made cases and seeded random histories over several pool sizes. The tests of
+``BlockAllocator``'s methods give it this file's ``ListQueue`` instead of the learner's ``FreeBlockQueue``
+(and the tests of ``free_many`` and ``take`` the reference id check instead of the learner's ``_check``), so
+a mistake in one region fails that region's checks only. The last test runs the learner's whole allocator
+inside the engine's block manager, prefix caching on, against the reference allocator.
 """
 
 from __future__ import annotations
@@ -10,135 +14,403 @@ import random
 
 import pytest
 
+from paged.core.allocator import BlockAllocator as ReferenceAllocator
 from paged.core.allocator import NoFreeBlocksError
+from paged.core.block_manager import BlockSpaceManager
+from paged.core.sequence import Sequence
 
 
-class Model:
-    """Reference: FIFO free queue, counts per block."""
+class ListQueue:
+    """The free queue as a plain list (slow, obviously right): the stand-in for the learner's queue."""
 
-    def __init__(self, n):
-        self.n, self.free, self.refs = n, list(range(n)), [0] * n
+    def __init__(self, num_blocks: int):
+        self.ids = list(range(num_blocks))
 
-    def allocate(self):
-        if not self.free:
-            return "NoFreeBlocksError"
-        b = self.free.pop(0)
-        self.refs[b] = 1
-        return b
+    def popleft(self) -> int:
+        if not self.ids:
+            raise IndexError("popleft from an empty queue")
+        return self.ids.pop(0)
 
-    def valid(self, b):
-        return isinstance(b, int) and 0 <= b < self.n and self.refs[b] > 0
+    def append(self, block_id: int) -> None:
+        assert block_id not in self.ids, f"block {block_id} is queued twice"
+        self.ids.append(block_id)
 
-    def free_(self, b):
-        if not self.valid(b):
-            return "ValueError"
-        self.refs[b] -= 1
-        if self.refs[b] == 0:
-            self.free.append(b)
+    def remove(self, block_id: int) -> None:
+        self.ids.remove(block_id)
 
-    def incref(self, b):
-        if not self.valid(b):
-            return "ValueError"
-        self.refs[b] += 1
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self):
+        return iter(list(self.ids))
+
+
+def ref_check(self, block_id, op: str, in_use: bool = True) -> int:
+    """The id and count check of the reference allocator (``paged/core/allocator.py``)."""
+    if type(block_id) is not int or not 0 <= block_id < self.num_blocks:
+        raise ValueError(f"{op}: block id {block_id!r} is not in 0..{self.num_blocks - 1}")
+    if in_use and not self._ref_counts[block_id]:
+        raise ValueError(f"{op}: block {block_id} is already free (ref count 0)")
+    return self._ref_counts[block_id]
+
+
+@pytest.fixture
+def alloc_cls(impl, monkeypatch):
+    """The learner's BlockAllocator on this file's ListQueue."""
+    ex = impl("ex02_allocator")
+    monkeypatch.setattr(ex, "FreeBlockQueue", ListQueue)
+    return ex.BlockAllocator
+
+
+@pytest.fixture
+def checked_cls(alloc_cls):
+    """The learner's BlockAllocator on this file's ListQueue and with the reference ``_check``."""
+    return type("BlockAllocator", (alloc_cls,), {"_check": ref_check})
+
+
+def _pool(cls, n: int, queue: list[int], counts: dict[int, int]):
+    """An allocator of ``n`` blocks in a given state: free queue ``queue``, the other blocks held ``counts``."""
+    a = cls(n)
+    a._free.ids = list(queue)
+    a._ref_counts = [counts.get(b, 0) for b in range(n)]
+    assert sorted(queue + list(counts)) == list(range(n))
+    return a
 
 
 def _state(a):
-    return list(a.free_list), [a.ref_count(b) for b in range(a.num_blocks)], a.num_free_blocks
+    return list(a._free), list(a._ref_counts)
+
+
+class Model:
+    """Reference: FIFO free queue as a list, counts per block; returns the error it expects instead of raising."""
+
+    def __init__(self, n: int):
+        self.n, self.free, self.refs = n, list(range(n)), [0] * n
+
+    def valid(self, b) -> bool:
+        return type(b) is int and 0 <= b < self.n
+
+    def allocate_many(self, k: int):
+        if k > len(self.free):
+            return NoFreeBlocksError
+        taken, self.free = self.free[:k], self.free[k:]
+        for b in taken:
+            self.refs[b] = 1
+        return taken
+
+    def free_many(self, ids):
+        if any(not self.valid(b) or ids.count(b) > self.refs[b] for b in ids):
+            return ValueError
+        for b in ids:
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.free.append(b)
+
+    def incref(self, b):
+        if not self.valid(b) or not self.refs[b]:
+            return ValueError
+        self.refs[b] += 1
+
+    def take(self, b):
+        if not self.valid(b) or self.refs[b]:
+            return ValueError
+        self.free.remove(b)
+        self.refs[b] = 1
+
+
+# ---- ch02.ex1: the free queue --------------------------------------------------------------------------
+
+@pytest.mark.exercise("ch02.ex1", points=1)
+@pytest.mark.parametrize("n", [0, 1, 5, 12])
+def test_a_fresh_queue_holds_every_id_in_order(impl, n):
+    q = impl("ex02_allocator").FreeBlockQueue(n)
+    assert list(q) == list(range(n)), "a fresh queue holds 0 .. n-1, front first"
+    assert len(q) == n
+    assert [q.popleft() for _ in range(n)] == list(range(n)), "popleft hands out the front: 0, 1, 2, ..."
+    assert len(q) == 0 and list(q) == []
+    with pytest.raises(IndexError):
+        q.popleft()
 
 
 @pytest.mark.exercise("ch02.ex1", points=2)
-def test_allocate_in_order_until_empty(impl):
-    ex = impl("ex02_allocator")
-    for n in (1, 5, 11):
-        a = ex.BlockAllocator(n)
-        assert [a.allocate() for _ in range(n)] == list(range(n)), "a fresh pool hands out ids in order"
-        assert [a.ref_count(b) for b in range(n)] == [1] * n, "an allocated block has count 1"
-        assert a.num_free_blocks == 0
-        with pytest.raises(NoFreeBlocksError) as err:
-            a.allocate()
-        assert (err.value.requested, err.value.available) == (1, 0), "requested 1, available 0"
+def test_remove_from_the_front_the_middle_and_the_back(impl):
+    q = impl("ex02_allocator").FreeBlockQueue(7)
+    q.remove(3)
+    assert list(q) == [0, 1, 2, 4, 5, 6], "remove takes an id out of the middle and keeps the order of the rest"
+    q.remove(0)
+    q.remove(6)
+    assert list(q) == [1, 2, 4, 5] and len(q) == 4, "remove works at the front and at the back too"
+    q.append(3)
+    q.append(0)
+    assert list(q) == [1, 2, 4, 5, 3, 0], "append puts an id at the back"
+    assert q.popleft() == 1 and q.popleft() == 2, "popleft after removals: the new front"
+    for b in (4, 5, 3, 0):
+        q.remove(b)
+    assert list(q) == [] and len(q) == 0, "everything removed: empty"
+    q.append(6)
+    assert list(q) == [6] and q.popleft() == 6, "an emptied queue works again"
 
+
+@pytest.mark.exercise("ch02.ex1", points=2)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_queue_histories_match_a_list(impl, seed):
+    cls = impl("ex02_allocator").FreeBlockQueue
+    rng = random.Random(seed)
+    for history in range(8):
+        n = rng.choice([1, 2, 6, 17])
+        q, model = cls(n), list(range(n))
+        for step in range(150):
+            op = rng.choice(["popleft", "append", "append", "remove", "remove"])
+            if op == "popleft" and model:
+                assert q.popleft() == model.pop(0), f"history {history}, step {step}: popleft is not the front"
+            elif op == "append" and len(model) < n:
+                b = rng.choice([b for b in range(n) if b not in model])
+                q.append(b)
+                model.append(b)
+            elif op == "remove" and model:
+                b = rng.choice(model)
+                q.remove(b)
+                model.remove(b)
+            assert list(q) == model, f"history {history}, step {step} ({op}): the queue front first"
+            assert len(q) == len(model), f"history {history}, step {step} ({op}): len counts the queued ids"
+
+
+# ---- ch02.ex2: allocate_many ---------------------------------------------------------------------------
 
 @pytest.mark.exercise("ch02.ex2", points=2)
-@pytest.mark.parametrize("bad", [-1, 7, 100, 2.0, "3", None])
-def test_free_and_incref_reject_unknown_ids_without_change(impl, bad):
-    ex = impl("ex02_allocator")
-    a = ex.BlockAllocator(7)
-    a.free_list.rotate(3)  # a non-trivial queue order
+@pytest.mark.parametrize("n", [1, 6, 11])
+def test_a_fresh_pool_hands_out_ids_in_order(alloc_cls, n):
+    a = alloc_cls(n)
+    first = a.allocate_many(n // 2)
+    assert first == list(range(n // 2)), "a fresh pool hands out ids in order"
+    assert a.allocate() == n // 2, "allocate takes the next one"
+    assert a.allocate_many(n - n // 2 - 1) == list(range(n // 2 + 1, n)), "and the next call continues there"
+    assert a._ref_counts == [1] * n, "an allocated block is held once"
+    assert (a.num_free_blocks, a.num_used_blocks) == (0, n)
+    assert a.allocate_many(0) == [], "zero blocks: nothing to do, even when nothing is free"
+
+
+@pytest.mark.exercise("ch02.ex2", points=3)
+def test_allocate_many_is_all_or_nothing(alloc_cls):
+    a = _pool(alloc_cls, 8, [5, 2, 7], {0: 1, 1: 2, 3: 1, 4: 1, 6: 3})
     before = _state(a)
-    for op in (a.free, a.incref):
-        with pytest.raises(ValueError):
-            op(bad)
-    assert _state(a) == before, "state unchanged after a rejected call"
-
-
-@pytest.mark.exercise("ch02.ex2", points=2)
-def test_free_and_incref_reject_a_free_block(impl):
-    ex = impl("ex02_allocator")
-    a = ex.BlockAllocator(4)
-    a.ref_counts[2] = 1  # block 2 in use (held outside the free list), block 0 free
-    a.free_list.remove(2)
-    before = _state(a)
-    for op in (a.free, a.incref):
-        with pytest.raises(ValueError):
-            op(0)
-    assert _state(a) == before, "state unchanged after a rejected call"
-
-
-@pytest.mark.exercise("ch02.ex3", points=3)
-def test_free_returns_blocks_to_the_back_of_the_queue(impl):
-    ex = impl("ex02_allocator")
-    a = ex.BlockAllocator(5)
-    for _ in range(5):
+    with pytest.raises(NoFreeBlocksError) as err:
+        a.allocate_many(4)
+    assert (err.value.requested, err.value.available) == (4, 3), "the error gives the blocks requested and free"
+    assert _state(a) == before, "a failed allocate_many changes nothing: no block leaves the queue"
+    assert a.allocate_many(3) == [5, 2, 7], "exactly as many as are free: all of them, in queue order"
+    assert [a._ref_counts[b] for b in (5, 2, 7)] == [1, 1, 1]
+    with pytest.raises(NoFreeBlocksError) as err:
         a.allocate()
-    a.ref_counts[3] = 3  # three holders
-    for b in (4, 1, 3, 3, 0):
-        a.free(b)
-    assert list(a.free_list) == [4, 1, 0], "blocks reach the back of the queue when their count hits 0"
-    assert a.ref_count(3) == 1, "a block with holders left stays in use"
-    a.free(3)
-    assert list(a.free_list) == [4, 1, 0, 3]
-    assert [a.allocate() for _ in range(2)] == [4, 1], "the least recently freed block is reused first"
-    with pytest.raises(ValueError):
-        a.free(3)  # double free
+    assert (err.value.requested, err.value.available) == (1, 0), "allocate() on an empty pool: requested 1, free 0"
 
 
-@pytest.mark.exercise("ch02.ex4", points=1)
-def test_incref_adds_a_holder(impl):
-    ex = impl("ex02_allocator")
-    a = ex.BlockAllocator(3)
-    b = a.allocate()
-    a.incref(b)
-    a.incref(b)
-    assert a.ref_count(b) == 3
-    a.free(b)
-    a.free(b)
-    assert a.ref_count(b) == 1 and a.num_free_blocks == 2, "shared block stays in use until its last holder frees it"
+@pytest.mark.exercise("ch02.ex2", points=2)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_allocate_many_takes_the_front_of_any_queue(alloc_cls, seed):
+    rng = random.Random(seed)
+    for _ in range(40):
+        n = rng.choice([3, 8, 20])
+        free = rng.sample(range(n), rng.randrange(n + 1))
+        held = {b: rng.randint(1, 3) for b in range(n) if b not in free}
+        a = _pool(alloc_cls, n, free, held)
+        k = rng.randrange(len(free) + 2)
+        if k > len(free):
+            before = _state(a)
+            with pytest.raises(NoFreeBlocksError):
+                a.allocate_many(k)
+            assert _state(a) == before, "a failed allocate_many changes nothing"
+            continue
+        got = a.allocate_many(k)
+        assert got == free[:k], f"queue {free}: allocate_many({k}) takes the first {k}, in order"
+        assert list(a._free) == free[k:], "the rest of the queue stays, in order"
+        assert [a._ref_counts[b] for b in got] == [1] * k and all(a._ref_counts[b] == c for b, c in held.items()), \
+            "new blocks are held once; blocks held before keep their counts"
+
+
+# ---- ch02.ex3: the id and count check ------------------------------------------------------------------
+
+@pytest.mark.exercise("ch02.ex3", points=1)
+@pytest.mark.parametrize("bad", [-1, -7, 7, 100, 2.0, "3", None])
+def test_ids_outside_the_pool_are_rejected_by_name(alloc_cls, bad):
+    a = _pool(alloc_cls, 7, [4, 1, 6], {0: 1, 2: 2, 3: 1, 5: 1})
+    before = _state(a)
+    for op, call in (("incref", a.incref), ("ref_count", a.ref_count), ("free", lambda b: a._check(b, "free"))):
+        with pytest.raises(ValueError) as err:
+            call(bad)
+        message = str(err.value)
+        assert message.startswith(op) and repr(bad) in message and "0..6" in message, \
+            f"{op}({bad!r}): the message names the operation, the id and the range 0..6; got {message!r}"
+    assert _state(a) == before, "a rejected call changes nothing"
 
 
 @pytest.mark.exercise("ch02.ex3", points=2)
+def test_a_free_block_has_count_0_and_cannot_be_shared(alloc_cls):
+    a = _pool(alloc_cls, 5, [3, 0], {1: 1, 2: 3, 4: 1})
+    before = _state(a)
+    assert [a.ref_count(b) for b in range(5)] == [0, 1, 3, 0, 1], "ref_count reads the count, 0 for a free block"
+    for b in (3, 0):
+        with pytest.raises(ValueError, match="already free") as err:
+            a.incref(b)
+        assert str(b) in str(err.value), "the message names the block"
+        with pytest.raises(ValueError, match="already free"):
+            a._check(b, "free")
+    assert _state(a) == before, "a rejected call changes nothing"
+    assert a._check(2, "free") == 3 and a._check(3, "take", in_use=False) == 0, "_check returns the count"
+    a.incref(1)
+    assert a.ref_count(1) == 2, "incref adds a holder to a block in use"
+
+
+# ---- ch02.ex4: free_many -------------------------------------------------------------------------------
+
+@pytest.mark.exercise("ch02.ex4", points=2)
+def test_freed_blocks_join_the_back_in_the_order_given(checked_cls):
+    a = _pool(checked_cls, 6, [5], {0: 1, 1: 1, 2: 1, 3: 3, 4: 1})
+    a.free_many([4, 1, 3, 0])
+    assert list(a._free) == [5, 4, 1, 0], "a block reaches the back of the queue when its count hits 0, in order"
+    assert a._ref_counts == [0, 0, 1, 2, 0, 0], "every listed block loses one holder"
+    a.free(3)
+    a.free(3)
+    assert list(a._free) == [5, 4, 1, 0, 3], "the last holder's free returns the block"
+    assert a.num_free_blocks == 5 and a.num_used_blocks == 1
+    a.free_many(())
+    assert list(a._free) == [5, 4, 1, 0, 3], "an empty list frees nothing"
+
+
+@pytest.mark.exercise("ch02.ex4", points=3)
+def test_free_many_is_all_or_nothing(checked_cls):
+    a = _pool(checked_cls, 6, [2, 5], {0: 1, 1: 2, 3: 1, 4: 1})
+    before = _state(a)
+    for ids in ([0, 3, 2], [4, 9], [1, 0, 0], [3, -1], [4, 1.0], [0, 3, 4, 3]):
+        with pytest.raises(ValueError):
+            a.free_many(ids)
+        assert _state(a) == before, f"free_many({ids}) fails: it frees nothing, not even the valid ids before it"
+    with pytest.raises(ValueError, match="already free"):
+        a.free(2)  # a double free
+    a.free_many(iter([1, 1, 0]))
+    assert list(a._free) == [2, 5, 1, 0], "an id listed twice with two holders is freed twice; iterators work"
+
+
+@pytest.mark.exercise("ch02.ex4", points=2, uses=("ch02.ex2",))
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_random_trace_matches_the_model(impl, seed):
-    ex = impl("ex02_allocator")
+def test_random_allocate_and_free_histories_match_the_model(checked_cls, seed):
     rng = random.Random(seed)
     n = rng.choice([3, 6, 9])
-    a, m = ex.BlockAllocator(n), Model(n)
-    for step in range(300):
-        op = rng.choice(["allocate", "allocate", "free", "free", "incref", "bad"])
-        held = [b for b in range(n) if m.refs[b] > 0]
+    a, m = checked_cls(n), Model(n)
+    for step in range(250):
+        op = rng.choice(["allocate", "allocate", "free", "free", "incref"])
+        held = [b for b in range(n) if m.refs[b]]
         if op == "allocate":
-            want = m.allocate()
-            if want == "NoFreeBlocksError":
+            k = rng.choice([0, 1, 1, 2, 3])
+            want = m.allocate_many(k)
+            if want is NoFreeBlocksError:
                 with pytest.raises(NoFreeBlocksError):
-                    a.allocate()
+                    a.allocate_many(k)
             else:
-                assert a.allocate() == want, f"step {step}: allocate returned another block than the queue front"
+                assert a.allocate_many(k) == want, f"step {step}: allocate_many({k}) != the queue front"
         else:
-            b = rng.choice(held) if held and op != "bad" else rng.choice([-2, n, rng.randrange(n)])
-            fn, mfn = (a.incref, m.incref) if op == "incref" else (a.free, m.free_)
-            if mfn(b) == "ValueError":
-                with pytest.raises(ValueError):
-                    fn(b)
+            if op == "free":
+                ids = rng.sample(held, rng.randint(0, min(3, len(held)))) if held else []
+                if rng.random() < 0.3:
+                    ids.append(rng.choice([-1, n, rng.randrange(n)]))
+                rng.shuffle(ids)
+                fn, mfn, arg = a.free_many, m.free_many, ids
             else:
-                fn(b)
-        assert _state(a) == (m.free, m.refs, len(m.free)), f"step {step} ({op}): queue or counts differ"
+                b = rng.choice(held) if held and rng.random() < 0.8 else rng.randrange(n)
+                fn, mfn, arg = a.incref, m.incref, b
+            if mfn(list(arg) if op == "free" else arg) is ValueError:
+                with pytest.raises(ValueError):
+                    fn(arg)
+            else:
+                fn(arg)
+        assert _state(a) == (m.free, m.refs), f"step {step} ({op}): the free queue or the counts differ"
+
+
+# ---- ch02.ex5: take ------------------------------------------------------------------------------------
+
+@pytest.mark.exercise("ch02.ex5", points=3)
+def test_take_pulls_a_given_free_block_out_of_the_queue(checked_cls):
+    a = _pool(checked_cls, 7, [4, 1, 6, 0, 3], {2: 1, 5: 2})
+    a.take(6)
+    assert list(a._free) == [4, 1, 0, 3], "take removes the block from the middle; the rest keep their order"
+    assert a._ref_counts[6] == 1 and a.num_free_blocks == 4, "a taken block is held once"
+    a.take(4)
+    a.take(3)
+    assert list(a._free) == [1, 0], "take works at the front and at the back of the queue too"
+    assert a._ref_counts == [0, 0, 1, 1, 1, 2, 1], "only the taken blocks change their counts"
+
+
+@pytest.mark.exercise("ch02.ex5", points=2)
+def test_take_refuses_a_block_in_use_and_bad_ids(checked_cls):
+    a = _pool(checked_cls, 5, [3, 0], {1: 1, 2: 3, 4: 1})
+    before = _state(a)
+    for b, count in ((2, 3), (1, 1)):
+        with pytest.raises(ValueError, match="in use") as err:
+            a.take(b)
+        assert str(count) in str(err.value), "the message gives the block's count"
+    for bad in (-1, 5, 0.0, None):
+        with pytest.raises(ValueError, match="0..4"):
+            a.take(bad)
+    assert _state(a) == before, "a rejected take changes nothing"
+
+
+@pytest.mark.exercise("ch02.ex5", points=2, uses=("ch02.ex2", "ch02.ex4"))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_histories_with_take_match_the_model(checked_cls, seed):
+    rng = random.Random(100 + seed)
+    n = 10
+    a, m = checked_cls(n), Model(n)
+    for step in range(250):
+        free, held = list(m.free), [b for b in range(n) if m.refs[b]]
+        op = rng.choice(["allocate", "free", "take", "take"])
+        if op == "allocate" and free:
+            assert a.allocate() == m.allocate_many(1)[0], f"step {step}: allocate != the queue front"
+        elif op == "free" and held:
+            b = rng.choice(held)
+            a.free(b)
+            m.free_many([b])
+        elif op == "take":
+            b = rng.choice(free) if free and rng.random() < 0.8 else rng.randrange(n)
+            if m.take(b) is ValueError:
+                with pytest.raises(ValueError):
+                    a.take(b)
+            else:
+                a.take(b)
+        assert _state(a) == (m.free, m.refs), f"step {step} ({op}): the free queue or the counts differ"
+
+
+def _block_manager_run(allocator_cls):
+    """A scripted prefix-caching history through the engine's block manager: hits on blocks in use
+    (incref), hits on freed cached blocks (take), evictions, growth and frees tail first."""
+    bm = BlockSpaceManager(block_size=4, num_gpu_blocks=12, watermark=0.0, enable_prefix_caching=True,
+                           allocator_cls=allocator_cls)
+    shared = [7, 3, 9, 1, 4, 4, 2, 8]
+    seqs = [Sequence(0, shared + [5, 6, 1], 4), Sequence(1, shared + [9], 4), Sequence(2, list(range(20, 33)), 4)]
+    log = []
+    for seq in seqs:
+        bm.allocate(seq)
+        log.append(("allocate", seq.seq_id, bm.get_block_table(seq)))
+    for t in range(5):
+        seqs[0].append_token_id(40 + t)
+        bm.append_slots(seqs[0])
+    log.append(("grow", bm.get_block_table(seqs[0])))
+    for seq in seqs[:2]:
+        bm.free(seq)
+    again = Sequence(3, shared + [5, 6, 1, 40, 41, 42], 4)  # hits the freed cached blocks of sequence 0
+    bm.allocate(again)
+    log.append(("hit freed", bm.get_block_table(again), bm.num_cached_tokens(again)))
+    fresh = Sequence(4, list(range(60, 75)), 4)  # needs blocks: evicts from the front of the free queue
+    bm.allocate(fresh)
+    log.append(("evict", bm.get_block_table(fresh)))
+    for seq in (seqs[2], again, fresh):
+        bm.free(seq)
+    log.append(("end", bm.gpu_allocator.free_queue(), bm.get_num_free_gpu_blocks()))
+    return log
+
+
+@pytest.mark.exercise("ch02.ex5", points=3, uses=("ch02.ex1", "ch02.ex2", "ch02.ex3", "ch02.ex4"))
+def test_the_whole_allocator_inside_the_engines_block_manager(impl):
+    ex = impl("ex02_allocator")
+    expected, got = _block_manager_run(ReferenceAllocator), _block_manager_run(ex.BlockAllocator)
+    for want, have in zip(expected, got):
+        assert have == want, f"block manager step '{want[0]}': block tables, hits or the free queue differ"

@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_course.sim.fragmentation import MANAGERS, compare, max_concurrency, simulate, summary_table
+from paged_course.sim.fragmentation import (
+    MANAGERS,
+    PagedManager,
+    compare,
+    max_concurrency,
+    simulate,
+    slot_kinds,
+    summary_table,
+)
 from paged_course.sim.workload import Trace, chat_trace
 
 
@@ -66,6 +74,32 @@ def test_paged_matches_step_by_step_reference_and_c3(trace, bs, pool, watermark)
         "C3: each paged sequence wastes at most block_size - 1 slots"
     assert (res.allocated <= pool // bs * bs).all(), "never more blocks than the pool holds"
 
+
+
+_ARRAYS = ("real", "reserved", "internal", "external", "running", "waiting", "admitted")
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces(), bs=st.sampled_from([1, 3, 4, 16]), pool=st.integers(8, 160),
+       watermark=st.sampled_from([0.0, 0.1, 0.3]))
+def test_a_paged_manager_object_and_slot_kinds_give_the_built_in_results(trace, bs, pool, watermark):
+    """The pluggable paths (chapter 01 runs the learner's pieces through them) decide and count the same."""
+    results = compare(trace, pool, bs, watermark)
+    plugged = compare(trace, pool, bs, watermark, paged_manager=PagedManager, slot_kinds=slot_kinds)
+    for manager, res in results.items():
+        other = plugged[manager]
+        for name in _ARRAYS:
+            assert np.array_equal(getattr(res, name), getattr(other, name)), f"{manager}: {name} differs"
+        assert (res.preemptions, res.rejected.tolist(), res.truncated.tolist()) == \
+            (other.preemptions, other.rejected.tolist(), other.truncated.tolist()), manager
+
+
+def test_plugging_in_checks_its_arguments():
+    trace = Trace.from_lengths([3, 5], [4, 2])
+    with pytest.raises(ValueError, match="paged_manager"):
+        simulate(trace, 64, "static", paged_manager=PagedManager)
+    with pytest.raises(ValueError, match="slot_kinds must return"):
+        simulate(trace, 64, "paged", slot_kinds=lambda tokens, final, held: (tokens, held))
 
 @settings(max_examples=40, deadline=None)
 @given(trace=traces(), pool=st.integers(40, 400), manager=st.sampled_from(MANAGERS))

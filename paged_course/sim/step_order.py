@@ -106,6 +106,7 @@ def run_trace(scheduler_cls, requests: list[TraceRequest], block_size: int = 4, 
             raise RuntimeError(f"the trace did not finish in {max_steps} steps")
         live = {name for name, g in groups.items() if not g.is_finished}
         out = engine.step()
+        sched.free_finished()  # as the engine does after a step: finished requests leave at once
         row = {}
         for s in out.scheduled:
             row[s.seq.group.request_id] = f"P{s.num_tokens}" if s.is_prefill else "D"

@@ -161,7 +161,7 @@ def engine_run(cls, copy_on_write, hash_fn, bs=4, num_blocks=14, seed=0):
 
 
 # ================================================================ ch05.ex1: chained keys
-@pytest.mark.exercise("ch05.ex1", points=2)
+@pytest.mark.exercise("ch05.ex1", points=1)
 @pytest.mark.parametrize("bs", [4, 16])
 def test_keys_chain_every_full_block(impl, bs):
     ex = impl("ex05_prefix_cache")
@@ -180,7 +180,7 @@ def test_keys_chain_every_full_block(impl, bs):
             assert got is seq.block_hashes, "update_hashes extends seq.block_hashes in place and returns it"
 
 
-@pytest.mark.exercise("ch05.ex1", points=2)
+@pytest.mark.exercise("ch05.ex1", points=1)
 @pytest.mark.parametrize("bs", [2, 4])
 def test_each_block_is_hashed_once_as_the_sequence_grows(impl, bs):
     ex = impl("ex05_prefix_cache")
@@ -277,7 +277,7 @@ def test_lookup_changes_nothing(impl):
     assert snapshot() == before, "lookup is pure: the block manager takes the blocks and records the query"
 
 
-@pytest.mark.exercise("ch05.ex2", points=3)
+@pytest.mark.exercise("ch05.ex2", points=1)
 @pytest.mark.parametrize("seed", range(4))
 def test_lookup_matches_the_reference_on_random_caches(impl, seed):
     ex = impl("ex05_prefix_cache")
@@ -303,7 +303,7 @@ def test_lookup_matches_the_reference_on_random_caches(impl, seed):
     assert hits > 0, "the test data must contain hits"
 
 
-@pytest.mark.exercise("ch05.ex2", points=2)
+@pytest.mark.exercise("ch05.ex2", points=1)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_lookup_in_the_block_manager_agrees_with_the_reference(impl, seed):
     ex = impl("ex05_prefix_cache")
@@ -321,7 +321,7 @@ def test_lookup_in_the_engine_serves_each_token_its_own_prefix(impl):
 
 
 # ================================================================ ch05.ex3: registration
-@pytest.mark.exercise("ch05.ex3", points=2)
+@pytest.mark.exercise("ch05.ex3", points=1)
 @pytest.mark.parametrize("bs", [2, 4])
 def test_insert_registers_chained_entries(impl, bs):
     ex = impl("ex05_prefix_cache")
@@ -375,7 +375,7 @@ def test_insert_stops_where_the_parent_is_not_cached(impl):
     assert cache.insert(seq, [0, 1, 2], 2, 3) == 0 and 2 not in cache, "block 1 was evicted: block 2 is not cached"
 
 
-@pytest.mark.exercise("ch05.ex3", points=3)
+@pytest.mark.exercise("ch05.ex3", points=1)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_insert_in_the_block_manager_agrees_with_the_reference(impl, seed):
     ex = impl("ex05_prefix_cache")
@@ -410,7 +410,7 @@ def test_evict_forgets_that_block_only(impl):
     assert 0 in cache and len(cache) == 1, "evicting a parent leaves its child's entry (it simply cannot be reached)"
 
 
-@pytest.mark.exercise("ch05.ex4", points=3)
+@pytest.mark.exercise("ch05.ex4", points=1)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_evict_in_the_block_manager_agrees_with_the_reference(impl, seed):
     ex = impl("ex05_prefix_cache")
@@ -464,7 +464,7 @@ def test_eviction_order_changes_none_of_its_arguments(impl):
     assert (queue, refs, tables, cached) == copies, "eviction_order must not change its arguments"
 
 
-@pytest.mark.exercise("ch05.ex5", points=3)
+@pytest.mark.exercise("ch05.ex5", points=1)
 @pytest.mark.parametrize("seed", range(5))
 def test_eviction_order_predicts_the_block_manager(impl, seed):
     ex = impl("ex05_prefix_cache")
@@ -520,7 +520,7 @@ def _no_allocate():
     raise AssertionError("allocate() was called although no copy is needed")
 
 
-@pytest.mark.exercise("ch05.ex6", points=2)
+@pytest.mark.exercise("ch05.ex6", points=1)
 @pytest.mark.parametrize("bs", [4, 16])
 def test_cow_copies_a_shared_partial_last_block(impl, bs):
     ex = impl("ex05_prefix_cache")
@@ -548,7 +548,7 @@ def test_cow_never_copies_a_full_or_private_block(impl):
     assert ex.copy_on_write(BlockTable(4), BlockAllocator(4), _no_allocate) == [], "no blocks: nothing to copy"
 
 
-@pytest.mark.exercise("ch05.ex6", points=2)
+@pytest.mark.exercise("ch05.ex6", points=1)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_cow_in_the_block_manager_agrees_with_the_reference(impl, seed):
     ex = impl("ex05_prefix_cache")
@@ -556,7 +556,7 @@ def test_cow_in_the_block_manager_agrees_with_the_reference(impl, seed):
     assert forks > 0, "the trace must fork sequences"
 
 
-@pytest.mark.exercise("ch05.ex6", points=3)
+@pytest.mark.exercise("ch05.ex6", points=2)
 def test_cow_in_the_engine_keeps_forked_samples_apart(impl):
     ex = impl("ex05_prefix_cache")
     want = engine_run(RefCache, ref_copy_on_write, strong, seed=3)

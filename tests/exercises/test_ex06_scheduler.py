@@ -126,7 +126,7 @@ def assert_lockstep(cls, seeds):
 
 
 # ================================================================ ch06.ex1: the chunked budget split
-@pytest.mark.exercise("ch06.ex1", points=3)
+@pytest.mark.exercise("ch06.ex1", points=2)
 @pytest.mark.parametrize("chunked", [True, False])
 def test_chunk_caps_by_threshold_and_budget(impl, chunked):
     ex = impl("ex06_scheduler")
@@ -144,7 +144,7 @@ def test_chunk_caps_by_threshold_and_budget(impl, chunked):
                                      f"budget (cut when chunked, else wait): expected {want}")
 
 
-@pytest.mark.exercise("ch06.ex1", points=2)
+@pytest.mark.exercise("ch06.ex1", points=1)
 @pytest.mark.parametrize("threshold, chunks", [(0, [16, 16, 8]), (6, [6, 6, 6, 6, 6, 6, 4])])
 def test_a_long_prompt_runs_in_chunks(impl, threshold, chunks):
     ex = impl("ex06_scheduler")

@@ -38,8 +38,8 @@ hash collision), ``_by_block`` maps a block id to its entry, ``_next_uid`` numbe
 
 Sources: vLLM v1 ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``, ``FreeKVCacheBlockQueue``),
 ``vllm/v1/core/block_pool.py`` (``get_cached_block``, ``cache_full_blocks``, ``_maybe_evict_cached_block``);
-v0 ``vllm/core/block/prefix_caching_block.py`` and ``vllm/core/block/cpu_gpu_block_allocator.py``
-(``cow_block_if_not_appendable``); PagedAttention paper §4.4. Check each step in the chapter with
+v0 ``vllm/core/block/prefix_caching_block.py`` and ``vllm/core/block/common.py`` (``CopyOnWriteTracker``,
+``cow_block_if_not_appendable``); PagedAttention paper §4.4. Check each step in the chapter with
 ``check("ch05.exK")``, or all with ``python -m paged grade ch05``.
 """
 

@@ -1,116 +1,171 @@
-"""Exercise 06: one scheduling step over a tiny model of paged memory (chapter 06).
+"""Exercise 06: the engine's scheduling policy, vLLM v1 style (chapter 06).
 
-The real ``paged.core.scheduler.Scheduler`` asks a ``BlockSpaceManager`` about memory. Here memory is one
-number, ``free_blocks``, and a request is its token count and the blocks it holds, so the policy stands
-alone (PagedAttention paper §4.5; vLLM v0 ``vllm/core/scheduler.py``):
+``Scheduler`` is the engine part ``scheduler`` (``paged.engine.parts``): a subclass of the reference
+``paged.core.scheduler.Scheduler`` that keeps its plumbing (queues, requests in and out, the helpers
+below) and replaces the policy, one method per build step. ``schedule()`` (inherited) calls them in
+vLLM v1's order with one token budget per step (``config.max_num_batched_tokens``):
 
-1. ``grow_running``: running requests, oldest first, each get the blocks for their tokens. When the
-   free blocks do not suffice, the *most recently admitted* running request still in the queue is
-   preempted (all its blocks come back) until the older one fits. If nobody younger is left, the request
-   preempts itself, unless nothing older kept running either: then it is alone with every block and
-   can never grow, so it is *exhausted*.
-2. ``admit_waiting``: only when nobody was preempted. Waiting requests in order (first come, first
-   served) are admitted while a seat is left (``max_num_seqs``) and admission leaves at least
-   ``watermark_blocks`` free; the first that does not fit stops admission (nobody overtakes).
+    budget = self._schedule_running(out, budget)          # decodes and next prompt chunks, preemption
+    if not out.preempted:
+        budget = self._schedule_swapped(out, budget)      # swapped sequences come back
+        if not self.swapped:
+            self._schedule_waiting(out, budget)            # new prompts, first come first served
 
-Check your answers with ``python -m paged grade ch06``.
+1. ``_chunk`` (ch06.ex1): how many of a sequence's ``remaining`` uncomputed tokens run in this step:
+   at most ``config.long_prefill_token_threshold`` when that is set (> 0), and within ``budget``: a
+   prompt longer than the budget is cut (chunked prefill) when ``config.enable_chunked_prefill``, else
+   it waits (0).
+2. ``_schedule_running`` (ch06.ex2): running sequences in admission order (``self.running``, oldest
+   first), each gets its next chunk (1 token for a decode). When ``can_append_slots`` says no, preempt the
+   most recently admitted sequence still in the queue, again and again; with nobody younger left the
+   sequence preempts itself, unless nothing older kept running either: then it alone holds the pool and
+   can never grow, and ``self._exhaust(seq, out)`` ends it. A sequence whose chunk is 0 (no budget left)
+   keeps its blocks and stays running.
+3. ``_preempt`` (ch06.ex3): by swap when ``config.preemption_mode == "swap"`` and the CPU pool has room
+   (``block_manager.can_swap_out``), else by recompute; each with its bookkeeping (below).
+4. ``_schedule_swapped`` (ch06.ex4): swapped sequences come back oldest first (``self.swapped`` is
+   sorted by arrival), while a seat is free, the budget allows and ``can_swap_in`` says OK.
+5. ``_schedule_waiting`` (ch06.ex5): waiting sequences first come, first served; each must fit the
+   seats (``max_num_seqs``), the budget and the watermark (``can_allocate(seq, n)`` is ``OK``); the
+   first that does not fit stops admission. Tokens found in the prefix cache cost no budget.
+
+Helpers you can use (reference plumbing): ``self._mark_scheduled(seq, n, out)`` lists ``seq``'s next
+``n`` tokens in ``out``, marks them computed and returns ``n``; ``self._exhaust(seq, out)``;
+``self._recompute(seq)`` (free, reset, front of waiting); ``self._never_reason(seq)`` (why a waiting
+sequence can never run, or None) and ``self._finish(seq, reason, out)``; ``self._seats(seq)`` /
+``self._num_seats()`` (seats, counting a request's forks to come); ``self._rank`` (arrival order key).
+Block manager calls: ``can_append_slots(seq, n)``, ``append_slots(seq, n)`` (returns copy-on-write
+pairs), ``can_swap_out(seq)``, ``swap_out(seq)``, ``can_swap_in(seq, n)``, ``swap_in(seq)``,
+``num_cached_tokens(seq)``, ``can_allocate(seq, n)``, ``allocate(seq, n)``, ``free(seq)``.
+
+Sources: vLLM v1 ``vllm/v1/core/sched/scheduler.py`` (``schedule``: running first, one budget,
+``long_prefill_token_threshold``, preempt the last running request); v0 ``vllm/core/scheduler.py``
+(``_schedule_chunked_prefill``, ``_preempt_by_recompute``, ``_preempt_by_swap``, ``_schedule_swapped``);
+PagedAttention paper §4.5. Check each step in the chapter with ``check("ch06.exK")``, or all with
+``python -m paged grade ch06``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from bisect import insort
+from collections import deque
+
+from paged.core.block_manager import AllocStatus
+from paged.core.scheduler import Scheduler as ReferenceScheduler
+from paged.core.scheduler_outputs import SchedulerOutputs
+from paged.core.sequence import Sequence, SequenceStatus
+
+RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 
 
-@dataclass
-class Req:
-    """A request in the tiny memory model.
+class Scheduler(ReferenceScheduler):
+    """Your scheduling policy on the reference plumbing (module docstring). Same constructor:
+    ``Scheduler(scheduler_config, cache_config, block_manager=None)``."""
 
-    ``num_tokens``: tokens that need a slot after this step (a running request: its tokens including the
-    one it computes now; a waiting request: its prompt). ``num_blocks``: blocks it holds now (0 if waiting).
-    """
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens of a sequence with ``remaining`` uncomputed tokens that run now (0: not this step)."""
+        threshold, chunked = self.config.long_prefill_token_threshold, self.config.enable_chunked_prefill
+        # BEGIN SOLUTION ch06.ex1 -- cap by the threshold if set; over budget: cut when chunked, else wait
+        n = min(remaining, threshold) if threshold else remaining
+        if n <= budget:
+            return n
+        return budget if chunked else 0
+        # END SOLUTION
 
-    request_id: str
-    num_tokens: int
-    num_blocks: int = 0
+    def _schedule_running(self, out: SchedulerOutputs, budget: int) -> int:
+        """Grow every running sequence (oldest first) by its next chunk; preempt the newest when short.
+        Returns the budget left."""
+        queue, self.running, bm = self.running, deque(), self.block_manager
+        # BEGIN SOLUTION ch06.ex2 -- oldest first; while it cannot grow evict the newest, itself, or exhaust
+        while queue:
+            seq = queue.popleft()
+            n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+            if n == 0:
+                self.running.append(seq)
+                continue
+            while not bm.can_append_slots(seq, n):
+                if queue:
+                    self._preempt(queue.pop(), out)
+                elif self.running:
+                    self._preempt(seq, out)
+                    break
+                else:
+                    self._exhaust(seq, out)
+                    break
+            else:
+                out.blocks_to_copy += bm.append_slots(seq, n)
+                self.running.append(seq)
+                budget -= self._mark_scheduled(seq, n, out)
+        # END SOLUTION
+        return budget
 
-
-@dataclass
-class StepPlan:
-    """The decision for one step. Lists hold request ids in the order the decisions were made."""
-
-    running: list[str] = field(default_factory=list)  # run this step: kept running ones, then admitted
-    preempted: list[str] = field(default_factory=list)
-    exhausted: list[str] = field(default_factory=list)
-    admitted: list[str] = field(default_factory=list)
-    free_blocks: int = 0  # free blocks once the step's blocks are handed out
-
-
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
-    return -(-num_tokens // block_size)
-
-
-def grow_running(running: list[Req], free_blocks: int, block_size: int, plan: StepPlan) -> int:
-    """Give every running request (oldest first) its blocks, preempting the newest when short.
-
-    Fills ``plan.running``, ``plan.preempted`` and ``plan.exhausted``; returns the free blocks left.
-    A preempted or exhausted request gives back all the blocks it held (``num_blocks``).
-    """
-    queue = list(running)
-    # BEGIN SOLUTION ch06.ex1 -- oldest from the front; while short of blocks, evict from the back
-    while queue:
-        req = queue.pop(0)
-        need = blocks_for(req.num_tokens, block_size) - req.num_blocks
-        while need > free_blocks and queue:
-            victim = queue.pop()
-            free_blocks += victim.num_blocks
-            plan.preempted.append(victim.request_id)
-        if need <= free_blocks:
-            free_blocks -= need
-            plan.running.append(req.request_id)
-        elif plan.running:
-            free_blocks += req.num_blocks
-            plan.preempted.append(req.request_id)
+    def _preempt(self, seq: Sequence, out: SchedulerOutputs) -> None:
+        """Take a running sequence's memory: swap it out (if asked and the CPU pool has room), else recompute."""
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+        # BEGIN SOLUTION ch06.ex3 -- swap: pairs, status, count, sorted place; recompute: free, reset, front
+        if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
+            out.blocks_to_swap_out += self.block_manager.swap_out(seq)
+            seq.status = SWAPPED
+            self.num_swap_outs += 1
+            insort(self.swapped, seq, key=self._rank)
         else:
-            free_blocks += req.num_blocks
-            plan.exhausted.append(req.request_id)
-    # END SOLUTION
-    return free_blocks
+            self.block_manager.free(seq)
+            seq.reset_for_recompute()
+            self.waiting.appendleft(seq)
+            self.num_recomputes += 1
+        # END SOLUTION
+
+    def _schedule_swapped(self, out: SchedulerOutputs, budget: int) -> int:
+        """Bring swapped sequences back, oldest first, while seats, budget and memory allow. Returns the budget left."""
+        bm = self.block_manager
+        # BEGIN SOLUTION ch06.ex4 -- oldest first; no fit: wait, or recompute if nothing runs; then swap in
+        while self.swapped and self._num_seats() < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+            if n == 0:
+                break
+            if not bm.can_swap_in(seq, n):
+                if self.running:
+                    break
+                self.swapped.pop(0)
+                self._recompute(seq)
+                continue
+            self.swapped.pop(0)
+            out.blocks_to_swap_in += bm.swap_in(seq)
+            out.blocks_to_copy += bm.append_slots(seq, n)
+            seq.status = RUNNING
+            self.num_swap_ins += 1
+            self.running.append(seq)
+            out.swapped_in.append(seq)
+            budget -= self._mark_scheduled(seq, n, out)
+        # END SOLUTION
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutputs, budget: int) -> None:
+        """Admit waiting sequences first come, first served, while seats, budget and the watermark allow."""
+        bm, seats = self.block_manager, self._num_seats()
+        # BEGIN SOLUTION ch06.ex5 -- drop the never-runnable; seats, budget and watermark; a misfit stops
+        while self.waiting:
+            seq = self.waiting[0]
+            reason = self._never_reason(seq)
+            if reason is not None:
+                self.waiting.popleft()
+                self._finish(seq, reason, out)
+                continue
+            if seats + self._seats(seq) > self.config.max_num_seqs:
+                break
+            n = self._chunk(len(seq) - bm.num_cached_tokens(seq), budget)
+            if n == 0 or bm.can_allocate(seq, n) is not AllocStatus.OK:
+                break
+            self.waiting.popleft()
+            bm.allocate(seq, n)
+            seq.status = RUNNING
+            seats += self._seats(seq)
+            self.running.append(seq)
+            budget -= self._mark_scheduled(seq, n, out)
+        # END SOLUTION
 
 
-def admit_waiting(waiting: list[Req], free_blocks: int, block_size: int, max_num_seqs: int,
-                  watermark_blocks: int, plan: StepPlan) -> int:
-    """Admit waiting requests first come, first served (module docstring). Returns the free blocks left.
-
-    Appends to ``plan.admitted`` and ``plan.running``; ``len(plan.running)`` seats are already taken.
-    """
-    # BEGIN SOLUTION ch06.ex2 -- stop at the first without a seat or that cuts into the watermark
-    for req in waiting:
-        need = blocks_for(req.num_tokens, block_size)
-        if len(plan.running) >= max_num_seqs or free_blocks - need < watermark_blocks:
-            break
-        free_blocks -= need
-        plan.admitted.append(req.request_id)
-        plan.running.append(req.request_id)
-    # END SOLUTION
-    return free_blocks
-
-
-def schedule_step(running: list[Req], waiting: list[Req], free_blocks: int, block_size: int,
-                  max_num_seqs: int = 256, watermark_blocks: int = 0) -> StepPlan:
-    """One step: grow the running requests, then admit waiting ones if nobody was preempted.
-
-    Args:
-        running: running requests in admission order (the last one is the first victim).
-        waiting: waiting requests in queue order.
-        free_blocks: free blocks before the step.
-        block_size: tokens per block.
-        max_num_seqs: most requests running in one step.
-        watermark_blocks: blocks that admission must leave free.
-    """
-    plan = StepPlan()
-    free_blocks = grow_running(running, free_blocks, block_size, plan)
-    if not plan.preempted:
-        free_blocks = admit_waiting(waiting, free_blocks, block_size, max_num_seqs, watermark_blocks, plan)
-    plan.free_blocks = free_blocks
-    return plan
+# The graded regions the engine part is made of (paged_course/capstone.py reads this).
+PART_REGIONS = {"Scheduler": ("ch06.ex1", "ch06.ex2", "ch06.ex3", "ch06.ex4", "ch06.ex5")}

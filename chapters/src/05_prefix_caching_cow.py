@@ -17,41 +17,98 @@
 # Many requests start with the same tokens: a long system prompt, a few-shot preamble, the earlier turns
 # of a chat. Their keys and values are identical too, because a token's K/V depend only on the tokens
 # up to it. Reference counts (chapter 02) let several block tables point at one physical block, so the
-# server can compute such a prefix once and share it. This chapter builds that **prefix cache** the way
-# vLLM does, and the **copy-on-write** rule that keeps shared blocks correct when sequences fork.
+# server can compute such a prefix once and share it. In this chapter you build the engine's **prefix
+# cache** the way vLLM does, and the **copy-on-write** rule that keeps shared blocks correct when
+# sequences fork; at the end the engine runs on your two parts.
 #
 # **You will learn to**
 #
 # 1. see why the seed's whole-prompt MD5 cache (seed error E3) shares too little and, worse, corrupts
 #    a shared partial block;
-# 2. cache **full blocks** under **chained keys** (parent key + the block's tokens) and check the
-#    stored tokens on every hit, so a hash collision is a miss;
-# 3. measure what 100 requests sharing a system prompt save, against the prompt's length (claim C5,
+# 2. key **full blocks** with **chained keys** (parent key + the block's tokens), each block hashed once;
+# 3. look a prompt up and **verify** every hit (the stored tokens and the parent entry), so a hash
+#    collision is a miss, and never serve a whole prompt from cache;
+# 4. register new full blocks and forget a reused one;
+# 5. measure what 100 requests sharing a system prompt save, against the prompt's length (claim C5,
 #    error E4), and bound the prompt-phase speed-up;
-# 4. follow the **eviction order** of freed cached blocks (least recently freed first, a sequence's
+# 6. predict the **eviction order** of freed cached blocks (least recently freed first, a sequence's
 #    tail before its head);
-# 5. apply **copy-on-write** where vLLM v0 needs it: forked sequences of parallel sampling writing into
+# 7. apply **copy-on-write** where vLLM v0 needs it: forked sequences of parallel sampling writing into
 #    a shared, partially filled last block (error E5).
 #
-# The code is the package's: `paged/core/prefix_cache.py`, `paged/core/block_manager.py`, `paged/worker/kv_cache.py`.
+# You write six regions of `exercises/ex05_prefix_cache.py`: the methods `update_hashes`, `lookup`,
+# `insert` and `evict` of `PrefixCache` (the engine part `prefix_cache`), the function `eviction_order`,
+# and the function `copy_on_write` (the engine part `copy_on_write`). After each build step a cell
+# `check("ch05.exK")` runs that step's graded tests on your file and prints the first failing case in
+# words. The chapter then goes on with your piece when it passes, and with the reference (saying so in
+# one line) when it does not, so every cell runs before you write anything. Stuck? `solution("ch05.exK")`
+# prints the reference answer, where your copy of the course ships it. The reference code is
+# `paged/core/prefix_cache.py` and `paged/core/block_manager.py`.
 
 # %%
 import hashlib
+import importlib
+import sys
+import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
 from IPython.display import display
 
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "paged_course").is_dir())
+if str(ROOT) not in sys.path:  # the notebook runs in chapters/; the exercises live at the root
+    sys.path.insert(0, str(ROOT))
+
 from paged.core.allocator import BlockAllocator
-from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
 from paged.core.block_manager import BlockSpaceManager
+from paged.core.block_manager import copy_on_write as reference_copy_on_write
+from paged.core.prefix_cache import ROOT_KEY, PrefixCache
+from paged.core.sequence import SamplingParams, Sequence
+from paged.engine.llm import LLM
+from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache
-from paged.core.prefix_cache import ROOT_KEY, hash_blocks
-from paged.core.sequence import Sequence
+from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
+from paged_course.check import check, impl_package, learner_or_reference, solution  # noqa: F401
 from paged_course.reference import write_kv
 from paged_course.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
 
+STEP_METHODS = {"ch05.ex1": "update_hashes", "ch05.ex2": "lookup", "ch05.ex3": "insert", "ch05.ex4": "evict"}
+
+
+def mine():
+    """Your exercise module, imported afresh (your last saved edit is what runs); None if it does not import."""
+    name = f"{impl_package()}.ex05_prefix_cache"
+    sys.modules.pop(name, None)
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # a syntax error while you edit must not stop the chapter
+        print(f"{name.replace('.', '/')}.py does not import: {type(err).__name__}: {err}")
+        return None
+
+
+def yours(exercises, name, reference):
+    """Your `name` when the regions `exercises` pass their checks, else `reference` (one line says so)."""
+    module = mine()
+    if module is None:
+        print(f"using the reference for {name}")
+        return reference
+    return learner_or_reference(exercises, getattr(module, name, reference), reference)
+
+
+def your_cache(*steps):
+    """The reference PrefixCache with the methods of build steps `steps` taken from your file, each one
+    that passes its checks (the others stay the reference's, one line says which)."""
+    module, methods = mine(), {}
+    for step in steps:
+        if module is not None and learner_or_reference(step, True, False):
+            methods[STEP_METHODS[step]] = vars(module.PrefixCache)[STEP_METHODS[step]]
+    return type("YourPrefixCache", (PrefixCache,), methods)
+
+
 torch.manual_seed(0)
+torch.set_num_threads(1)  # tiny shapes: one thread is faster than several on a shared CPU, and steadier
+chapter_start = time.perf_counter()
 
 # %% [markdown]
 # ## 1. The seed's cache: one MD5 over the whole system prompt (E3)
@@ -129,40 +186,86 @@ print("A expects positions 9..11 =", [201, 202, 203], "| pool holds", pool[table
 # each user's tokens in blocks of their own, which no slot formula does (it would have to skip the 7
 # free slots after the system prompt). The correct rules are vLLM's: **only full blocks are shared**
 # between requests, and a partially filled block that *is* shared, which happens only when a sequence
-# forks, is copied before anyone writes into it (section 5).
+# forks, is copied before anyone writes into it (section 7).
 
 # %% [markdown]
-# ## 2. Full blocks under chained keys
+# ## 2. Build step 1: full blocks under chained keys
 #
 # vLLM caches each **full** block under a key that hashes the **parent block's key** together with the
 # block's token ids (vLLM adds an optional extra key, such as a LoRA adapter id, which this course leaves out):
 #
-# $$k_i = \text{hash}(k_{i-1}, \text{tokens of block } i), \qquad k_{-1} = \text{ROOT\_KEY}.$$
+# $$k_i = \text{hash\_fn}(k_{i-1}, \text{tokens of block } i), \qquad k_{-1} = \text{ROOT\_KEY}.$$
 #
 # Chaining matters because a block's K/V depend on every token before it: `[5, 6, 7, 8]` after
-# `[1, 2, 3, 4]` and `[5, 6, 7, 8]` after `[9, 9, 9, 9]` are different K/V, and get different keys.
-# A lookup hashes the prompt block by block and stops at the first miss. A partial last block gets no
-# key at all. (vLLM v1: `hash_block_tokens` in `vllm/v1/core/kv_cache_utils.py`.)
+# `[1, 2, 3, 4]` and `[5, 6, 7, 8]` after `[9, 9, 9, 9]` are different K/V, and get different keys. A
+# partial last block gets no key at all: its K/V are not final until it fills.
+#
+# ```
+# tokens   1 2 3 4 | 5 6 7 8 | 9        (block size 4)
+# keys     k0      | k1      | (none)   k0 = hash_fn(ROOT_KEY, (1,2,3,4)), k1 = hash_fn(k0, (5,6,7,8))
+# ```
+#
+# A sequence keeps its keys in `seq.block_hashes` and the cache extends that list as blocks fill, so
+# each block is hashed **once** in the life of a sequence, however often it is looked up (vLLM v1 keeps
+# `Request.block_hashes` the same way; `hash_block_tokens` in `vllm/v1/core/kv_cache_utils.py`).
+#
+# **Your turn.** In `exercises/ex05_prefix_cache.py`, write the region `ch05.ex1` of
+# `PrefixCache.update_hashes(seq)`: go on from the keys already in `seq.block_hashes`, and append one
+# key per new full block of `seq.token_ids`, calling `self.hash_fn(parent_key, tokens_as_a_tuple)`.
 
-# %% tags=["nbval-check-output"]
-a = hash_blocks([1, 2, 3, 4, 5, 6, 7, 8, 9], 4, [])
-b = hash_blocks([9, 9, 9, 9, 5, 6, 7, 8], 4, [])
+# %%
+_ = check("ch05.ex1")
+
+# %% [markdown]
+# Your keys, on the two prompts above (the cell uses your `update_hashes` once it passes):
+
+# %%
+Cache = your_cache("ch05.ex1")
+a = Cache(4).update_hashes(Sequence(0, [1, 2, 3, 4, 5, 6, 7, 8, 9], 4))
+b = Cache(4).update_hashes(Sequence(1, [9, 9, 9, 9, 5, 6, 7, 8], 4))
 print("full blocks with a key:", len(a), "of 3 (the 1-token tail has none)")
 print("same tokens [5,6,7,8], different parents -> same key?", a[1] == b[1])
 
 # %% [markdown]
+# ## 3. Build step 2: a lookup that never trusts a hash
+#
+# At admission the block manager asks the cache for the longest cached prefix of the prompt: for
+# `i = 0, 1, ...` it looks up key $k_i$ and stops at the first miss. The cache stores, under each key,
+# a list of `Entry` objects (several blocks can hold one key: two requests computing the same prefix at
+# once, or a collision), each with its `block_id`, its `token_ids`, its own `uid` and the `parent_uid`
+# of the entry that came before it.
+#
 # **A hash is not proof.** Keys are 64-bit numbers; two different blocks can collide (vLLM v1 offers
-# SHA-256 to make this practically impossible). Our cache never trusts the key alone: each entry stores
-# its block's token ids and which cached entry came before it, and a hit must match both. To see it work,
-# plug in a deliberately terrible hash, `(parent * 7 + sum(tokens)) % 5`, under which `[1, 2, 3, 4]` and
-# `[4, 3, 2, 1]` collide:
+# SHA-256 to make this practically impossible). So an entry only counts as a hit for block $i$ when
+#
+# * its `token_ids` equal the block's tokens, **and**
+# * its `parent_uid` is the `uid` of the entry that hit for block $i - 1$ (0 for block 0). Without this
+#   check, a colliding first block could make the cache hand out a second block whose K/V were computed
+#   after *other* tokens.
+#
+# **Never the whole prompt.** The model must run on at least the last prompt token to produce the logits
+# of the first new token, so the manager passes `max_blocks = (len(seq) - 1) // block_size` and the
+# lookup returns at most that many blocks. An 8-token prompt whose two blocks are cached still computes
+# its second block (4 tokens), like vLLM v1, which recomputes the last block of a block-aligned prompt.
+#
+# **Your turn.** Write the region `ch05.ex2` of `PrefixCache.lookup(seq, max_blocks)`: the list of hit
+# block ids, in order. It changes nothing (the manager takes the blocks afterwards). The graded tests use
+# a deliberately weak hash, so a lookup that trusts the key alone fails.
 
-# %% tags=["nbval-check-output"]
+# %%
+_ = check("ch05.ex2")
+
+# %% [markdown]
+# Your lookup inside the real block manager, with a terrible hash, `(parent * 7 + sum(tokens)) % 5`,
+# under which `[1, 2, 3, 4]` and `[4, 3, 2, 1]` collide:
+
+# %%
 def weak_hash(parent, tokens):
     return (parent * 7 + sum(tokens)) % 5
 
 
-manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True, hash_fn=weak_hash)
+manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True, hash_fn=weak_hash,
+                            prefix_cache_cls=your_cache("ch05.ex1", "ch05.ex2"))
 print("keys collide:", weak_hash(ROOT_KEY, (1, 2, 3, 4)) == weak_hash(ROOT_KEY, (4, 3, 2, 1)))
 first = Sequence(0, [1, 2, 3, 4, 9], 4)
 manager.allocate(first)
@@ -179,17 +282,63 @@ for prompt in ([1, 2, 3, 4, 9], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7])
     manager.free(seq)
 
 # %% [markdown]
-# The last two lines show the other rule: **a prompt is never served entirely from cache**. The model
-# must run on at least the last prompt token to produce the logits of the first new token, so lookup
-# stops before the block holding it. An 8-token prompt whose two blocks are cached still computes its
-# second block (4 tokens), like vLLM v1, which recomputes the last block of a block-aligned prompt.
-#
-# When does a block enter the cache? As soon as it is full and the step that fills it runs: a prompt's
-# full blocks at `allocate`, and blocks that decode tokens complete at `append_slots`. So a follow-up
-# turn of a chat also reuses the blocks the model *generated*.
+# The 8-token prompt `[1..8]` was never run here, so only its first block hits; the 7-token one hits it
+# too and computes its 3-token tail.
 
 # %% [markdown]
-# ## 3. What it saves: 100 requests and one system prompt (C5, E4)
+# ## 4. Build steps 3 and 4: registering and forgetting blocks
+#
+# When does a block enter the cache? As soon as it is full and the step that fills it is scheduled: a
+# prompt's full blocks at `allocate` (chunk by chunk when the prompt is chunked), and blocks that decode
+# tokens complete at `append_slots`. So a follow-up turn of a chat also reuses the blocks the model
+# *generated*. The manager calls `insert(seq, block_ids, first, stop)`: register logical blocks
+# `first .. stop - 1` of `seq`, whose physical ids are in its block table `block_ids`.
+#
+# * A block already cached keeps its entry (a hit, or a block registered earlier).
+# * A new entry gets a fresh `uid` (`self._next_uid`, then count up) and, as `parent_uid`, the `uid` of
+#   the entry of the block before it (0 for block 0). The parent of block `first` is the entry of block
+#   `first - 1`, if that block is cached.
+# * The chain stops at the first block whose parent block is not cached: nothing can ever hit it (a
+#   lookup walks from block 0), so registering it would only waste the map.
+#
+# `insert` returns the number of new entries, and stores each one in both maps (`_by_key[key]`, a list,
+# and `_by_block[block_id]`).
+#
+# **Eviction of one block.** A block whose last holder frees it is not wiped: it stays cached while it
+# waits in the free queue (section 6). Only when the allocator hands it out for *new* data does the
+# block manager call `evict(block_id)`: its entry must go from both maps (or a later lookup would hit
+# a block that now holds other K/V), the other entries under the same key stay, and an emptied list is
+# removed. It returns whether the block was cached.
+#
+# **Your turn.** Write the regions `ch05.ex3` (`insert`) and `ch05.ex4` (`evict`).
+
+# %%
+_ = check("ch05.ex3")
+
+# %%
+_ = check("ch05.ex4")
+
+# %% [markdown]
+# Your whole cache (once the four steps pass) on a chat: the second turn's prompt is the first turn's
+# prompt, its reply and a new question. The blocks the first turn *generated* hit too.
+
+# %%
+YourCache = your_cache("ch05.ex1", "ch05.ex2", "ch05.ex3", "ch05.ex4")
+manager = BlockSpaceManager(4, 16, watermark=0.0, enable_prefix_caching=True, prefix_cache_cls=YourCache)
+turn1 = Sequence(0, list(range(1, 11)), 4)  # a 10-token prompt
+manager.allocate(turn1)
+for t in (50, 51, 52, 53, 54, 55):  # six generated tokens, one slot each
+    turn1.append_token_id(t)
+    manager.append_slots(turn1, 1)
+manager.free(turn1)
+turn2 = Sequence(1, turn1.token_ids + [60, 61, 62], 4)
+manager.allocate(turn2)
+print(f"turn 2: {len(turn2)} tokens, {turn2.num_cached_tokens} from cache ({turn2.num_cached_tokens - 10} of them "
+      f"generated by turn 1), {len(turn2) - turn2.num_computed_tokens} computed")
+print("cached blocks:", len(manager.prefix_cache))
+
+# %% [markdown]
+# ## 5. What it saves: 100 requests and one system prompt (C5, E4)
 #
 # The seed claims that 100 requests sharing a 9-token system prompt save 33% of their blocks with block
 # size 16, and 60-90% for 500-2000-token system prompts, with a "~100x prompt speed-up". We measure
@@ -248,46 +397,67 @@ display(prefix_savings_widget(system_len=1000))
 #   nothing. Decode steps are not sped up at all.
 
 # %% [markdown]
-# ## 4. Eviction: which cached block goes first?
+# ## 6. Build step 5: which cached block goes first?
 #
-# A cached block whose last holder finishes is not wiped. It goes to the back of the allocator's free
-# queue **still cached**: a later request can hit it (and take it back out of the queue), and only when
-# the queue hands it out for new data is its key dropped. Three rules shape the order:
+# A freed cached block goes to the back of the allocator's free queue **still cached**: a later request
+# can hit it (and take it back out of the queue), and only when the queue hands it out for new data is
+# it evicted (your `evict`). Nobody keeps an LRU list: the order falls out of two rules you met already.
 #
-# * never-used blocks sit at the front, so they are used before any cached block is evicted;
-# * freed blocks queue by free time, so the **least recently freed** cached block is evicted first (LRU);
-# * a finishing sequence frees its blocks **tail first**, so a shared prefix's head, which the most
+# * The free queue is **first in, first out** (`paged/core/allocator.py`): never-used blocks sit at the
+#   front, so they are used before any cached block is evicted; freed blocks queue by free time, so the
+#   **least recently freed** cached block is evicted first (LRU).
+# * A finishing sequence drops one reference per block, **tail first** (`BlockSpaceManager.free`), and a
+#   block joins the queue only when its last holder lets go. So a shared prefix's head, which the most
 #   future requests can use, stays cached longest.
 #
-# (vLLM v1: `FreeKVCacheBlockQueue` in `vllm/v1/core/kv_cache_utils.py` and `BlockPool` in
-# `vllm/v1/core/block_pool.py`.) In the picture, green blocks are free but cached; the number is their
-# place in the eviction order.
+# (vLLM v1: `FreeKVCacheBlockQueue` in `vllm/v1/core/kv_cache_utils.py`, and `BlockPool.free_blocks` in
+# `vllm/v1/core/block_pool.py`, called with a request's blocks reversed.)
+#
+# **Your turn.** Write the region `ch05.ex5`, `eviction_order(free_queue, ref_counts, finishing, cached)`:
+# given the queue now, the reference counts now, the block tables of the sequences that will finish (in
+# the order they finish) and the set of cached blocks, return the cached blocks in the order new
+# allocations will evict them. Do not change the arguments.
 
 # %%
-manager = BlockSpaceManager(4, 12, watermark=0.0, enable_prefix_caching=True)
+_ = check("ch05.ex5")
+
+# %% [markdown]
+# A and B share the two blocks of their common prefix; C shares nothing. Predict the eviction order
+# with your function *before* they finish in the order C, A, B, then let them finish and read the
+# allocator's queue. In the picture, green blocks are free but cached; the number is their place in
+# the eviction order.
+
+# %%
+manager = BlockSpaceManager(4, 12, watermark=0.0, enable_prefix_caching=True, prefix_cache_cls=YourCache)
 shared = [1, 2, 3, 4, 5, 6, 7, 8]
 a = Sequence(0, shared + [11, 12, 13, 14, 15], 4)
 b = Sequence(1, shared + [21, 22, 23, 24, 25], 4)
 c = Sequence(2, [31, 32, 33, 34, 35, 36], 4)
 for s in (a, b, c):
     manager.allocate(s)
+alloc = manager.gpu_allocator
+your_order = yours("ch05.ex5", "eviction_order", None)
+if your_order is not None:
+    predicted = your_order(alloc.free_queue(), [alloc.ref_count(x) for x in range(12)],
+                           [manager.get_block_table(s) for s in (c, a, b)],
+                           {x for x in range(12) if x in manager.prefix_cache})
+    print("your predicted eviction order:", predicted)
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6))
 draw_pool(manager, rows_for(manager, [a, b, c], ["A", "B", "C"]), ax=ax1,
           title="A and B share the two blocks of their common prefix (ref count 2)")
-manager.free(c)
-manager.free(a)
-manager.free(b)
+for s in (c, a, b):
+    manager.free(s)
 draw_pool(manager, ax=ax2, title="all finished: C freed first, then A, then B (each tail first)")
 plt.show()
+print("the allocator's eviction order:  ", [x for x in alloc.free_queue() if x in manager.prefix_cache])
 
-# %% tags=["nbval-check-output"]
+# %%
 print("free queue (front first):", manager.gpu_allocator.free_queue())
-print("eviction order of cached blocks:", [b for b in manager.gpu_allocator.free_queue() if b in manager.prefix_cache])
 d = Sequence(3, list(range(41, 70)), 4)  # 29 tokens: 8 blocks, no hit
 manager.allocate(d)
 print("D took blocks", manager.get_block_table(d))
 print("cached blocks of A, B, C that survived:",
-      sorted(b for b in range(12) if b in manager.prefix_cache and b not in manager.get_block_table(d)))
+      sorted(x for x in range(12) if x in manager.prefix_cache and x not in manager.get_block_table(d)))
 e = Sequence(4, shared + [99], 4)
 manager.allocate(e)
 print("a new request with the shared prefix reuses", e.num_cached_tokens, "tokens, blocks",
@@ -295,33 +465,52 @@ print("a new request with the shared prefix reuses", e.num_cached_tokens, "token
 
 # %% [markdown]
 # D needed eight blocks. It took the four never-used blocks first, then the front of the queue: C's
-# blocks (C finished first; the key of its full block 6 is dropped), then A's tail, blocks 3 and 2.
+# blocks (C finished first; the entry of its full block 6 is evicted), then A's tail, blocks 3 and 2.
 # B's tail block 4 and the shared head, blocks 0 and 1, are still cached, so E hits the head.
 
 # %% [markdown]
-# ## 5. Copy-on-write for parallel sampling (E5)
+# ## 7. Build step 6: copy-on-write for parallel sampling (E5)
 #
 # Prefix caching shares only full blocks, and full blocks are never written again: no copy is ever
 # needed there. Copy-on-write is for **forks**. With `SamplingParams(n=2)` (or beam search) vLLM v0
 # prefills the prompt once, then forks the sequence: the children share *every* block, including the
 # partially filled last one. The first child to append writes into that shared block, so it must first
-# get its own copy: `append_slots` allocates a new block, moves the child's table to it, and returns the
-# pair `(src, dst)`; the engine copies the block (`KVCache.copy_blocks`) before the forward pass writes
-# the new token. The last holder writes in place.
+# get its own copy; the last holder writes in place.
+#
+# ```
+# before the write   child 0: [ 3 ][ 5 ]     child 1: [ 3 ][ 5 ]      block 5: 2 tokens, ref count 2
+# after COW          child 0: [ 3 ][ 9 ]     child 1: [ 3 ][ 5 ]      copy 5 -> 9, then write into 9
+# ```
+#
+# `copy_on_write(table, allocator, allocate)` is called by `append_slots` before new tokens are written
+# after `table.num_tokens`. If the table's last block is **partially filled** (`num_tokens` is not a
+# multiple of `block_size`) **and shared** (`allocator.ref_count(last) > 1`), it takes a new block from
+# `allocate()`, puts it in the table in place of the shared one, drops one reference to the shared one
+# (`allocator.free_many([...])`: the siblings keep it), and returns `[(shared, new)]`; the engine copies
+# the block's K/V (`KVCache.copy_blocks`) before the forward pass writes the new token. Otherwise it
+# returns `[]` and calls nothing.
 #
 # **Seed error E5.** The seed places copy-on-write in "variable-length attention or speculative
 # decoding". In vLLM v0 it happens exactly here: forked sequences (parallel sampling, beam search)
 # appending to a shared, partially filled last block (`CopyOnWriteTracker.cow_block_if_not_appendable`
-# in `vllm/core/block/common.py`, called when a block of `naive_block.py` is appended to). vLLM v1 has
-# no fork: its `n > 1` requests run as separate sequences that share full prompt blocks through the
-# prefix cache and each compute their own partial block.
+# in `vllm/core/block/common.py`, used by the blocks of `naive_block.py`). vLLM v1 has no fork: its
+# `n > 1` requests run as separate sequences that share full prompt blocks through the prefix cache and
+# each compute their own partial block.
 #
-# The test case: block size 4, prompt `[10..15]` (one full block and a 2-token tail), two samples
-# forced to the tokens 100 and 200. A tiny `KVCache` (1 layer, 1 head, head dim 1) stores each token's
-# id as its "key", so we can read back what each child would attend to.
+# **Your turn.** Write the region `ch05.ex6`, `copy_on_write`.
 
 # %%
-manager = BlockSpaceManager(4, 8, watermark=0.0)
+_ = check("ch05.ex6")
+
+# %% [markdown]
+# The test case: block size 4, prompt `[10..15]` (one full block and a 2-token tail), two samples
+# forced to the tokens 100 and 200. A tiny `KVCache` (1 layer, 1 head, head dim 1) stores each token's
+# id as its "key", so we can read back what each child would attend to. The block manager runs your
+# `copy_on_write`.
+
+# %%
+your_cow = yours("ch05.ex6", "copy_on_write", reference_copy_on_write)
+manager = BlockSpaceManager(4, 8, watermark=0.0, copy_on_write=your_cow)
 kv = KVCache(num_layers=1, num_blocks=8, block_size=4, num_kv_heads=1, head_dim=1)
 
 
@@ -358,14 +547,14 @@ draw_pool(manager, rows_for(manager, [parent, child], ["sample 0", "sample 1"]),
           title="after one decode step: sample 0 copied the shared tail block")
 plt.show()
 
-# %% tags=["nbval-check-output"]
+# %%
 print("copy-on-write pairs (src, dst):", copies)
 print("sample 0 reads:", context(parent))
 print("sample 1 reads:", context(child))
-print("ref counts of blocks 0..2:", [manager.gpu_allocator.ref_count(b) for b in range(3)])
+print("ref counts of blocks 0..2:", [manager.gpu_allocator.ref_count(x) for x in range(3)])
 manager.free(parent)
 manager.free(child)
-print("after both finish, ref counts:", [manager.gpu_allocator.ref_count(b) for b in range(8)])
+print("after both finish, ref counts:", [manager.gpu_allocator.ref_count(x) for x in range(8)])
 
 # %% [markdown]
 # Without the copy, both children would write slot 6 of the same block and whichever wrote last would
@@ -374,13 +563,12 @@ print("after both finish, ref counts:", [manager.gpu_allocator.ref_count(b) for 
 # of the new token, so the copy carries the prompt's tail (14, 15) and not the sibling's new token.
 
 # %% [markdown]
-# ## 6. What caching costs
+# ## 8. What caching costs
 #
-# Each full block is hashed once, when its tokens arrive (the scheduler hashes a prompt when the request
-# is added, like vLLM v1's `Request.block_hashes`); allocation then looks the keys up, checks each hit's
-# stored tokens, takes the hit blocks and registers the new full blocks. Allocation of a 2,000-token
+# Each full block is hashed once, when its tokens arrive; allocation then looks the keys up, checks each
+# hit's stored tokens, takes the hit blocks and registers the new full blocks. Allocation of a 2,000-token
 # prompt (block 16) whose first 1,500 tokens are cached, against the same allocation with caching off
-# (`python -m paged bench prefix` runs more repeats):
+# (`python -m paged bench prefix` runs more repeats), with the reference cache:
 
 # %%
 cost = allocation_cost(repeats=30)
@@ -389,40 +577,78 @@ print(f"caching off: {cost['us_off']:.0f} us | caching on ({cost['cached_tokens'
 
 # %% [markdown]
 # With caching off, allocation only pops 125 block ids. With caching on, Python checks and takes 93
-# cached blocks and registers 31 new ones, so it costs several times as much: about 50 microseconds
-# (about 100 when a never-seen prompt is hashed inside `allocate`), against the milliseconds it takes a
-# model to compute 1,488 tokens it no longer has to.
+# cached blocks and registers 31 new ones, so it costs many times as much (the ratio above), yet still a
+# fraction of a millisecond, against the milliseconds it takes a model to compute the 1,488 tokens it no
+# longer has to.
 
 # %% [markdown]
-# ## Your turn
+# ## 9. The engine on your prefix cache and copy-on-write
 #
-# Open `exercises/ex05_prefix_cache.py` and implement
-#
-# 1. `block_keys`: the chained key of every full block;
-# 2. `lookup`: the longest cached prefix, accepting an entry only if its tokens *and* its parent match,
-#    and never the whole prompt;
-# 3. `slot_action`: `"new block"`, `"copy"` or `"in place"` for the next token of a sequence.
-#
-# Then run
-#
-# ```
-# python -m paged grade ch05
-# ```
-#
-# The graded tests use a deliberately weak hash, so a lookup that trusts the key alone fails.
+# Your `PrefixCache` and `copy_on_write` are the engine's parts `prefix_cache` and `copy_on_write`:
+# `LLM(parts=Parts(prefix_cache=..., copy_on_write=...))` runs the real engine (scheduler, model runner,
+# attention, the built-in model) on them. Four chat requests share a system prompt, each asks for two
+# samples (`n=2`, temperature 0.8, a fixed seed), so the engine hits the cache for the system prompt's
+# full blocks and copies the forks' shared partial blocks. The tokens must equal the reference engine's.
+
+# %%
+your_parts = Parts(prefix_cache=yours(["ch05.ex1", "ch05.ex2", "ch05.ex3", "ch05.ex4"], "PrefixCache", PrefixCache),
+                   copy_on_write=yours("ch05.ex6", "copy_on_write", reference_copy_on_write))
+system_prompt = "You are a helpful assistant. Answer in one short sentence.\n"
+questions = ["What is a KV cache?", "Why are blocks 16 tokens?", "What does copy-on-write copy?", "Hi!"]
+params = SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=12)
+
+
+def run(parts):
+    llm = LLM(block_size=8, num_gpu_blocks=64, max_num_batched_tokens=64, max_num_seqs=8, parts=parts,
+              verbose=False, seed=0)
+    outs = llm.generate([system_prompt + q for q in questions], params, use_tqdm=False)
+    return [[c.token_ids for c in o.outputs] for o in outs], llm.stats(), outs
+
+
+reference_tokens, reference_stats, _ = run(Parts())
+your_tokens, your_stats, your_outs = run(your_parts)
+print("parts:", {k: v for k, v in your_parts.origins().items() if k in ("prefix_cache", "copy_on_write")})
+print("same tokens as the reference engine:", your_tokens == reference_tokens)
+print(f"prefix-cache hit rate {your_stats['prefix_cache_hit_rate']:.0%}, copy-on-write copies "
+      f"{your_stats['cow_copies']}")
+for q, out in zip(questions[:2], your_outs):
+    print(f"{q!r}: {[c.text for c in out.outputs]}")
+
+# %% [markdown]
+# The built-in model has random weights, so the text is babble; what matters is that your parts give
+# exactly the reference engine's tokens, with the system prompt served from the cache and each pair of
+# samples kept apart by copy-on-write.
 
 # %% [markdown]
 # ## Summary
 #
-# * Cache **full blocks** only, each under a key chaining its parent's key and its tokens; verify the
-#   stored tokens (and parent) on every hit; compute at least the prompt's last token.
+# * Cache **full blocks** only, each under a key chaining its parent's key and its tokens, hashed once
+#   per sequence; verify the stored tokens and the parent entry on every hit; compute at least the
+#   prompt's last token.
 # * A whole-prompt key (E3) shares nothing when prompts differ in one token, and sharing its partial
 #   last block lets requests overwrite each other's K/V.
 # * Savings grow with the shared prefix: 0 blocks for a 9-token prefix with block 16 (E4), about 90%
 #   for 1,000 tokens in our workload (C5); the prompt-phase speed-up is bounded by the cached fraction
 #   of prefill tokens, far below 100x with realistic questions.
 # * Freed cached blocks stay hit-able until reused: never-used blocks go first, then the least recently
-#   freed, each sequence's tail before its head.
+#   freed, each sequence's tail before its head. The FIFO free queue and the tail-first free give this
+#   order with no LRU list at all.
 # * Copy-on-write is for forks: a child writing into a shared partial block first copies it (E5).
 #
-# Next: chapter 06 puts the block manager under a scheduler with continuous batching and preemption.
+# Next: chapter 06 puts the block manager under a scheduler with continuous batching, chunked prefill
+# and preemption.
+#
+# ## Further reading
+#
+# - Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*, SOSP 2023:
+#   §4.3 (block sharing and reference counts), §4.4 (parallel sampling, beam search and copy-on-write),
+#   §4.5's shared prefix and §6.4 (its measured savings).
+# - vLLM v1: `vllm/v1/core/kv_cache_utils.py` (`hash_block_tokens`, `FreeKVCacheBlockQueue`),
+#   `vllm/v1/core/block_pool.py` (`BlockPool`: `get_cached_block`, `cache_full_blocks`,
+#   `_maybe_evict_cached_block`, `free_blocks`), `vllm/v1/core/kv_cache_manager.py`
+#   (`get_computed_blocks`: never the whole prompt).
+# - vLLM v0: `vllm/core/block/prefix_caching_block.py` (content hashes of full blocks), `vllm/core/evictor.py`
+#   (v0's separate LRU evictor), `vllm/core/block/common.py` (`CopyOnWriteTracker`), `vllm/core/block/naive_block.py`.
+
+# %%
+print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")

@@ -12,37 +12,90 @@
 # ---
 
 # %% [markdown]
-# # 06 · The scheduler: continuous batching and preemption
+# # 06 · The scheduler: continuous batching, chunked prefill and preemption
 #
 # Paged blocks (chapters 02-05) make memory cheap to hand out one block at a time. The **scheduler** decides
-# what to do with that freedom: every step, which requests compute tokens, which wait, and who gives
-# memory back when the pool runs out. This chapter drives the real `paged.core.scheduler.Scheduler` (and the real
-# `BlockSpaceManager` behind it) with a fake model and a clock, so every number below comes from the code the
-# engine of chapter 07 runs.
+# what to do with that freedom: every step, which sequences compute which tokens, which wait, and who gives
+# memory back when the pool runs out. The engine's scheduler follows vLLM v1: one **token budget** per step,
+# running sequences first, prompts cut into **chunks** that fit the budget. In this chapter you write its
+# policy, one method per build step, and the engine of chapter 07 runs on it.
 #
 # **You will learn to**
 #
 # 1. explain continuous batching and measure it against static batching on the same requests;
-# 2. read one `schedule()` call: the waiting / running / swapped queues, the step's prefills and decodes, and
-#    the `SchedulerOutputs` the engine executes;
-# 3. follow a preemption on a tiny memory: the victim is the most recently admitted request, evicted all or
-#    nothing, by **recompute** or by **swap**, and a request that can never grow ends instead of looping;
-# 4. measure recompute against swap by block size (the PagedAttention paper §7.3, Fig. 19);
-# 5. correct the seed's description of the watermark (error E9) with a measurement;
-# 6. write one scheduling step yourself (exercise ex06).
+# 2. read one `schedule()` call: the waiting / running / swapped queues, the step's prefill chunks and
+#    decodes, and the `SchedulerOutputs` the engine executes;
+# 3. split a step's token budget (**chunked prefill**, `long_prefill_token_threshold`);
+# 4. grow the running sequences and preempt the **most recently admitted** one when memory runs out, by
+#    **recompute** or by **swap**, and end a sequence that can never grow instead of looping;
+# 5. bring swapped sequences back and admit new ones first come, first served under the **watermark**
+#    (and correct the seed's description of it, error E9);
+# 6. compare the step orders of vLLM v0 and v1, and measure what the chunk budget does to time to first
+#    token and inter-token latency (Sarathi-Serve, OSDI 2024), in a simulator and on the engine;
+# 7. measure recompute against swap by block size (the PagedAttention paper §7.3, Fig. 19).
+#
+# You write five regions of `exercises/ex06_scheduler.py`, the policy methods of `Scheduler`, a subclass of
+# the reference `paged.core.scheduler.Scheduler` that keeps its plumbing (queues, requests in and out,
+# small helpers that its docstring lists). After each build step a cell `check("ch06.exK")` runs that
+# step's graded tests on your file: a fake engine executes every step and checks that each token attends
+# to its own sequence's K/V, and random runs must make exactly the reference's decisions. The chapter then
+# goes on with your method when it passes, and with the reference (saying so in one line) when it does not.
+# Stuck? `solution("ch06.exK")` prints the reference answer, where your copy of the course ships it.
 
 # %%
+import importlib
+import sys
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
+import torch
 from IPython.display import display
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "paged_course").is_dir())
+if str(ROOT) not in sys.path:  # the notebook runs in chapters/; the exercises live at the root
+    sys.path.insert(0, str(ROOT))
 
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
-from paged_course.sim.scheduling import CostModel, make_workload, recompute_vs_swap, simulate, simulate_static
+from paged.engine.llm import LLM
+from paged.engine.parts import Parts
+from paged.models import load_default
+from paged_course.check import check, impl_package, learner_or_reference, solution  # noqa: F401
+from paged_course.sim.kv_check import CheckedEngine
+from paged_course.sim.scheduling import (CostModel, chunk_budget_sweep, make_workload, recompute_vs_swap, simulate,
+                                         simulate_static)
+from paged_course.sim.step_order import ORDERS, TraceRequest, V0ChunkedScheduler, run_trace
+from paged_course.viz.chunked import engine_budget_sweep, plot_latency_vs_budget, plot_step_orders
 from paged_course.viz.scheduler import Stepper, plot_memory, plot_steps, plot_timelines, stepper_widget
 
+STEP_METHODS = {"ch06.ex1": "_chunk", "ch06.ex2": "_schedule_running", "ch06.ex3": "_preempt",
+                "ch06.ex4": "_schedule_swapped", "ch06.ex5": "_schedule_waiting"}
+
+
+def mine():
+    """Your exercise module, imported afresh (your last saved edit is what runs); None if it does not import."""
+    name = f"{impl_package()}.ex06_scheduler"
+    sys.modules.pop(name, None)
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # a syntax error while you edit must not stop the chapter
+        print(f"{name.replace('.', '/')}.py does not import: {type(err).__name__}: {err}")
+        return None
+
+
+def your_scheduler(*steps):
+    """The reference Scheduler with the methods of build steps `steps` taken from your file, each one that
+    passes its checks (the others stay the reference's, one line says which)."""
+    module, methods = mine(), {}
+    for step in steps:
+        if module is not None and learner_or_reference(step, True, False):
+            methods[STEP_METHODS[step]] = vars(module.Scheduler)[STEP_METHODS[step]]
+    return type("YourScheduler", (Scheduler,), methods)
+
+
+torch.set_num_threads(1)  # a tiny model: one thread is faster than several on a shared CPU, and steadier
 chapter_start = time.perf_counter()
 
 # %% [markdown]
@@ -58,10 +111,11 @@ chapter_start = time.perf_counter()
 # holds only the blocks its tokens fill, so many more run at once.
 #
 # The simulator `paged_course.sim.scheduling` runs both on the same 200 requests (long-tailed prompt and output
-# lengths, all arriving at once). Time comes from a documented cost model, not a stopwatch:
-# a step costs `step_overhead_s + per_token_s × tokens in the step` (defaults shaped like OPT-13B on an A100:
-# 20 ms to read the weights once, 0.15 ms per token). The KV pool holds 16,384 token slots in both runs;
-# static batching reserves `max_model_len = 1024` slots per row, so its batch is 16 rows.
+# lengths, all arriving at once), with the engine's real scheduler and block manager and a clock instead of a
+# model. Time comes from a documented cost model, not a stopwatch: a step costs
+# `step_overhead_s + per_token_s × tokens in the step` (defaults shaped like OPT-13B on an A100: 20 ms to read
+# the weights once, 0.15 ms per token). The KV pool holds 16,384 token slots in both runs; static batching
+# reserves `max_model_len = 1024` slots per row, so its batch is 16 rows.
 
 # %%
 cost = CostModel()
@@ -98,37 +152,29 @@ plt.close(fig)
 # memory: it holds the full reservation of every row from the first step, while continuous batching holds
 # only filled blocks and admits new requests until the pool is full. A few continuous requests are
 # preempted (orange): the scheduler admitted them optimistically and took their blocks back when older
-# requests needed to grow. Section 3 shows how.
+# requests needed to grow. The build steps below write exactly that policy.
 #
 # ## 2. One `schedule()` call
 #
-# `Scheduler(scheduler_config, cache_config)` keeps three queues, oldest first, and builds each step running
-# requests first, in the order of vLLM v0's scheduler *with chunked prefill* (`_schedule_chunked_prefill` in
-# `vllm/core/scheduler.py`) and of vLLM v1's (`vllm/v1/core/sched/scheduler.py`); the paper §4.5 gives the
-# policy:
+# `Scheduler(scheduler_config, cache_config)` keeps three queues and builds each step with one **token
+# budget**, `max_num_batched_tokens` (vLLM v1, `vllm/v1/core/sched/scheduler.py`). There is no prefill
+# phase and no decode phase: every sequence has `num_computed_tokens`, the leading tokens whose K/V are in
+# the pool, and each step lets it catch up with its length by some tokens. One `schedule()` call, in order:
 #
-# 1. **running**: each running sequence gets a slot for its next token (`append_slots`). When the pool is
-#    full, the *most recently admitted* running request is preempted, whole (all its sequences: a request is
-#    gang-scheduled), until the older one fits.
-# 2. **swapped**: if nobody was preempted in this step, swapped-out requests come back, oldest first.
-# 3. **waiting**: if nobody was preempted and nothing is swapped out, new requests are admitted first come,
-#    first served, while `max_num_seqs`, `max_num_batched_tokens` and the watermark allow. A prompt that can
-#    never fit is *ignored* with its reason and does not block the requests behind it. (vLLM v1 too admits
-#    nobody in a step that preempted; v0 with chunked prefill still admits prompts into the step's remaining
-#    token budget.)
+# 1. **running** (admission order, oldest first): each sequence gets its next tokens: 1 for a decode, the
+#    next chunk of a partly computed prompt. When the pool is full, the most recently admitted running
+#    sequence is preempted.
+# 2. **swapped**: if nobody was preempted in this step, swapped-out sequences come back, oldest first.
+# 3. **waiting**: if nobody was preempted and nothing is swapped out, new prompts are admitted first come,
+#    first served, while seats (`max_num_seqs`), the budget and the watermark allow.
 #
-# Steps are **mixed**: new prefills share the step with the running decodes, as in vLLM v1 and in vLLM v0 with
-# chunked prefill (minus the chunking: this scheduler prefills a whole prompt in one step). vLLM v0's *default*
-# scheduler (`_schedule_default`, chunked prefill off) works the other way round: it admits new prefills first
-# (unless requests are swapped out), and a step with new prefills runs no decodes at all, so every running
-# request waits a step; only a step that admits no prompt schedules the running decodes, then swapped
-# requests. Because running requests here claim their next slot before admission, a new prompt never takes the
-# slot an older request needs.
+# The **sequence** is the unit: the `n` samples of a request share the prompt's blocks after the fork, but
+# each is scheduled, preempted and swapped on its own (vLLM v1 runs each sample as its own request).
 #
-# Here is one step on a pool of 8 blocks of 4 tokens. `SchedulerOutputs` tells the engine, per scheduled
-# sequence, which tokens to compute (`start`, `num_tokens`) and where they go (`block_table`). The
-# scheduler marks them computed as it schedules them; the engine runs the model, samples, and appends the
-# sampled token.
+# Here is one step on a pool of 8 blocks of 4 tokens, with the reference scheduler. `SchedulerOutputs` tells
+# the engine, per scheduled sequence, which tokens to compute (`start`, `num_tokens`) and where they go
+# (`block_table`). The scheduler marks them computed as it schedules them; the engine runs the model,
+# samples, and appends the sampled token.
 
 # %% tags=["nbval-check-output"]
 sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_model_len=32, max_num_batched_tokens=32),
@@ -144,17 +190,117 @@ print("ignored:", [(seq.group.request_id, seq.finish_message) for seq in out.ign
 print("tokens in the step:", out.num_batched_tokens, "| free blocks:", sched.block_manager.get_num_free_gpu_blocks())
 
 # %% [markdown]
-# ## 3. Preemption on a tiny memory
+# ## 3. Build step 1: the chunked budget split
 #
-# Five blocks of 4 tokens. Requests A (prompt 6, 6 new tokens) and B (prompt 5, 6 new tokens) arrive at
-# step 0, C (prompt 3, 3 new tokens) at step 1. Each coloured cell is a token whose K/V is in the pool,
-# hatched cells are slots reserved in a request's last block. Step through it with the widget (each click is
-# one `schedule()` call plus the fake model), or read the static strip below it.
+# Each sequence asks for its `remaining = len(seq) - num_computed_tokens` tokens. How many run now?
+#
+# * **A cap per prompt.** With `long_prefill_token_threshold = T > 0`, at most `T` tokens of one sequence
+#   run in a step, so one long prompt cannot take the whole budget from the prompts behind it.
+# * **The budget.** What is left of `max_num_batched_tokens`. If the tokens fit, they all run. If not, with
+#   `enable_chunked_prefill` (vLLM v1's default) the prompt is cut: it runs `budget` tokens now and the rest
+#   in later steps. Without chunked prefill it runs nothing and waits for a step with room for all of it
+#   (vLLM v0's default).
+#
+# ```
+# remaining 40, budget 16, T 0    -> 16     (then 16, then 8)
+# remaining 40, budget 16, T 6    -> 6      (the other 10 tokens go to other sequences)
+# remaining  1, budget  0         -> 0      (no budget left: it waits for the next step)
+# remaining 40, budget 16, chunked prefill off -> 0
+# ```
+#
+# **Your turn.** In `exercises/ex06_scheduler.py`, write the region `ch06.ex1` of `Scheduler._chunk(remaining,
+# budget)`. The threshold and the chunking flag are read for you from `self.config`.
 
 # %%
+_ = check("ch06.ex1")
+
+# %% [markdown]
+# With your `_chunk`: a decoding request and a 40-token prompt under a 16-token budget, without and with a
+# threshold of 6. Each line is one step: `request:tokens`.
+
+# %%
+def chunk_steps(scheduler_cls, threshold):
+    s = scheduler_cls(SchedulerConfig(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=16,
+                                      long_prefill_token_threshold=threshold),
+                      CacheConfig(block_size=4, num_gpu_blocks=32, watermark=0.0))
+    for rid, p, m in (("chat", 3, 8), ("long", 40, 2)):
+        s.add_request(SequenceGroup(rid, [Sequence(len(s.waiting), list(range(1, p + 1)), 4)],
+                                    SamplingParams(max_tokens=m)))
+    engine = CheckedEngine(s)
+    engine.run()
+    return [" ".join(f"{e.seq.group.request_id}:{e.num_tokens}" for e in out.scheduled) for out in engine.log]
+
+
+YourChunk = your_scheduler("ch06.ex1")
+for threshold in (0, 6):
+    print(f"threshold {threshold}: " + " | ".join(chunk_steps(YourChunk, threshold)))
+
+# %% [markdown]
+# ## 4. Build step 2: running sequences first, the newest is preempted
+#
+# `_schedule_running(out, budget)` walks the running sequences in admission order (`self.running`, oldest
+# first; the method starts with them in `queue` and rebuilds `self.running` as it goes). For each one:
+#
+# 1. `n = self._chunk(remaining, budget)`. If `n` is 0 (no budget left), the sequence keeps its blocks and
+#    stays running; it just computes nothing this step.
+# 2. While `block_manager.can_append_slots(seq, n)` says no, memory must come from somewhere (PagedAttention
+#    paper §4.5: first come first served, so the **latest** request gives way):
+#    * if sequences younger than it are still in the queue, preempt the youngest (`self._preempt(...)`,
+#      build step 3) and ask again;
+#    * else, if older sequences already kept running in this step, preempt the sequence itself;
+#    * else it is alone in the pool and still cannot grow: it can never grow, so `self._exhaust(seq, out)`
+#      ends it as `kv_cache_exhausted` instead of preempting and re-prefilling it forever.
+# 3. Once it fits: `block_manager.append_slots(seq, n)` gives the slots and returns copy-on-write pairs for
+#    `out.blocks_to_copy`; it stays running, and `self._mark_scheduled(seq, n, out)` lists its tokens in
+#    `out` (and returns `n`, to take from the budget).
+#
+# Two consequences: decodes are never starved by a long prompt admitted after them (they come first in the
+# walk), and a preempted sequence is always younger than every sequence that keeps running.
+#
+# The `kv_cache_exhausted` finish is this course's own: vLLM checks at start-up that one request of
+# `max_model_len` tokens fits in the KV cache and refuses to start otherwise (v0: `raise_if_cache_size_invalid`
+# in `vllm/worker/worker.py`; v1: `check_enough_kv_cache_memory` in `vllm/v1/core/kv_cache_utils.py`), so
+# there a request alone can always grow. This scheduler accepts a pool smaller than `max_model_len` and ends
+# such a request instead.
+#
+# **Your turn.** Write the region `ch06.ex2`.
+
+# %%
+_ = check("ch06.ex2")
+
+# %% [markdown]
+# ## 5. Build step 3: preemption by recompute or swap
+#
+# `_preempt(seq, out)` takes a running sequence's memory (the counters `num_preemptions` and
+# `out.preempted` are done for you):
+#
+# * **swap**, when `config.preemption_mode == "swap"` and `block_manager.can_swap_out(seq)`: the blocks move
+#   to the CPU pool. `block_manager.swap_out(seq)` returns the `(gpu_block, cpu_block)` pairs the engine must
+#   copy (add them to `out.blocks_to_swap_out`); the sequence becomes `SWAPPED`, counts in
+#   `num_swap_outs`, and joins `self.swapped` **in arrival order** (`insort(..., key=self._rank)`: victims go
+#   newest first, but they come back oldest first). Its `num_computed_tokens` stays: its K/V still exist.
+# * **recompute**, otherwise: `block_manager.free(seq)`, then `seq.reset_for_recompute()` (status `WAITING`,
+#   `num_computed_tokens` 0: every token it has, prompt and generated, is prefilled again later), then the
+#   **front** of `self.waiting`, and `num_recomputes`. Victims go newest first, so the front stays oldest first.
+#
+# **Your turn.** Write the region `ch06.ex3`.
+
+# %%
+_ = check("ch06.ex3")
+
+# %% [markdown]
+# Your steps 1-3 at work on a tiny memory: five blocks of 4 tokens. Requests A (prompt 6, 6 new tokens) and
+# B (prompt 5, 6 new tokens) arrive at step 0, C (prompt 3, 3 new tokens) at step 1. Each coloured cell is a
+# token whose K/V is in the pool, hatched cells are slots reserved in a request's last block. Step through
+# it with the widget (each click is one `schedule()` call plus a fake model), or read the static strip below it.
+
+# %%
+Yours123 = your_scheduler("ch06.ex1", "ch06.ex2", "ch06.ex3")
+
+
 def tiny(mode="recompute", cpu=0):
     return Stepper([("A", 6, 6, 0), ("B", 5, 6, 0), ("C", 3, 3, 1)], block_size=4, num_gpu_blocks=5,
-                   num_cpu_blocks=cpu, preemption_mode=mode)
+                   num_cpu_blocks=cpu, preemption_mode=mode, scheduler_cls=Yours123)
 
 
 stepper_widget(tiny)
@@ -164,7 +310,7 @@ fig = plot_steps(tiny(), 8)
 display(fig)
 plt.close(fig)
 
-# %% tags=["nbval-check-output"]
+# %%
 for mode, cpu in (("recompute", 0), ("swap", 8)):
     s = tiny(mode, cpu)
     while s.sched.has_unfinished_requests() or s.step_no < 2:
@@ -180,22 +326,15 @@ for mode, cpu in (("recompute", 0), ("swap", 8)):
 # victims' blocks are copied to the CPU pool (`blocks_to_swap_out`) and copied back when memory frees up; the
 # engine pays bytes over the host link instead of compute.
 #
-# Two corner cases that broke other paged-KV systems in public:
-#
-# - a request alone in the pool that cannot grow would be preempted and re-admitted forever. Here it ends with
-#   `FINISHED_KV_EXHAUSTED` and a message. That finish state is this course's own: vLLM checks at start-up that
-#   one request of `max_model_len` tokens fits in the KV cache and refuses to start otherwise (v0:
-#   `raise_if_cache_size_invalid` in `vllm/worker/worker.py`; v1: `check_enough_kv_cache_memory` in
-#   `vllm/v1/core/kv_cache_utils.py`), so there a request alone can always grow. This scheduler accepts a pool
-#   smaller than `max_model_len` (the cell below runs pools of 16 and 8 slots with `max_model_len=32`) and ends
-#   such a request instead;
-# - a request of prompt P and M new tokens needs P + M − 1 slots (the last sampled token is never written):
-#   on 16 slots, 16 + 1 fits, 16 + 2 does not.
+# Two corner cases that broke other paged-KV systems in public, on your steps: a request alone that cannot
+# grow ends `kv_cache_exhausted` (prompt 6 and 10 new tokens on 2 blocks, below), and a request of prompt P and
+# M new tokens needs P + M − 1 slots (the last sampled token is never written): on 16 slots, 16 + 1 fits,
+# 16 + 2 does not.
 
-# %% tags=["nbval-check-output"]
-def run_alone(prompt_len, new_tokens, num_blocks):
-    s = Scheduler(SchedulerConfig(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=32),
-                  CacheConfig(block_size=4, num_gpu_blocks=num_blocks, watermark=0.0))
+# %%
+def run_alone(scheduler_cls, prompt_len, new_tokens, num_blocks):
+    s = scheduler_cls(SchedulerConfig(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=32),
+                      CacheConfig(block_size=4, num_gpu_blocks=num_blocks, watermark=0.0))
     g = SequenceGroup("x", [Sequence(0, list(range(1, prompt_len + 1)), 4)], SamplingParams(max_tokens=new_tokens))
     s.add_request(g)
     steps = 0
@@ -212,12 +351,210 @@ def run_alone(prompt_len, new_tokens, num_blocks):
 
 
 for args in [(16, 1, 4), (15, 2, 4), (16, 2, 4), (6, 10, 2)]:
-    steps, status, n, msg = run_alone(*args)
+    steps, status, n, msg = run_alone(Yours123, *args)
     print(f"prompt {args[0]:>2} + {args[1]:>2} new on {args[2]} blocks: {status:<18} after {steps} steps, "
           f"{n} tokens{'  | ' + msg if msg else ''}")
 
 # %% [markdown]
-# ## 4. Recompute or swap? It depends on the block size
+# ## 6. Build step 4: swapped sequences come back
+#
+# `_schedule_swapped(out, budget)` runs only in a step that preempted nobody (a preemption means there was
+# no room). While `self.swapped` is not empty and a seat is free (`self._num_seats() < config.max_num_seqs`),
+# take the **oldest** swapped sequence and its chunk `n` (stop when it is 0):
+#
+# * if `block_manager.can_swap_in(seq, n)` is not OK (the watermark rule of admission, with room for the
+#   `n` new tokens): when other sequences run, stop: they will free memory; when nothing runs, it would
+#   wait forever, so send it to recompute instead (`self._recompute(seq)`, which frees its CPU blocks and puts
+#   it at the front of `waiting`) and go on;
+# * else take it out of `swapped`: `block_manager.swap_in(seq)` returns the `(cpu_block, gpu_block)` pairs for
+#   `out.blocks_to_swap_in`, `append_slots(seq, n)` gives its next slots (copy-on-write pairs to
+#   `out.blocks_to_copy`), it becomes `RUNNING`, counts in `num_swap_ins`, goes to the back of `self.running`
+#   and into `out.swapped_in`, and `self._mark_scheduled(seq, n, out)` lists its tokens.
+#
+# Return the budget left. **Your turn:** the region `ch06.ex4`.
+
+# %%
+_ = check("ch06.ex4")
+
+# %% [markdown]
+# ## 7. Build step 5: admission, first come first served, and the watermark (E9)
+#
+# `_schedule_waiting(out, budget)` runs only in a step that preempted nobody and with nothing swapped out. For
+# the sequence at the front of `self.waiting`:
+#
+# * if it can never run (`self._never_reason(seq)` gives a reason: longer than `max_model_len`, more samples
+#   than seats, or larger than the whole pool beside the watermark), take it out and
+#   `self._finish(seq, reason, out)`: it is *ignored* with its reason and does not block the ones behind it;
+# * it needs its seats: `self._seats(seq)` (a request with `n` samples that has not forked yet needs `n`)
+#   on top of those taken, at most `config.max_num_seqs`;
+# * its chunk counts only the tokens the prefix cache cannot give:
+#   `n = self._chunk(len(seq) - block_manager.num_cached_tokens(seq), budget)`;
+# * the **watermark**: `block_manager.can_allocate(seq, n)` must be `AllocStatus.OK` (taking the blocks leaves
+#   at least `watermark × num_gpu_blocks` free);
+# * if it fits, `block_manager.allocate(seq, n)` (shares its cached prefix, gives slots to `n` tokens), status
+#   `RUNNING`, back of `self.running`, its seats taken, `self._mark_scheduled(...)`; if it does not, **stop**:
+#   nobody behind it overtakes (FCFS).
+#
+# **Seed error E9.** The seed article describes the block manager's `watermark=0.01` as *"the water line:
+# below this ratio, preemption is triggered"*. That is not what it does. In vLLM (`vllm/core/block_manager.py`,
+# `can_allocate`) the watermark applies only to **admission**. Running sequences may use the reserved blocks
+# to grow, and preemption happens only when a running sequence finds no free block at all. The reserve
+# exists so that admitting new prompts does not fill the pool to the last block and force a preemption a
+# few steps later.
+#
+# **Your turn:** the region `ch06.ex5`.
+
+# %%
+_ = check("ch06.ex5")
+
+# %% [markdown]
+# Your whole scheduler (or the reference for the steps that do not pass yet) in the simulator: 100 requests
+# arriving at 8 per second, a pool of 256 blocks of 16 tokens, four watermarks.
+
+# %%
+YourScheduler = your_scheduler(*STEP_METHODS)
+arrivals = make_workload(100, seed=5, mean_prompt=200, mean_output=200, max_len=1024, rate=8.0)
+by_watermark = {wm: simulate(arrivals, SchedulerConfig(max_num_seqs=64, max_model_len=1024),
+                             CacheConfig(block_size=16, num_gpu_blocks=256, watermark=wm), cost, name=f"wm {wm}",
+                             scheduler_cls=YourScheduler)
+                for wm in (0.0, 0.01, 0.05, 0.1)}
+
+# %%
+print(f"{'watermark':>9} {'kept free':>9} {'preemptions':>12} {'recomputed tokens':>18} {'tokens/s':>9} "
+      f"{'latency s':>10}")
+for wm, res in by_watermark.items():
+    print(f"{wm:>9.2f} {int(wm * 256):>9} {res.num_preemptions:>12} {res.recomputed_tokens:>18} "
+          f"{res.throughput:>9.0f} {res.mean_latency_s:>10.2f}")
+
+# %% [markdown]
+# Without a reserve the scheduler fills the pool at admission and then preempts (and recomputes) dozens of
+# requests as the running ones grow. A reserve of 5-10% of the blocks removes most of those preemptions at
+# the same throughput. vLLM's default of 1% is a small safety margin (2 blocks here); it matters most when
+# many short prompts arrive while long outputs are being generated. The watermark never *causes* a preemption.
+#
+# ## 8. Chunked prefill: why vLLM v1 cuts prompts
+#
+# A prompt's prefill is the largest piece of work a step can hold: a 2,000-token prompt is 2,000 tokens of
+# compute in one forward pass, against one token for each decoding request. Whatever step runs it, every
+# request decoding in that step waits for it: the step takes as long as its tokens. Three designs, on one trace
+# (A and B are decoding, C brings a 24-token prompt at step 3, D a 3-token one at step 4):
+#
+# * **vLLM v0's default scheduler** (`_schedule_default` in `vllm/core/scheduler.py`) schedules new prompts
+#   *first*, whole, and a step that admits a prompt runs **no decodes**: A and B stall for a step, and again
+#   for D. Prompts are never cut, so its budget must hold `max_model_len` tokens (32 here).
+# * **vLLM v0 with chunked prefill** (`_schedule_chunked_prefill`, after Sarathi) runs decodes first, then the
+#   next chunks of running prompts, then swapped requests, then new prompts into what is left of the budget
+#   (8 tokens here): A and B never stall; C arrives in chunks.
+# * **vLLM v1**, this engine, has the same order, and admits nobody in a step that preempted.
+#
+# `paged_course.sim.step_order` rebuilds v0's two orders as small subclasses of the engine's scheduler (they
+# reuse its policy methods), and `run_trace` runs the trace through each, through the content-checked fake
+# engine, recording what every request did in every step (`P6`: a prefill chunk of 6 tokens, `D`: a decode).
+
+# %%
+trace = [TraceRequest("A", 4, 8, 0), TraceRequest("B", 4, 8, 0), TraceRequest("C", 24, 3, 2),
+         TraceRequest("D", 3, 4, 3)]
+settings = {"vLLM v0 default": dict(max_num_batched_tokens=32, enable_chunked_prefill=False)}
+traces = {name: run_trace(cls, trace, max_model_len=32, **settings.get(name, dict(max_num_batched_tokens=8)))
+          for name, cls in ORDERS.items()}
+fig = plot_step_orders(traces, ["A", "B", "C", "D"])
+display(fig)
+plt.close(fig)
+
+# %% tags=["nbval-check-output"]
+for name, steps in traces.items():
+    stalls = sum(row.get(r) == "stall" for row in steps for r in "AB")
+    first = max(i for i, row in enumerate(steps) if row.get("C", "").startswith("P")) + 1  # its last chunk
+    print(f"{name:<26} decode steps A and B lost: {stalls} | C's first token after step {first}")
+
+# %% [markdown]
+# The price of chunking shows in C: its prompt takes four steps instead of one, so its first token comes
+# later. The gain is that nobody else waits: A and B decode in every step.
+#
+# v0 with chunked prefill and v1 differ only in a step that preempts. With the pool cut to 7 blocks, A and B
+# grow until C, the newest, is preempted (step 5). v1 then admits nobody in that step; v0 admits new prompts
+# into the budget left, and C, at the front of the waiting queue, is admitted again at once, only to be
+# preempted again in the next step (`x 6`: preempted, then 6 prompt tokens computed again):
+
+# %%
+tight = {name: run_trace(cls, trace, max_model_len=32, num_gpu_blocks=7, max_num_batched_tokens=8)
+         for name, cls in (("vLLM v0, chunked prefill", V0ChunkedScheduler), ("vLLM v1 (this engine)", Scheduler))}
+fig = plot_step_orders(tight, ["A", "B", "C", "D"])
+display(fig)
+plt.close(fig)
+for name, steps in tight.items():
+    print(f"{name:<26} C, step by step: " + " ".join(row.get("C", ".") for row in steps))
+
+# %% [markdown]
+# ### The chunk budget against latency
+#
+# So the budget trades two latencies (Sarathi-Serve, Agrawal et al., OSDI 2024). **Time to first token**
+# (TTFT: arrival to first token) wants large chunks: a prompt finishes in fewer steps, each paying the
+# step's fixed cost once. **Inter-token latency** (ITL: the gap between two tokens of a sequence) wants small
+# steps: every decoding request waits through whatever chunk shares its step. Sarathi-Serve reports p50 and
+# p99 of both; p99 is where a large chunk hurts, because most steps carry no long prompt.
+#
+# First in the simulator, on the cost model: 150 requests arriving at 3 per second, long-tailed prompts of 512
+# tokens on average, 128 new tokens on average, a pool of 4,096 blocks, for budgets 128 to 2048, and vLLM v0's
+# default order for comparison (`chunk_budget_sweep`, dotted lines).
+
+# %%
+latency_workload = make_workload(150, seed=3, mean_prompt=512, mean_output=128, max_len=2048, rate=3.0)
+sim_rows = chunk_budget_sweep(latency_workload, [128, 256, 512, 1024, 2048],
+                              CacheConfig(block_size=16, num_gpu_blocks=4096), cost)
+fig = plot_latency_vs_budget(sim_rows, "simulated (cost model): chunk budget against TTFT and ITL, p50 and p99")
+display(fig)
+plt.close(fig)
+
+# %% tags=["nbval-check-output"]
+print(f"{'':<36} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'longest step':>13} {'tok/s':>6}")
+for r in sim_rows:
+    print(f"{r['name']:<36} {1e3 * r['ttft_p50']:>7.0f}ms {1e3 * r['ttft_p99']:>7.0f}ms {1e3 * r['itl_p50']:>6.0f}ms "
+          f"{1e3 * r['itl_p99']:>6.0f}ms {1e3 * r['max_step_s']:>11.0f}ms {r['tokens_per_s']:>6.0f}")
+
+# %% [markdown]
+# The p50 ITL is the same everywhere: most steps carry only decodes. The p99 ITL grows with the budget up to
+# 1,024 tokens, where it levels off (few prompts here are longer), and v0's default order is worst: its prompt
+# steps stall every decode. TTFT goes the other way: small budgets cut a prompt
+# into many steps, each paying the 20 ms fixed cost. At this load the throughput is the same for every budget;
+# Sarathi-Serve's point is that a budget of a few hundred tokens keeps the p99 ITL low for a small TTFT cost.
+#
+# Now on the engine itself: the built-in model on this CPU, 9 requests (every third a 384-token prompt,
+# the others 12 tokens, 4 to 16 new tokens each), at most 4 running at once so that new prompts arrive while
+# others decode. `LLM.stats()` gives the p50 / p99 of TTFT and ITL of the last `generate` (medians of three
+# runs: wall-clock time on a shared CPU is noisy), and the engine's step history gives, exactly, the most
+# tokens computed in a step that also ran decodes.
+
+# %%
+model, tokenizer = load_default()
+gen = torch.Generator().manual_seed(0)
+engine_prompts = [torch.randint(32, 127, ((384 if i % 3 == 1 else 12),), generator=gen).tolist() for i in range(9)]
+engine_params = [SamplingParams(max_tokens=4 + (5 * i) % 13, ignore_eos=True) for i in range(9)]
+LLM(model, verbose=False).generate(engine_prompts[:2], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+engine_rows = engine_budget_sweep(model, engine_prompts, engine_params, [32, 128, 512], repeats=3,
+                                  block_size=16, num_gpu_blocks=256, max_num_seqs=4, enable_prefix_caching=False)
+fig = plot_latency_vs_budget(engine_rows, "measured on the engine (this CPU, built-in model): TTFT and ITL, p50 and p99")
+display(fig)
+plt.close(fig)
+print(f"{'budget':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'prefill chunks':>15} "
+      f"{'steps':>6} {'largest step with decodes':>26}")
+for r in engine_rows:
+    print(f"{r['budget']:>6} {1e3 * r['ttft_p50']:>7.0f}ms {1e3 * r['ttft_p99']:>7.0f}ms {1e3 * r['itl_p50']:>6.1f}ms "
+          f"{1e3 * r['itl_p99']:>6.1f}ms {r['prefill_chunks']:>15} {r['steps']:>6} {r['max_decode_step_tokens']:>19} tokens")
+small, large = engine_rows[0], engine_rows[-1]
+print(f"budget {small['budget']} -> {large['budget']}: ITL p99 x{large['itl_p99'] / small['itl_p99']:.1f}, "
+      f"TTFT p50 x{large['ttft_p50'] / small['ttft_p50']:.2f}")
+
+# %% [markdown]
+# The engine shows the simulator's trade-off. The step counts are exact: a budget of 32 cuts each long prompt
+# into a dozen chunks or more and needs the most steps; a budget of 512 prefills it in one step, which is
+# then the step the decoding requests wait through (the last column). The times are this CPU's and vary from
+# run to run, but in our runs their direction did not: the p99 inter-token latency climbs with the budget,
+# while the time to first token is worst at the smallest budget, which needs the most steps. On a GPU the fixed cost of a step is relatively larger (reading the
+# weights), which is why vLLM's default budget is in the thousands there, and why
+# `long_prefill_token_threshold` exists: it caps one prompt's chunk without shrinking the whole step.
+#
+# ## 9. Recompute or swap? It depends on the block size
 #
 # The paper (§7.3, Fig. 19) found that swapping suffers at small block sizes: each block is a separate small
 # copy over PCIe (per layer, for K and V), so the fixed cost per transfer dominates; recomputation costs the
@@ -259,37 +596,7 @@ plt.close(fig)
 # so fewer requests fit. These are the cost model's numbers; a real GPU changes the constants, not the shape.
 # vLLM v1 keeps only recompute: with chunked prefill and prefix caching, recomputation is cheap and simple.
 #
-# ## 5. What the watermark does (seed error E9)
-#
-# The seed article describes the block manager's `watermark=0.01` as *"the water line: below this ratio,
-# preemption is triggered"*. That is not what it does. In vLLM (`vllm/core/block_manager.py`, `can_allocate`),
-# the watermark only applies to **admission**: a new prompt is admitted only if, after taking its blocks, at
-# least `watermark × num_gpu_blocks` blocks stay free. Running requests may use those blocks to grow, and
-# preemption happens only when a running request finds no free block at all. The reserve exists so that
-# admitting new prefills does not fill the pool to the last block and force a preemption a few steps later.
-#
-# Measured: 100 requests arriving at 8 per second, a pool of 256 blocks of 16 tokens.
-
-# %%
-arrivals = make_workload(100, seed=5, mean_prompt=200, mean_output=200, max_len=1024, rate=8.0)
-by_watermark = {wm: simulate(arrivals, SchedulerConfig(max_num_seqs=64, max_model_len=1024),
-                             CacheConfig(block_size=16, num_gpu_blocks=256, watermark=wm), cost, name=f"wm {wm}")
-                for wm in (0.0, 0.01, 0.05, 0.1)}
-
-# %% tags=["nbval-check-output"]
-print(f"{'watermark':>9} {'kept free':>9} {'preemptions':>12} {'recomputed tokens':>18} {'tokens/s':>9} "
-      f"{'latency s':>10}")
-for wm, res in by_watermark.items():
-    print(f"{wm:>9.2f} {int(wm * 256):>9} {res.num_preemptions:>12} {res.recomputed_tokens:>18} "
-          f"{res.throughput:>9.0f} {res.mean_latency_s:>10.2f}")
-
-# %% [markdown]
-# Without a reserve the scheduler fills the pool at admission and then preempts (and recomputes) dozens of
-# requests as the running ones grow. A reserve of 5-10% of the blocks removes most of those preemptions at
-# the same throughput. vLLM's default of 1% is a small safety margin (2 blocks here); it matters most when
-# many short prompts arrive while long outputs are being generated. The watermark never *causes* a preemption.
-#
-# ## 6. What it costs: `schedule()` at scale
+# ## 10. What it costs: `schedule()` at scale
 #
 # `python -m paged bench scheduler` times `schedule()` with 64, 256 and 1024 running requests. A quick taste:
 
@@ -301,62 +608,71 @@ for n in (64, 256):
     print(f"{n:>5} running requests: {min(secs) * 1e6:8.0f} us per schedule() call (fastest of 16, this CPU)")
 
 # %% [markdown]
-# The work per request is constant (about 56 Python calls per running request per step, counted by the
-# benchmark), so the cost grows linearly with the number of running requests: measured on an idle CPU the
-# time per request at 1,024 requests is within about 10% of that at 64 (runs on a busy machine can show
-# more, because other processes interrupt the long calls). For a model
-# step of tens of milliseconds, a few milliseconds of scheduling at 1,000 requests matters, which is one reason
-# vLLM v1 rewrote its scheduler around incremental per-request state.
+# The work per request is constant, so the cost grows linearly with the number of running requests. For a
+# model step of tens of milliseconds, a few milliseconds of scheduling at 1,000 requests matters, which is one
+# reason vLLM v1 rewrote its scheduler around incremental per-request state.
 #
-# ## Your turn
+# ## 11. The engine on your scheduler
 #
-# Open **`exercises/ex06_scheduler.py`**. It models memory as one number (free blocks) and a request as its
-# token count and the blocks it holds. Fill in the two marked regions:
-#
-# 1. `grow_running` (ch06.ex1): give each running request, oldest first, the blocks for its tokens; when short,
-#    preempt the most recently admitted request still in the queue; preempt itself if nobody younger is left,
-#    or report it *exhausted* if it is alone;
-# 2. `admit_waiting` (ch06.ex2): first come, first served, while a seat is free and the watermark holds; the
-#    first request that does not fit stops admission.
-#
-# ```bash
-# python -m paged grade ch06
-# ```
-#
-# The graded tests check hand-made cases (among them the lone request that cannot grow, above) and 300 seeded
-# random steps against a plain reference. The cell below runs your version on the step of section 3 where B is preempted.
+# Your `Scheduler` is the engine part `scheduler`: `LLM(parts=Parts(scheduler=...))` runs the real engine on
+# it. Six requests on a pool of 14 blocks of 8 tokens, which cannot hold them all at once: the engine must
+# chunk, preempt and recompute. The tokens must equal those of the reference engine.
 
 # %%
-import importlib.util
-import sys
-from pathlib import Path
+your_part = mine()
+your_part = learner_or_reference(list(STEP_METHODS), your_part.Scheduler, Scheduler) if your_part else Scheduler
+demo_prompts = [list(range(40 + i, 58 + 4 * i)) for i in range(6)]
+demo_params = SamplingParams(max_tokens=24, ignore_eos=True)
 
-spec = importlib.util.spec_from_file_location("ex06", Path.cwd().parent / "exercises" / "ex06_scheduler.py")
-ex06 = sys.modules["ex06"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ex06)  # your file, freshly loaded
-try:
-    plan = ex06.schedule_step([ex06.Req("A", 9, 2), ex06.Req("B", 9, 2)], [], free_blocks=1, block_size=4)
-    print("your plan:", plan)
-    print("expected : running ['A'], preempted ['B'] (A takes the free block; B then finds none)")
-except NotImplementedError as err:
-    print("not done yet:", err)
+
+def run_engine(parts):
+    llm = LLM(model, block_size=8, num_gpu_blocks=14, max_num_batched_tokens=32, max_num_seqs=6, parts=parts,
+              verbose=False)
+    outs = llm.generate(demo_prompts, demo_params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], llm.stats()
+
+
+reference_tokens, reference_stats = run_engine(Parts())
+your_tokens, your_stats = run_engine(Parts(scheduler=your_part))
+print("scheduler:", Parts(scheduler=your_part).origins()["scheduler"])
+print("same tokens as the reference engine:", your_tokens == reference_tokens)
+print({k: your_stats[k] for k in ("preemptions", "recomputes", "prefill_chunks", "steps")})
 
 # %% [markdown]
 # ## Summary
 #
 # - Continuous batching re-decides at every step: finished requests leave at once and waiting ones join. With
 #   paged memory it ran about 6x the throughput of static batching on the same pool and requests (simulated).
-# - The scheduler serves running requests first, then swapped ones, then new prompts, first come first served:
-#   the order of vLLM v1 and of vLLM v0 with chunked prefill (v0's default admits prefills first and runs no
-#   decodes in such a step). When memory runs out it preempts the most recently admitted request, whole, by
-#   recompute or swap; a request alone that cannot grow ends as `kv_cache_exhausted` (this course's state: vLLM
-#   refuses at start-up a KV cache that cannot hold one `max_model_len` request); a prompt that can never fit is
-#   ignored with a reason.
+# - One token budget per step; running sequences first (decodes and the next prompt chunks), then swapped
+#   ones, then new prompts, first come first served; nobody is admitted in a step that preempted (vLLM v1).
+#   The sequence is the unit: `n` samples are scheduled, preempted and swapped one by one.
+# - Chunked prefill cuts a prompt into the budget left (at most `long_prefill_token_threshold` per step):
+#   decodes never stall behind a prompt. vLLM v0's default order ran prompts first, whole, and no decode in
+#   such a step. The budget trades TTFT (large chunks) against the p99 of ITL (small chunks): measured in the
+#   simulator and on the engine.
+# - When memory runs out the most recently admitted sequence is preempted, by recompute or swap; a sequence
+#   alone that cannot grow ends `kv_cache_exhausted` (this course's state: vLLM refuses at start-up a KV cache
+#   that cannot hold one `max_model_len` request); a prompt that can never fit is ignored with a reason.
 # - Swap pays per transfer, so it loses at small block sizes and wins at large ones; recompute's cost does not
 #   depend on the block size (paper §7.3, reproduced by the cost model).
 # - The watermark is an admission reserve, not a preemption trigger (E9): a 10% reserve cut preemptions by 90% here.
-# - Chapter 07 puts this scheduler in front of a real transformers model: `paged/engine/llm_engine.py` executes each
-#   `SchedulerOutputs` (block copies, one packed forward, sampling).
+# - Chapter 07 puts the engine, on your parts, in front of a real transformers model.
+#
+# ## Further reading
+#
+# - Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*, SOSP 2023:
+#   §4.5 (scheduling and preemption: FCFS, all-or-nothing eviction, recompute and swap), §7.3 (recompute against
+#   swap by block size, Fig. 19).
+# - Agrawal et al., *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*, OSDI 2024: chunked
+#   prefills and stall-free batching (§3-4), TTFT and TBT at p50 / p99 against the chunk size (§5).
+# - Yu et al., *Orca: A Distributed Serving System for Transformer-Based Generative Models*, OSDI 2022:
+#   iteration-level scheduling (continuous batching).
+# - vLLM v1: `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`: one budget, running first,
+#   `long_prefill_token_threshold`, preemption of the last running request), `vllm/v1/core/sched/output.py`
+#   (`SchedulerOutput`: `num_scheduled_tokens` per request), `vllm/v1/core/kv_cache_manager.py` (`allocate_slots`).
+# - vLLM v0: `vllm/core/scheduler.py` (`_schedule_default`, `_schedule_chunked_prefill`, `_schedule_running`,
+#   `_schedule_swapped`, `_schedule_prefills`, `_preempt_by_recompute`, `_preempt_by_swap`),
+#   `vllm/core/block_manager.py` (`can_allocate` and the watermark).
 
 # %%
-print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")
+print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")

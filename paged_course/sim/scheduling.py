@@ -150,15 +150,18 @@ def _add_segment(timeline: list, t0: float, t1: float, state: str) -> None:
 
 
 def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-             cost: CostModel | None = None, name: str = "continuous", max_steps: int = 200_000) -> SimResult:
+             cost: CostModel | None = None, name: str = "continuous", max_steps: int = 200_000,
+             scheduler_cls=Scheduler) -> SimResult:
     """Run the workload through a real ``Scheduler`` (continuous batching). Deterministic.
 
     The fake model appends token ``(prompt[0] + len(seq)) % 30000``; a request finishes after its
     ``output_len`` tokens or at ``max_model_len``. Preemptions, re-prefilled tokens and swap time are
-    counted. Raises ``RuntimeError`` past ``max_steps`` (a scheduler that stops making progress).
+    counted. ``scheduler_cls``: the engine's ``Scheduler`` or a subclass (a learner's policy, or a step
+    order of ``paged_course.sim.step_order``). Raises ``RuntimeError`` past ``max_steps`` (a scheduler
+    that stops making progress).
     """
     cost = cost or CostModel()
-    sched = Scheduler(scheduler_config, cache_config)
+    sched = scheduler_cls(scheduler_config, cache_config)
     bm, bs = sched.block_manager, cache_config.block_size
     res = SimResult(name, num_blocks=cache_config.num_gpu_blocks, num_slots=cache_config.num_gpu_blocks * bs)
     pending = sorted(workload, key=lambda r: r.arrival_s)
@@ -292,4 +295,37 @@ def recompute_vs_swap(workload: list[Request], block_sizes: list[int], kv_slots:
             row[f"{mode}_overhead_s"] = round(overhead, 3)
             row[f"{mode}_preemptions"] = r.num_preemptions
         rows.append(row)
+    return rows
+
+
+def chunk_budget_sweep(workload: list[Request], budgets: list[int], cache_config: CacheConfig,
+                       cost: CostModel | None = None, max_num_seqs: int = 64, max_model_len: int = 2048,
+                       long_prefill_token_threshold: int = 0, v0_default: bool = True) -> list[dict]:
+    """Chunk budget against latency (Sarathi-Serve, Agrawal et al., OSDI 2024, §3 and Fig. 1/9): one row per
+    budget of the engine's scheduler with chunked prefill, then (``v0_default``) one row for vLLM v0's
+    default order (prefills first and whole, ``paged_course.sim.step_order.V0DefaultScheduler``, budget
+    ``max(max_model_len, 2048)``).
+
+    Each row: ``name``, ``budget``, ``ttft_p50`` / ``ttft_p99`` / ``itl_p50`` / ``itl_p99`` (seconds of the
+    cost model, ``SimResult.latency()``), ``tokens_per_s``, ``steps``, ``max_step_s`` (the longest step: the
+    worst gap a decoding request can see) and ``preemptions``.
+    """
+    from paged_course.sim.step_order import V0DefaultScheduler
+
+    cost = cost or CostModel()
+    runs = [(f"chunked, budget {b}", b, SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                                        max_num_batched_tokens=b,
+                                                        long_prefill_token_threshold=long_prefill_token_threshold),
+             Scheduler) for b in budgets]
+    if v0_default:
+        b = max(max_model_len, 2048)
+        runs.append(("v0 default (prefills first, whole)", b,
+                     SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_num_batched_tokens=b,
+                                     enable_chunked_prefill=False), V0DefaultScheduler))
+    rows = []
+    for name, budget, cfg, cls in runs:
+        r = simulate(workload, cfg, cache_config, cost, name=name, scheduler_cls=cls)
+        rows.append({"name": name, "budget": budget, **r.latency(), "tokens_per_s": r.throughput,
+                     "steps": len(r.steps), "max_step_s": max(s["seconds"] for s in r.steps),
+                     "preemptions": r.num_preemptions})
     return rows

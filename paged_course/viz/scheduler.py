@@ -67,12 +67,14 @@ class Stepper:
 
     Each ``step()`` adds the requests arriving at that step, calls ``schedule()``, applies the fake
     model (one token per scheduled sequence) and returns a one-line log of what happened.
+    ``scheduler_cls``: the engine's ``Scheduler`` or a subclass (the learner's, chapter 06).
     """
 
     def __init__(self, requests, block_size: int = 4, num_gpu_blocks: int = 8, num_cpu_blocks: int = 0,
-                 preemption_mode: str = "recompute", watermark: float = 0.0, max_model_len: int = 64):
+                 preemption_mode: str = "recompute", watermark: float = 0.0, max_model_len: int = 64,
+                 scheduler_cls=Scheduler):
         self.requests = list(requests)
-        self.sched = Scheduler(
+        self.sched = scheduler_cls(
             SchedulerConfig(max_num_seqs=8, max_model_len=max_model_len, preemption_mode=preemption_mode,
                             max_num_batched_tokens=max(max_model_len, 64)),
             CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,

@@ -1,0 +1,107 @@
+"""Graded: chapter 07, the capstone. The engine assembled from *your* parts (chapters 02, 03, 05 and 06:
+allocator, slot mapping, KV write, decode attention, prefix cache, copy-on-write, scheduler) serves the
+built-in model, and its greedy tokens equal transformers' ``generate`` on a workload that exercises
+chunked prefill, prefix caching, copy-on-write and preemption.
+
+No part falls back to the reference here: a part that is missing or unfinished fails the capstone and is
+named. Tokens are compared as vLLM's tests do (``paged_course.compare``): equal, or parting only at a
+logit near-tie.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from paged.core.sequence import SamplingParams
+from paged.engine.llm import LLM
+from paged.engine.parts import Parts
+from paged.models import load_default
+from paged.worker.attention import use_attention
+from paged_course.capstone import PART_SOURCES
+from paged_course.compare import greedy_agreement
+
+ALL_REGIONS = ("ch02.ex1", "ch03.ex1", "ch05.ex1", "ch06.ex1")  # the first of each part's chapters
+
+
+def _your_parts(impl) -> Parts:
+    chosen, missing = {}, []
+    for part, (module, attribute) in PART_SOURCES.items():
+        try:
+            chosen[part] = getattr(impl(module), attribute)
+        except (ImportError, AttributeError) as err:
+            missing.append(f"{part} ({module}.{attribute}: {err})")
+    assert not missing, "the capstone needs every part of yours: " + "; ".join(missing)
+    return Parts(**chosen)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The built-in model, its tokenizer, and transformers' greedy tokens for the workload (computed once)."""
+    net, tokenizer = load_default()
+    reference = copy.deepcopy(net)  # its own config object: the engine switches the model's attention
+    prompts, params = _workload(tokenizer)
+    use_attention(reference, "sdpa")
+    with torch.inference_mode():
+        wants = [reference.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                    max_new_tokens=sp.max_tokens, do_sample=False, eos_token_id=None,
+                                    pad_token_id=0)[0, len(p):].tolist() for p, sp in zip(prompts, params)]
+    return net, tokenizer, reference, wants
+
+
+def _workload(tokenizer):
+    system = "You are a careful assistant. Answer in one short sentence.\n"
+    questions = ["What is a block table?", "Why page the KV cache?", "What does copy-on-write save?",
+                 "When is a request preempted?", "What is chunked prefill?", "Why keep a watermark?"]
+    prompts = [tokenizer(system + q)["input_ids"] for q in questions]
+    params = [SamplingParams(max_tokens=12 + 2 * (i % 3), ignore_eos=True, n=2 if i == 2 else 1)
+              for i in range(len(prompts))]
+    return prompts, params
+
+
+@torch.inference_mode()
+def _check_against_transformers(reference, wants, prompts, params, outs):
+    for prompt, sp, out, want in zip(prompts, params, outs, wants):
+        assert len(out.outputs) == sp.n, f"request {out.request_id}: {len(out.outputs)} outputs for n={sp.n}"
+        for completion in out.outputs:
+            assert completion.finish_reason == "length", \
+                f"request {out.request_id} ended {completion.finish_reason}: {completion.finish_message}"
+            agree = greedy_agreement(reference, prompt, completion.token_ids, want)
+            assert agree.ok, (f"request {out.request_id}: your engine gave {completion.token_ids}, transformers "
+                              f"{want} (first difference at token {agree.position}, not a near-tie)")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.exercise("ch07.ex1", points=10, uses=ALL_REGIONS)
+def test_your_engine_matches_transformers_with_prefix_caching_and_copy_on_write(impl, model):
+    net, tokenizer, reference, wants = model
+    prompts, params = _workload(tokenizer)
+    llm = LLM(net, tokenizer=tokenizer, block_size=16, num_gpu_blocks=64, max_num_batched_tokens=48,
+              max_num_seqs=8, parts=_your_parts(impl), verbose=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    stats = llm.stats()
+    assert stats["prefix_cache_hit_rate"] > 0, "the shared system prompt must hit your prefix cache"
+    assert stats["cow_copies"] > 0, "n=2 sampling must copy a shared partial block (your copy_on_write)"
+    assert stats["prefill_chunks"] > len(prompts), "a 48-token budget must chunk the prompts"
+    _check_against_transformers(reference, wants, prompts, params, outs)
+    assert stats["kv_blocks_used"] == 0, "every block is back in your allocator at the end"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.exercise("ch07.ex1", points=10, uses=ALL_REGIONS)
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_your_engine_matches_transformers_under_preemption(impl, model, mode):
+    net, tokenizer, reference, wants = model
+    prompts, params = _workload(tokenizer)
+    llm = LLM(net, tokenizer=tokenizer, block_size=16, num_gpu_blocks=12, num_cpu_blocks=24 if mode == "swap" else 0,
+              preemption_mode=mode, max_num_batched_tokens=48, max_num_seqs=8, parts=_your_parts(impl),
+              verbose=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    stats = llm.stats()
+    assert stats["preemptions"] > 0, "12 blocks of 16 tokens are too few for every request at once"
+    if mode == "swap":
+        assert stats["swap_outs"] > 0, "swap mode must move a victim to the CPU pool"
+    _check_against_transformers(reference, wants, prompts, params, outs)
+    assert stats["kv_blocks_used"] == 0, "every block is back in your allocator at the end"

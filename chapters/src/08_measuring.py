@@ -133,7 +133,7 @@ display(block_size_widget(num_requests=2000))
 #   still wins: that is the kernel's side.
 #
 # **The kernel's side needs a GPU.** `python -m paged bench kernel` (run by `scripts/gpu_check.sh`) times our
-# Triton decode kernel with `triton.testing.do_bench` for fp16, 32 query heads over 8 KV heads of dim 128, at
+# Triton decode kernel (best of several calls, warm-up untimed, the L2 cache flushed before each) for fp16, 32 query heads over 8 KV heads of dim 128, at
 # batch 1 to 64 and contexts of 1,024 to 8,192 tokens, for block sizes 8, 16 and 32, next to the same kernel on
 # a contiguous pool (the paging overhead, seed error E2) and to PyTorch's SDPA. On a CPU the kernel runs only in
 # Triton's interpreter, whose times say nothing about a GPU. When a GPU run's JSON is in `gpu-results/` or
@@ -376,7 +376,8 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 # | preemption | `preemption_mode="recompute"` or `"swap"` | v0: recompute one sequence, swap a group; v1: recompute |
 # | swap space | `num_cpu_blocks` (blocks) | `swap_space` (GiB of CPU memory, default 4; v0 only) |
 # | watermark | `watermark=0.01` | v0 block manager default 0.01; none in v1 0.8.5 (later: 0.0 by default) |
-# | batch limits | `max_num_seqs`, `max_num_batched_tokens` | the same names |
+# | batch limits | `max_num_seqs`, `max_num_batched_tokens` (the step's token budget) | the same names |
+# | chunked prefill | `enable_chunked_prefill=True`, `long_prefill_token_threshold=0` | v1: always on; v0: `enable_chunked_prefill` (off by default) |
 #
 # Then the code, file by file (v0 as of 0.8.5, the last release with both engines):
 #
@@ -385,12 +386,12 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 # | block manager | `paged/core/block_manager.py` | `vllm/core/block_manager.py` | `vllm/v1/core/kv_cache_manager.py` |
 # | allocator, free queue | `paged/core/allocator.py` | `vllm/core/block/naive_block.py` | `vllm/v1/core/block_pool.py` |
 # | prefix caching | `paged/core/prefix_cache.py` | `vllm/core/block/prefix_caching_block.py` | `v1/core/kv_cache_utils.py` |
-# | copy-on-write | `BlockSpaceManager.append_slots` | `vllm/core/block/` (ref counts, COW) | none (no forks in v1) |
-# | scheduler, preemption | `paged/core/scheduler.py` | `vllm/core/scheduler.py` | `vllm/v1/core/sched/scheduler.py` |
+# | copy-on-write | `copy_on_write` in `paged/core/block_manager.py` | `vllm/core/block/` (ref counts, COW) | none (no forks in v1) |
+# | scheduler, chunked prefill, preemption | `paged/core/scheduler.py` | `vllm/core/scheduler.py` | `vllm/v1/core/sched/scheduler.py` |
 # | KV pool tensors, swap | `paged/worker/kv_cache.py` | `vllm/worker/cache_engine.py` | `vllm/v1/worker/gpu_model_runner.py` |
 # | KV budget | `paged/worker/model_runner.py` | `vllm/worker/worker.py` | `vllm/v1/worker/gpu_worker.py` |
-# | decode kernel | `kernels/paged_attention.py` | `csrc/attention/attention_kernels.cu` | `v1/attention/backends/` |
-# | KV write | `kernels/cache_ops.py` | `csrc/cache_kernels.cu` | the backends' `reshape_and_cache_flash` |
+# | decode kernel | `kernels/paged_attention.py` (the teaching one: `paged_course/kernel_lab/`) | `csrc/attention/attention_kernels.cu` | `v1/attention/ops/triton_unified_attention.py`, `v1/attention/backends/` |
+# | KV write | `write_kv` in `paged/worker/attention.py` (a Triton version: `paged_course/kernel_lab/cache_ops.py`) | `csrc/cache_kernels.cu` | the backends' `reshape_and_cache_flash` |
 # | engine, `LLM` | `paged/engine/llm_engine.py`, `paged/engine/llm.py` | `vllm/engine/llm_engine.py` | `vllm/v1/engine/core.py` |
 #
 # vLLM v0's CUDA kernel comes in two versions: `paged_attention_v1` (one pass per sequence) and

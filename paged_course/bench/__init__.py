@@ -72,6 +72,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots")
     parser.add_argument("--impl", choices=["solutions", "exercises"],
                         help="kernel only: time the learner's kernel of ex04_fast_decode.py from this package")
+    parser.add_argument("--profile", action="store_true", help="engine only: where our time goes (cProfile)")
+    parser.add_argument("--big", action="store_true", help="engine only: also the Llama 8x512, 128-request workload")
     args = parser.parse_args(argv)
     if args.name is None:
         print("benchmarks (python -m paged bench NAME [--quick] [--out DIR]):")
@@ -81,6 +83,8 @@ def main(argv: list[str]) -> int:
         return 0
     if args.impl and args.name != "kernel":
         parser.error("--impl applies to `bench kernel` only")
+    if (args.profile or args.big) and args.name != "engine":
+        parser.error("--profile and --big apply to `bench engine` only")
     args.out.mkdir(parents=True, exist_ok=True)
     names = BENCHMARKS if args.name == "all" else [args.name]
     env = environment()
@@ -88,6 +92,7 @@ def main(argv: list[str]) -> int:
         print(f"== bench {name} ({'quick' if args.quick else 'full'}) on {env['device']} ==")
         start = time.perf_counter()
         extra = {"impl": args.impl} if args.impl else {}
+        extra.update({k: True for k in ("profile", "big") if getattr(args, k)})
         results = import_module(f"paged_course.bench.{name}").run(quick=args.quick, out=args.out, **extra)
         record = {"benchmark": name, "quick": args.quick, "environment": env,
                   "wall_seconds": round(time.perf_counter() - start, 2), "results": results}

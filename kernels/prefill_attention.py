@@ -45,8 +45,7 @@ def _prefill_kernel(Q, K, V, BT, QS, CL, O, qk_scale, stride_q_tok, stride_q_hea
     q_len = tl.load(QS + chunk + 1).to(tl.int32) - q_first
     context_len = tl.load(CL + chunk).to(tl.int32)
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # the tile's tokens, counted from the chunk's first
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_P2)
+    offs_n, offs_d = tl.arange(0, BLOCK_N), tl.arange(0, HEAD_DIM_P2)
     m_mask, d_mask = offs_m < q_len, offs_d < HEAD_DIM
     q = tl.load(Q + (q_first + offs_m)[:, None] * stride_q_tok + head * stride_q_head + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)

@@ -196,8 +196,7 @@ class AttentionMetadata:
         same transfer); ``parts``: ``write_kv=`` / ``decode=`` / ``prefill=``. Errors as ``pack``.
         """
         host, layout = cls.pack(block_tables, context_lens, query_lens, block_size, keep, slot_mapping, token_ids)
-        device = torch.device(device)
-        if device.type == "cuda":  # pinned host memory: one asynchronous copy
+        if torch.device(device).type == "cuda":  # pinned host memory: one asynchronous copy
             host = host.pin_memory().to(device, non_blocking=True)
         return cls.from_buffer(kv_cache, host, layout, block_size, **parts)
 

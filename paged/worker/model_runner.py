@@ -14,6 +14,7 @@ of GPU memory, and give the pool ``total x gpu_memory_utilization - peak`` bytes
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -27,10 +28,9 @@ GRAPH_SIZES = (1, 2, 4, 8, *range(16, 4097, 16))  # decode batch sizes to captur
 
 @dataclass
 class Batch:
-    """A prepared step: the packed ``input_ids [T]``, its metadata, and the entries that sample, in row order;
-    for a decode step served by a CUDA graph, ``graph`` and its padded ``host`` buffer instead of ``meta``."""
+    """A prepared step: its metadata (with the packed ``input_ids [T]``) and the entries that sample, in row
+    order; for a decode step served by a CUDA graph, ``graph`` and its padded ``host`` buffer instead."""
 
-    input_ids: torch.Tensor | None
     meta: AttentionMetadata | None
     sampling: list[ScheduledSeq]
     graph: DecodeGraph | None = None
@@ -107,9 +107,13 @@ class ModelRunner:
             sizes = [b for b in GRAPH_SIZES if b < max_num_seqs] + [max_num_seqs]
             pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
             use_paged_attention(model)
-            with torch.inference_mode():
-                for size in reversed(sizes):  # the largest first: the smaller ones reuse its memory
-                    self.graphs[size] = DecodeGraph(self, size, -(-max_model_len // kv_cache.block_size), pool)
+            try:
+                with torch.inference_mode():
+                    for size in reversed(sizes):  # the largest first: the smaller ones reuse its memory
+                        self.graphs[size] = DecodeGraph(self, size, -(-max_model_len // kv_cache.block_size), pool)
+            except RuntimeError as err:  # a forward that cannot be captured (it syncs with the host): stay eager
+                warnings.warn(f"CUDA graph capture failed, decode steps run eagerly: {err}", stacklevel=2)
+                self.graphs = {}
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> Batch:
         """Pack a step (chunks first, decodes last) and build its metadata once for every layer."""
@@ -119,11 +123,11 @@ class ModelRunner:
             [t for s in batch for t in s.token_ids]
         size = min((b for b in self.graphs if b >= len(batch)), default=0)
         if size and len(keep) == len(batch) == len(tokens):  # decodes only, each samples: a captured size
-            return Batch(None, None, batch, self.graphs[size], self.graphs[size].pack(tables, lens, tokens)[0])
+            return Batch(None, batch, self.graphs[size], self.graphs[size].pack(tables, lens, tokens)[0])
         meta = AttentionMetadata.build(
             self.kv_cache, tables, lens, [s.num_tokens for s in batch], self.kv_cache.block_size, self.device, keep,
             self.parts.slot_mapping, tokens, write_kv=self.parts.write_kv, decode=self.decode, prefill=self.prefill)
-        return Batch(meta.input_ids, meta, [batch[i] for i in keep])
+        return Batch(meta, [batch[i] for i in keep])
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -132,7 +136,7 @@ class ModelRunner:
         if batch.graph is not None:
             logits = batch.graph.run(batch.host)[: len(batch.sampling)]
         else:
-            logits = forward_logits(self.model, batch.input_ids, batch.meta)
+            logits = forward_logits(self.model, batch.meta.input_ids, batch.meta)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so that the step's clock charges the forward to the model
         return logits

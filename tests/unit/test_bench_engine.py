@@ -25,7 +25,7 @@ FAKE_PEER = textwrap.dedent("""
     print("PAGED_PEER " + json.dumps({"vllm": "fake", "block_size": 32, "startup_seconds": 0.1}), flush=True)
     for n, line in enumerate(sys.stdin):
         tokens = [a if i else [0] * len(a) for i, a in enumerate(answers)]  # request 0: wrong tokens
-        print("PAGED_PEER " + json.dumps({"seconds": 3.0 - n, "tokens": tokens}), flush=True)
+        print("PAGED_PEER " + json.dumps({"seconds": 3.0 - n, "cpu_seconds": 4.0 - n, "tokens": tokens}), flush=True)
 """)
 
 
@@ -43,7 +43,7 @@ def test_vllm_session_speaks_the_peer_protocol(tmp_path, monkeypatch):
     monkeypatch.setattr(type(model), "save_pretrained", _fake_save([[1, 2, 3], [4, 5]]))
     with bench.vllm_session(model, [([5, 6, 7], 3), ([8, 9], 2)], sys.executable, script=script) as (once, info):
         assert info == {"vllm": "fake", "block_size": 32, "startup_seconds": 0.1}, "the ready line, log skipped"
-        assert once() == ([[0, 0, 0], [4, 5]], 3.0) and once()[1] == 2.0, "one answer per call"
+        assert once() == ([[0, 0, 0], [4, 5]], 3.0, 4.0) and once()[1:] == (2.0, 3.0), "one answer per call"
 
 
 @pytest.mark.parametrize("body, match", [
@@ -78,6 +78,7 @@ def test_compare_systems_reports_the_fake_peer(tmp_path, monkeypatch, capsys):
     assert len(result["paged"]["runs"]) == 2 and len(result["static_generate"]["runs"]) == 2, "best of repeats"
     assert result["static_generate"]["agreement"]["equal"] == 3, "static generate gives our tokens"
     assert result["vllm"]["runs"] == [3.0, 2.0] and result["vllm"]["seconds"] == 2.0
+    assert result["vllm"]["cpu_seconds"] == [4.0, 3.0] and all(c > 0 for c in result["paged"]["cpu_seconds"])
     assert result["vllm"]["agreement"] == {"equal": 2, "near_tie": 0, "other": 1}
     assert result["ratio_vs_vllm"] == pytest.approx(2.0 / result["paged"]["seconds"])
     assert "skipped: ImportError: no CB" in out and "vLLM fake" in out and "1 other" in out

@@ -7,6 +7,12 @@ slot mapping, block tables, context lengths) once. ``forward(batch)`` runs the m
 logits of the last token of each sequence that samples (a prompt's last chunk, or a decode),
 ``[K, vocab]`` float32. The K/V of the new tokens land in the pool inside the attention function.
 
+On CUDA, with ``cuda_graphs`` (``LLM(enforce_eager=False)``, the default there), a step of decodes only is
+served by a ``DecodeGraph``: the model's forward captured once per batch size of ``GRAPH_SIZES`` (vLLM's and
+nano-vllm's ladder), replayed on a buffer at a fixed address into which the step's packed metadata are
+copied, the batch padded to the next captured size. A decode step then costs one host-to-device copy and
+one graph launch instead of the Python of every layer. Steps with prompt chunks run eagerly.
+
 Also here: sizing the pool. ``profile_num_blocks`` follows vLLM's ``Worker.determine_num_available_blocks``
 (``vllm/worker/worker.py``): run the largest step the scheduler may issue with no KV cache, read the peak
 of GPU memory, and give the pool ``total x gpu_memory_utilization - peak`` bytes.

@@ -84,15 +84,15 @@ def make_workload(num_requests: int = 48, prompt_range=(16, 200), output_range=(
 
 
 def run_paged(model, work, **llm_kwargs) -> tuple[list[list[int]], float, dict]:
-    """Our engine: ``(tokens per request, seconds, stats)``."""
+    """Our engine: ``(tokens per request, seconds, stats)``; ``stats["cpu_seconds"]``: CPU time of the call."""
     from paged.engine.llm import LLM
 
     llm = LLM(model, verbose=False, **llm_kwargs)
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for _, m in work]
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     outs = llm.generate([p for p, _ in work], params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    return [o.outputs[0].token_ids for o in outs], seconds, llm.stats()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return [o.outputs[0].token_ids for o in outs], seconds, {**llm.stats(), "cpu_seconds": cpu}
 
 
 @torch.inference_mode()
@@ -135,7 +135,7 @@ def run_generate_batch(model, work) -> tuple[list[list[int]], float, float]:
     the largest possible batch and takes ~20 s on this CPU; it exists to capture CUDA graphs). Timed from the
     first request to the last result; starting and stopping its thread are not timed (a manager is started
     per call, as our ``LLM`` is built per call: its thread polls even when idle, and would take CPU from the
-    other systems' calls). Returns ``(tokens per request, seconds, start-up seconds)``.
+    other systems' calls). Returns ``(tokens per request, seconds, start-up seconds, CPU seconds)``.
     """
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -152,11 +152,11 @@ def run_generate_batch(model, work) -> tuple[list[list[int]], float, float]:
     with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30, warmup=False,
                                                    continuous_batching_config=cb_config) as manager:
         _collect(manager, work[:4], "warm-up")
-        start = time.perf_counter()
+        cpu, start = time.process_time(), time.perf_counter()
         results = _collect(manager, work, "r")
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return [list(results[f"r{i}"].generated_tokens)[:m] if f"r{i}" in results else [] for i, (_, m) in
-            enumerate(work)], seconds, start - begin
+            enumerate(work)], seconds, start - begin, cpu
 
 
 def find_vllm() -> tuple[str | None, str]:
@@ -284,14 +284,14 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
     run_static(model, work[:4])
     result = {"requests": len(work), "useful_tokens": useful, "paged": {}, "static_generate": {}}
 
-    def paged_once():
+    def paged_once():  # (tokens, seconds, CPU seconds) of the timed region only, construction excluded
         tokens, seconds, result["paged"]["stats"] = run_paged(model, work, kv_cache_memory_bytes=2**30)
-        return tokens, seconds
+        return tokens, seconds, result["paged"]["stats"]["cpu_seconds"]
 
     def generate_batch_once():
-        tokens, seconds, startup = run_generate_batch(model, work)
+        tokens, seconds, startup, cpu = run_generate_batch(model, work)
         result["generate_batch"].setdefault("startup_seconds", []).append(startup)
-        return tokens, seconds
+        return tokens, seconds, cpu
 
     systems = {"paged": paged_once, "static_generate": lambda: run_static(model, work)}
     try:
@@ -313,8 +313,8 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
             for key in order:
                 try:
                     cpu = time.process_time()
-                    tokens[key], seconds, *peer_cpu = systems[key]()  # a peer reports its processes' CPU time
-                    cpu = peer_cpu[0] if peer_cpu else time.process_time() - cpu
+                    tokens[key], seconds, *timed_cpu = systems[key]()  # CPU time of the timed region, if known
+                    cpu = timed_cpu[0] if timed_cpu else time.process_time() - cpu
                 except (RuntimeError, OSError) as err:  # the vLLM peer died on the way: report, go on without it
                     if key != "vllm":
                         raise
@@ -346,8 +346,8 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
         print(f"{name:<34}{r['seconds']:>8.2f}{r['tok_s']:>10.0f}  {r['seconds'] / t_ours:>5.2f}x    "
               f"{_spread(r['runs']):<14}{_cpu(r):>7}  {ag['equal']}/{len(work)} equal, {ag['near_tie']} near-tie, "
               f"{ag['other']} other")
-    print("(CPU s: CPU seconds of the best call, every thread and process of the system; on a shared machine a "
-          "system with more busy processes gets more of the CPUs)")
+    print("(CPU s: CPU seconds of the best call's timed region, every thread and process of the system: vLLM "
+          "runs its scheduler and its model in separate processes, which on a shared machine also get more of it)")
     return result
 
 

@@ -9,6 +9,7 @@ CPU runs eager whatever ``enforce_eager`` says.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from paged.config import CacheConfig, SchedulerConfig
@@ -94,3 +95,21 @@ def test_ladder_and_cpu_llm_ignore_graphs():
         llm = LLM(tiny_model("llama"), num_gpu_blocks=16, block_size=4, device="cpu", verbose=False,
                   enforce_eager=eager)
         assert llm.engine.runner.graphs == {} and llm.engine.kv_cache.num_blocks == 16, "CPU runs are eager"
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_and_prefill_kernel_give_the_eager_tokens_on_a_gpu():
+    """On CUDA (not run on CPU): graphs captured by default, chunks through the prefill kernel, and the tokens of
+    ``enforce_eager=True`` (the same kernels without graphs) for ragged prompts and outputs."""
+    from paged.kernels import launch_prefill
+
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 120, (n,), generator=gen).tolist() for n in (5, 40, 17, 63, 9, 28, 3)]
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (12, 3, 20, 7, 16, 1, 9)]
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(tiny_model("llama"), device="cuda", num_gpu_blocks=64, block_size=16, max_num_seqs=8,
+                  max_num_batched_tokens=48, enforce_eager=eager, verbose=False)
+        assert bool(llm.engine.runner.graphs) != eager and llm.engine.runner.prefill is launch_prefill
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs[False] == outs[True], "CUDA graphs changed the tokens"

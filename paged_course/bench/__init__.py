@@ -1,5 +1,6 @@
 """Benchmarks: ``python -m paged bench {sim,allocator,prefix,scheduler,kernel,engine,all} [--quick] [--out DIR]``
-(``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's ungraded exercise).
+(``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's ungraded exercise;
+``bench engine --big``: also the Llama 8x512 workload, ``--profile``: where the engine's time goes).
 
 ``python -m paged bench`` with no name lists the benchmarks (it runs nothing and writes nothing).
 
@@ -25,7 +26,8 @@ ABOUT = {  # one line per benchmark, for the listing that ``python -m paged benc
     "prefix": "prefix caching: what a cached allocate costs, blocks saved by 100 requests sharing a prompt (C5)",
     "scheduler": "cost of one schedule() call against the number of running requests",
     "kernel": "Triton decode kernel (GPU: bandwidth, paged vs contiguous; CPU: interpreter correctness only)",
-    "engine": "the paged engine against transformers' generate on one workload, same tokens (C6)",
+    "engine": "the paged engine against generate, generate_batch and vLLM when installed, same tokens (C6); "
+              "--big, --profile",
 }
 QUICK_TIME = "all six in 25-40 s on 2 shared vCPUs, 18 s of CPU time, most of it `engine`"  # measured
 

@@ -25,8 +25,9 @@ Reported: useful tokens per second for each system and our speed-up over each (r
 asserted), how many requests produced identical tokens (the rest must part at a near-tie,
 ``paged_course.compare``), the engine's time per phase with 64 running sequences (overhead = everything
 but the model forward), throughput against concurrency 1..128 for seed claim C6 (ours vs static
-``generate``, best of 3 each), and with ``--profile`` where our time goes (cProfile: top functions by
-cumulative and by self time, one ``generate`` of the reference workload).
+``generate``, best of 3 each on CPU, one run each on a GPU or with ``--quick``), and with ``--profile``
+where our time goes (cProfile: top functions by cumulative and by self time, one ``generate`` of the
+reference workload).
 """
 
 from __future__ import annotations
@@ -419,7 +420,8 @@ def run(quick: bool = False, out: Path | None = None, profile: bool = False, big
         print(f"  {phase:<10}{seconds * 1e3:>9.1f} ms  {ov['share'][phase]:>6.1%}")
     print(f"  overhead (all but forward): {ov['overhead_share']:.1%} (target <= 8%)")
     levels = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32, 64, 128]
-    sweep = concurrency_sweep(model, levels, max_tokens=16 if quick else 32, repeats=1 if quick else REPEATS)
+    repeats = 1 if quick or torch.cuda.is_available() else REPEATS  # best of 3 where the machine is shared (CPU)
+    sweep = concurrency_sweep(model, levels, max_tokens=16 if quick else 32, repeats=repeats)
     result["concurrency"] = sweep
     print(f"\nC6: tokens/s against concurrency (prompt 64, output {16 if quick else 32})")
     print(f"{'concurrency':>12}{'paged':>10}{'generate':>10}")

@@ -104,13 +104,16 @@ def launch_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
                               context_lens, max_query_len, scale).to(torch.bfloat16)
     num_heads, head_dim = query.shape[1:]
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    block_m = 16 if INTERPRET else 64  # the interpreter pays per program and per tile: small tiles, tiny tests
+    d_p2 = max(16, triton.next_power_of_2(head_dim))
+    # tiles of 64 tokens while a row of K is at most 256 bytes (shared memory); the interpreter pays per program
+    # and per tile whatever their size: 16, for tiny tests
+    block_m = 16 if INTERPRET else (64 if d_p2 * query.element_size() <= 256 else 32)
     grid = (block_tables.shape[0], triton.cdiv(max_query_len, block_m), num_heads)
     _prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start, context_lens, out,
         (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * 1.4426950408889634,  # x log2(e)
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3], block_tables.stride(0),
         out.stride(0), out.stride(1), GROUP=num_heads // key_cache.shape[2], BLOCK_M=block_m, BLOCK_N=block_m,
-        BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim, HEAD_DIM_P2=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim, HEAD_DIM_P2=d_p2,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=4, num_stages=1 if INTERPRET else 2)
     return out

@@ -336,8 +336,9 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
     print(f"{'system':<34}{'seconds':>8}{'tokens/s':>10}  {'paged is':<10} {'spread':<14}{'CPU s':>7}  same tokens")
     print(f"{'paged (this engine)':<34}{t_ours:>8.2f}{useful / t_ours:>10.0f}  {'':<10} "
           f"{_spread(result['paged']['runs']):<14}{_cpu(result['paged']):>7}")
+    peer = f"vLLM {result['vllm']['vllm']}" if "vllm" in result["vllm"] else "vLLM"
     names = {"static_generate": "transformers generate (static 16)", "generate_batch": "transformers generate_batch",
-             "vllm": "vLLM " + str(result["vllm"].get("vllm", "")) + " (its process)"}
+             "vllm": f"{peer} (its process)"}
     for key, name in names.items():
         r = result[key]
         if "skipped" in r:

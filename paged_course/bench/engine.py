@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import io
+import itertools
 import json
 import os
 import pstats
@@ -128,15 +129,17 @@ def _collect(manager, work, prefix: str) -> dict:
     return results
 
 
-@torch.inference_mode()
-def run_generate_batch(model, work) -> tuple[list[list[int]], float, float]:
-    """transformers' continuous batching (paged cache), each request with its own ``max_new_tokens``.
+@contextlib.contextmanager
+def generate_batch_session(model, work):
+    """transformers' continuous batching (paged cache), each request with its own ``max_new_tokens``: yields
+    ``(once, info)``, ``once()`` running the whole workload through one started manager ->
+    ``(tokens per request, seconds, CPU seconds)``.
 
     Warmed up like our engine, on the first 4 requests through the same manager (its built-in warm-up runs
-    the largest possible batch and takes ~20 s on this CPU; it exists to capture CUDA graphs). Timed from the
-    first request to the last result; starting and stopping its thread are not timed (a manager is started
-    per call, as our ``LLM`` is built per call: its thread polls even when idle, and would take CPU from the
-    other systems' calls). Returns ``(tokens per request, seconds, start-up seconds, CPU seconds)``.
+    the largest possible batch and takes ~20 s on this CPU; it exists to capture CUDA graphs). Each call is
+    timed from the first request to the last result; starting and stopping its thread are not timed
+    (``info["startup_seconds"]``: the manager and the warm-up); its thread idles without using the CPU
+    between calls (measured), so it is kept for every call as vLLM's process is.
     """
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -149,15 +152,21 @@ def run_generate_batch(model, work) -> tuple[list[list[int]], float, float]:
     block_bytes = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * 16 * 4 * (
         model.config.hidden_size // model.config.num_attention_heads)
     cb_config = ContinuousBatchingConfig(page_size=16, num_blocks=256 * 2**20 // block_bytes, max_batch_tokens=2048)
-    begin = time.perf_counter()
+    begin, rounds = time.perf_counter(), itertools.count()
     with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30, warmup=False,
                                                    continuous_batching_config=cb_config) as manager:
         _collect(manager, work[:4], "warm-up")
-        cpu, start = time.process_time(), time.perf_counter()
-        results = _collect(manager, work, "r")
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return [list(results[f"r{i}"].generated_tokens)[:m] if f"r{i}" in results else [] for i, (_, m) in
-            enumerate(work)], seconds, start - begin, cpu
+
+        @torch.inference_mode()
+        def once():
+            use_attention(model, "sdpa")
+            prefix, cpu, start = f"r{next(rounds)}-", time.process_time(), time.perf_counter()
+            results = _collect(manager, work, prefix)
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+            return [list(results[f"{prefix}{i}"].generated_tokens)[:m] if f"{prefix}{i}" in results else []
+                    for i, (_, m) in enumerate(work)], seconds, cpu
+
+        yield once, {"startup_seconds": time.perf_counter() - begin}
 
 
 def find_vllm() -> tuple[str | None, str]:
@@ -289,25 +298,17 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
         tokens, seconds, result["paged"]["stats"] = run_paged(model, work, kv_cache_memory_bytes=2**30)
         return tokens, seconds, result["paged"]["stats"]["cpu_seconds"]
 
-    def generate_batch_once():
-        tokens, seconds, startup, cpu = run_generate_batch(model, work)
-        result["generate_batch"].setdefault("startup_seconds", []).append(startup)
-        return tokens, seconds, cpu
-
     systems = {"paged": paged_once, "static_generate": lambda: run_static(model, work)}
-    try:
-        run_generate_batch(model, work[:4])
-        systems["generate_batch"], result["generate_batch"] = generate_batch_once, {}
-    except (ImportError, TypeError) as err:  # a transformers older than the course's pin (>= 5.20) lacks this API
-        result["generate_batch"] = {"skipped": f"{type(err).__name__}: {err}"}
     python, where = find_vllm()
     with contextlib.ExitStack() as stack:
-        try:
-            if python is None:
-                raise RuntimeError(where)
-            systems["vllm"], result["vllm"] = stack.enter_context(vllm_session(model, work, python, threads))
-        except RuntimeError as err:
-            result["vllm"] = {"skipped": str(err)}
+        for key, session in (("generate_batch", lambda: generate_batch_session(model, work)),
+                             ("vllm", lambda: vllm_session(model, work, python, threads))):
+            try:
+                if key == "vllm" and python is None:
+                    raise RuntimeError(where)
+                systems[key], result[key] = stack.enter_context(session())
+            except (ImportError, TypeError, RuntimeError) as err:  # no vLLM; a transformers without the CB API
+                result[key] = {"skipped": str(err) if key == "vllm" else f"{type(err).__name__}: {err}"}
         tokens = {}
         for round_ in range(repeats):
             order = list(systems)[round_ % len(systems):] + list(systems)[: round_ % len(systems)]

@@ -71,7 +71,7 @@ def test_compare_systems_reports_the_fake_peer(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "VLLM_PEER", script)
     real_session = bench.vllm_session
     monkeypatch.setattr(bench, "vllm_session", lambda m, w, p, t: real_session(m, w, p, t, script=script))
-    monkeypatch.setattr(bench, "run_generate_batch", lambda m, w: (_ for _ in ()).throw(ImportError("no CB")))
+    monkeypatch.setattr(bench, "generate_batch_session", lambda m, w: (_ for _ in ()).throw(ImportError("no CB")))
     monkeypatch.setenv("PAGED_VLLM_PYTHON", sys.executable)
     result = bench.compare_systems(model, work, "tiny", repeats=2)
     out = capsys.readouterr().out

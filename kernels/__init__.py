@@ -6,6 +6,8 @@
   :func:`launch_decode` is the same without input validation (no host sync), for the engine's step loop;
   :func:`validate_decode_inputs` is the one boundary check; :func:`choose_num_splits` the split rule
   (``paged_attention.decode_config`` the launch config).
+* :func:`launch_prefill` -- every prompt chunk of a step in one launch: new tokens attend causally to their
+  own chunk and to their cached context, through block tables (``kernels/prefill_attention.py``).
 
 The teaching kernels of chapter 04 (the first decode kernel, the row softmax, ``reshape_and_cache``) live
 in ``paged_course.kernel_lab``. Without a CUDA GPU the package sets ``TRITON_INTERPRET=1`` before defining
@@ -15,8 +17,9 @@ raises :class:`TritonUnavailableError` with the reason. ``MODE`` says which of t
 
 from ._triton import HAS_CUDA, HAS_TRITON, INTERPRET, MODE, REASON, TritonUnavailableError, require_triton
 from .paged_attention import choose_num_splits, launch_decode, paged_attention_decode, validate_decode_inputs
+from .prefill_attention import launch_prefill
 
 __all__ = [
     "HAS_CUDA", "HAS_TRITON", "INTERPRET", "MODE", "REASON", "TritonUnavailableError", "require_triton",
-    "paged_attention_decode", "launch_decode", "validate_decode_inputs", "choose_num_splits",
+    "paged_attention_decode", "launch_decode", "validate_decode_inputs", "choose_num_splits", "launch_prefill",
 ]

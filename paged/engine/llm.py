@@ -293,6 +293,10 @@ class LLM:
         verbose: print the KV sizing.
         parts: the engine's pieces (``paged.engine.parts.Parts``): a learner's allocator, prefix cache,
             scheduler, slot mapping, KV write or decode attention in place of the reference ones.
+        enforce_eager: CUDA only: ``False`` (default) captures decode steps as CUDA graphs at start-up, one
+            per batch size of ``paged.worker.model_runner.GRAPH_SIZES`` up to ``max_num_seqs``, and pads a
+            step's batch to the next captured size (vLLM's flag and ladder); ``True`` runs every step
+            eagerly. No effect on CPU.
 
     Raises:
         TypeError: ``model`` of another type than ``None`` / ``str`` / path / ``PreTrainedModel``.
@@ -309,7 +313,7 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None, seed: int | None = 0, verbose: bool = True,
                  enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
-                 parts: Parts | None = None):
+                 parts: Parts | None = None, enforce_eager: bool = False):
         device = resolve_device(device)  # before loading: a bad device fails fast
         model, found_tokenizer = load_model(model, dtype)
         self.model = model.to(device)
@@ -341,7 +345,9 @@ class LLM:
         cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                    num_cpu_blocks=num_cpu_blocks, watermark=watermark,
                                    enable_prefix_caching=enable_prefix_caching)
-        kv_cache = KVCache(layers, num_gpu_blocks, block_size, kv_heads, head_dim, dtype, device, num_cpu_blocks)
+        graphs = device.type == "cuda" and not enforce_eager  # graphs: one more block, the padding rows'
+        kv_cache = KVCache(layers, num_gpu_blocks + graphs, block_size, kv_heads, head_dim, dtype, device,
+                           num_cpu_blocks)
         self.sizing = (f"KV cache: {num_gpu_blocks} blocks x {block_size} tokens = {num_gpu_blocks * block_size} "
                        f"slots, {kv_cache.bytes / 2**20:.1f} MiB on {device} ({bytes_per_block} B/block: 2 x {layers} "
                        f"layers x {kv_heads} KV heads x {head_dim} x {block_size} x {dtype}; {how})"
@@ -349,7 +355,7 @@ class LLM:
         if verbose:
             print(self.sizing)
         self.engine = LLMEngine(self.model, kv_cache, scheduler_config, cache_config,
-                                _eos_ids(self.model, self.tokenizer), self.tokenizer, seed, parts)
+                                _eos_ids(self.model, self.tokenizer), self.tokenizer, seed, parts, graphs)
 
     def _encode(self, prompt, index: int) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):

@@ -45,11 +45,13 @@ class LLMEngine:
         tokenizer: decodes output text when given (else ``text`` stays empty).
         seed: seed of the sampler's shared generator (requests without their own ``seed``).
         parts: the engine's pieces (``paged.engine.parts.Parts``; default: the reference parts).
+        cuda_graphs: capture decode steps as CUDA graphs (``paged.worker.model_runner.DecodeGraph``); the
+            pool then holds one block more than ``cache_config.num_gpu_blocks``, the padding rows' block.
     """
 
     def __init__(self, model, kv_cache, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  eos_token_ids: set[int] | None = None, tokenizer=None, seed: int | None = 0,
-                 parts: Parts | None = None):
+                 parts: Parts | None = None, cuda_graphs: bool = False):
         self.model, self.kv_cache, self.tokenizer = model, kv_cache, tokenizer
         self.scheduler_config, self.cache_config = scheduler_config, cache_config
         self.parts = parts = parts or Parts()
@@ -58,7 +60,9 @@ class LLMEngine:
             cache_config.watermark, cache_config.enable_prefix_caching,
             allocator_cls=parts.allocator, prefix_cache_cls=parts.prefix_cache, copy_on_write=parts.copy_on_write)
         self.scheduler = parts.scheduler(scheduler_config, cache_config, block_manager)
-        self.runner = ModelRunner(model, kv_cache, parts, parts.decode_for(kv_cache.device))
+        self.runner = ModelRunner(model, kv_cache, parts, parts.decode_for(kv_cache.device),
+                                  parts.prefill_for(kv_cache.device), scheduler_config.max_num_seqs,
+                                  scheduler_config.max_model_len, cuda_graphs)
         self.sampler = Sampler(seed)
         self.eos_token_ids = set(eos_token_ids or ())
         self.vocab_size = model.get_output_embeddings().weight.shape[0]

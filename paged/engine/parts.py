@@ -81,6 +81,15 @@ class Parts:
             return self.decode_attention
         return _triton_decode if select_backend(device) == "triton" else decode_attention
 
+    def prefill_for(self, device: torch.device) -> Callable | None:
+        """The chunk attention on ``device`` (not a part): the Triton kernel that serves every chunk of a step in
+        one call on CUDA (``paged.kernels.launch_prefill``), else ``None`` (one SDPA per chunk)."""
+        if select_backend(device) != "triton":
+            return None
+        from paged.kernels import launch_prefill
+
+        return launch_prefill
+
     def origins(self) -> dict[str, str]:
         """``{part: "module.name"}``: where each part comes from (a learner's or the reference)."""
         return {f.name: (f"{value.__module__}.{value.__qualname__}" if value is not None else "by device")

@@ -15,11 +15,13 @@ extra keyword reaches the attention function unchanged (no globals), the layer i
 
 A step packs **chunks** first (sequences computing several tokens: a prompt, a prompt chunk, a
 recomputed sequence) and **decodes** last (one token each). A chunk attends causally to itself and to its
-already computed context, read from the pool through its block table (vLLM v1's chunked prefill); a
-chunk with no computed context runs a causal SDPA on its own new K/V without touching the pool. All
-decodes go through one call of the decode part (``paged.engine.parts``): the vectorized PyTorch
-``decode_attention`` here on CPU, the Triton kernel on CUDA. The idea is vLLM's backend split
-(``vllm/v1/attention/backends/``): metadata built once per step, read by every layer.
+already computed context, read from the pool through its block table (vLLM v1's chunked prefill). On
+CPU each chunk is one SDPA call (a chunk with no computed context on its own new K/V, without touching
+the pool); on CUDA every chunk of the step goes through one call of the Triton prefill kernel
+(``paged.kernels.launch_prefill``). All decodes go through one call of the decode part
+(``paged.engine.parts``): the vectorized PyTorch ``decode_attention`` here on CPU, the Triton kernel on
+CUDA. The idea is vLLM's backend split (``vllm/v1/attention/backends/``): metadata built once per step
+(on the host, copied to the device in one transfer), read by every layer.
 
 Trap: ``set_attn_implementation`` writes into the model's config object, shared by every module and by
 any other model built from the same object. Deep-copy a config before building a reference model from it.
@@ -27,6 +29,8 @@ any other model built from the same object. Deep-copy a config before building a
 
 from __future__ import annotations
 
+import array
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,23 +59,21 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     query ``[S, H, D]``; caches ``[num_blocks, block_size, KVH, D]``; block_tables int32 ``[S, W]`` whose
     width covers every context (entries past a context hold any valid block id); context_lens int32 ``[S]``.
     One ``index_select`` of whole blocks per cache gives ``[S, W * block_size, KVH, D]``; positions past a
-    context get ``-inf`` scores. Then per KV head (a loop over ``KVH``, not over sequences) two batched
-    matmuls serve the ``H / KVH`` query heads that share it (GQA). Unchecked (the engine's inputs): the
-    pool's unused slots hold finite stale K/V, so masking the scores suffices.
+    context get a ``-inf`` bias. Then one ``scaled_dot_product_attention`` call in which the ``H / KVH``
+    query heads sharing a KV head are that head's query rows (GQA without repeating K/V, no loop over
+    heads or sequences). Unchecked (the engine's inputs): the pool's unused slots hold finite stale K/V,
+    so masking the scores suffices.
     """
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     index = block_tables.long().flatten()
-    keys = key_cache.index_select(0, index).view(num_seqs, -1, num_kv_heads, head_dim)  # [S, C, KVH, D]
-    values = value_cache.index_select(0, index).view(num_seqs, -1, num_kv_heads, head_dim)
-    hidden = torch.arange(keys.shape[1], device=query.device)[None, :] >= context_lens[:, None]
+    keys, values = (cache.index_select(0, index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+                    for cache in (key_cache, value_cache))  # [S, KVH, C, D]
+    hidden = torch.arange(keys.shape[2], device=query.device)[None, :] >= context_lens[:, None]
     bias = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device).masked_fill_(hidden, float("-inf"))
-    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = torch.empty_like(q)
-    for h in range(num_kv_heads):  # scores = bias + scale * q k^T in one op: [S, group, C]
-        scores = torch.baddbmm(bias[:, None, :], q[:, h], keys[:, :, h].transpose(1, 2), alpha=scale)
-        out[:, h] = torch.bmm(scores.softmax(dim=-1), values[:, :, h])
-    return out.view(num_seqs, num_heads, head_dim)
+    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [S, KVH, group, D]
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None, None], scale=scale)
+    return out.reshape(num_seqs, num_heads, head_dim)
 
 
 @dataclass
@@ -87,40 +89,49 @@ class _Chunk:
 
 @dataclass
 class AttentionMetadata:
-    """What every layer needs for one engine step over a packed batch of ``T`` tokens (chunks, then decodes).
+    """What every layer needs for one engine step over a packed batch of ``T`` tokens from ``S`` sequences
+    (``C`` chunks, then decodes).
 
-    Fields (on the model's device):
+    Fields (on the model's device; every integer tensor is a view of one int64 buffer, built on the host
+    and copied to the device in one transfer):
         kv_cache: the ``KVCache`` pool; layer ``l`` uses ``key_cache[l]`` / ``value_cache[l]``.
+        input_ids [T] int64: the packed tokens (empty when ``build`` got no ``token_ids``).
         positions [T] int64: each token's position in its own sequence (``position_ids``).
         slot_mapping [T] int64: pool slot of each new token, ``block * block_size + offset``.
         keep [K] int64: packed index of the last token of each sequence whose logits are kept.
-        chunks: one ``_Chunk`` per multi-token sequence.
+        seq_lens [S] / query_start [S + 1] / tables [S, W] int64: every sequence's tokens after this step,
+            packed offsets of its new tokens, block table (zero-padded); the chunk kernel reads the first ``C``.
+        chunks: one ``_Chunk`` per multi-token sequence (the per-chunk PyTorch path).
         decode_start: packed index of the first decode token (``T`` when there are none).
-        block_tables [D, W] int32 / context_lens [D] int32: the decodes' tables and lengths.
-        write_kv, decode: the parts that write the K/V and attend the decodes.
+        block_tables [D, W'] int32 / context_lens [D] int32: the decodes' tables and lengths.
+        max_query_len: the longest chunk (host int; sizes the chunk kernel's grid).
+        write_kv, decode: the parts that write the K/V and attend the decodes; ``prefill``: ``None`` (one
+            SDPA per chunk) or a kernel attending every chunk in one call (CUDA: ``paged.kernels``).
     """
 
     kv_cache: object
+    input_ids: torch.Tensor
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     keep: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start: torch.Tensor
+    tables: torch.Tensor
     chunks: list[_Chunk]
     decode_start: int
     block_tables: torch.Tensor
     context_lens: torch.Tensor
+    max_query_len: int = 1
     write_kv: Callable = write_kv
     decode: Callable = decode_attention
+    prefill: Callable | None = None
 
-    @classmethod
-    def build(cls, kv_cache, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              block_size: int, device: torch.device | str = "cpu", keep: list[int] | None = None,
-              slot_mapping: Callable | None = None, **parts) -> AttentionMetadata:
-        """Tensors for one step from per-sequence lists (``S`` entries each; multi-token sequences first).
-
-        ``context_lens[s]`` counts the sequence's tokens after this step; its last ``query_lens[s]`` are
-        computed now, at positions ``context_lens[s] - query_lens[s] ..``. ``keep``: sequences whose
-        logits are kept (default all). ``slot_mapping``: the part that computes the slots (default
-        ``paged.core.block_table.slot_mapping``); ``parts``: ``write_kv=`` / ``decode=``.
+    @staticmethod
+    def pack(block_tables: list[list[int]], context_lens: list[int], query_lens: list[int], block_size: int,
+             keep: list[int] | None = None, slot_mapping: Callable | None = None, token_ids: list[int] | None = None,
+             width: int | None = None) -> tuple[torch.Tensor, dict]:
+        """The step's integers in one host int64 tensor, and the layout ``from_buffer`` reads it with
+        (arguments as ``build``; ``width``: table columns, default the widest table).
 
         Raises:
             ValueError: mismatched lengths, a query longer than its context, a table too short for its
@@ -138,29 +149,58 @@ class AttentionMetadata:
         num_chunks = sum(q > 1 for q in query_lens)
         if any(q > 1 for q in query_lens[num_chunks:]):
             raise ValueError("pack the multi-token sequences (chunks) before the one-token decodes")
-        offsets = [0]
-        for q in query_lens:
-            offsets.append(offsets[-1] + q)
-        positions = [p for start, q in zip(starts, query_lens) for p in range(start, start + q)]
-        slots = (slot_mapping or compute_slot_mapping)(block_tables, starts, query_lens, block_size)
-        as_tensor = lambda x, dtype=torch.int64: torch.tensor(x, dtype=dtype, device=device)  # noqa: E731
-        chunks = []
-        for s in range(num_chunks):
-            chunk = _Chunk(offsets[s], offsets[s + 1])
-            if starts[s]:  # computed context before the chunk: read it from the pool, causal from there
-                width = -(-context_lens[s] // block_size)
-                q_pos = torch.arange(starts[s], context_lens[s], device=device)
-                hidden = torch.arange(width * block_size, device=device)[None, :] > q_pos[:, None]
-                chunk.block_index = as_tensor(block_tables[s][:width])
-                chunk.bias = torch.zeros(hidden.shape, dtype=kv_cache.dtype, device=device).masked_fill_(
-                    hidden, float("-inf"))[None, None]
-            chunks.append(chunk)
-        decodes = block_tables[num_chunks:]
-        width = max((len(t) for t in decodes), default=0)
+        offsets = list(itertools.accumulate(query_lens, initial=0))
+        decode_width = width or max((len(t) for t in block_tables[num_chunks:]), default=0)  # a fixed width
+        width = width or max(len(t) for t in block_tables)  # (a CUDA graph's buffers) holds for the decodes too
         keep = range(num_seqs) if keep is None else keep
-        return cls(kv_cache, as_tensor(positions), as_tensor(slots), as_tensor([offsets[s + 1] - 1 for s in keep]),
-                   chunks, offsets[num_chunks], as_tensor([t + [0] * (width - len(t)) for t in decodes], torch.int32),
-                   as_tensor(context_lens[num_chunks:], torch.int32), **parts)
+        flat = array.array("q", token_ids or ())  # one int64 buffer, field after field (from_buffer's order)
+        for start, q in zip(starts, query_lens):
+            flat.extend(range(start, start + q))
+        flat.extend((slot_mapping or compute_slot_mapping)(block_tables, starts, query_lens, block_size))
+        flat.extend([*(offsets[s + 1] - 1 for s in keep), *context_lens, *offsets])
+        for table in block_tables:
+            flat.extend(table + [0] * (width - len(table)))
+        layout = {"sizes": [len(token_ids or ()), offsets[-1], offsets[-1], len(keep), num_seqs, num_seqs + 1,
+                            num_seqs * width], "width": width, "decode_width": decode_width,
+                  "chunks": [(offsets[s], offsets[s + 1], starts[s]) for s in range(num_chunks)],
+                  "max_query_len": max(query_lens)}
+        return torch.frombuffer(flat, dtype=torch.int64), layout
+
+    @classmethod
+    def from_buffer(cls, kv_cache, buf: torch.Tensor, layout: dict, block_size: int, **parts) -> AttentionMetadata:
+        """Views of ``buf`` (the device copy of ``pack``'s tensor); only the decodes' int32 tables are copies."""
+        ids, positions, slots, keep, lens, query_start, tables = buf.split(layout["sizes"])
+        tables = tables.view(len(lens), layout["width"])
+        chunks = []
+        for i, (first, last, start) in enumerate(layout["chunks"]):
+            chunks.append(_Chunk(first, last))
+            if start and parts.get("prefill") is None:  # computed context first: read it from the pool
+                ctx, width = start + last - first, -(-(start + last - first) // block_size)
+                visible = torch.arange(width * block_size, device=buf.device)
+                chunks[-1].block_index = tables[i, :width]
+                chunks[-1].bias = torch.zeros(visible.shape, dtype=kv_cache.dtype, device=buf.device).masked_fill(
+                    visible > torch.arange(start, ctx, device=buf.device)[:, None], float("-inf"))[None, None]
+        c = len(chunks)
+        return cls(kv_cache, ids, positions, slots, keep, lens, query_start, tables, chunks, chunks[-1].end if c else 0,
+                   tables[c:, : layout["decode_width"]].to(torch.int32), lens[c:].to(torch.int32),
+                   layout["max_query_len"], **parts)
+
+    @classmethod
+    def build(cls, kv_cache, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
+              block_size: int, device: torch.device | str = "cpu", keep: list[int] | None = None,
+              slot_mapping: Callable | None = None, token_ids: list[int] | None = None, **parts) -> AttentionMetadata:
+        """Tensors for one step from per-sequence lists (``S`` entries each; multi-token sequences first).
+
+        ``context_lens[s]`` counts the sequence's tokens after this step; its last ``query_lens[s]`` are
+        computed now, at positions ``context_lens[s] - query_lens[s] ..``. ``keep``: sequences whose
+        logits are kept (default all). ``slot_mapping``: the part that computes the slots (default
+        ``paged.core.block_table.slot_mapping``); ``token_ids``: the packed input ids (they travel in the
+        same transfer); ``parts``: ``write_kv=`` / ``decode=`` / ``prefill=``. Errors as ``pack``.
+        """
+        host, layout = cls.pack(block_tables, context_lens, query_lens, block_size, keep, slot_mapping, token_ids)
+        if torch.device(device).type == "cuda":  # pinned host memory: one asynchronous copy
+            host = host.pin_memory().to(device, non_blocking=True)
+        return cls.from_buffer(kv_cache, host, layout, block_size, **parts)
 
 
 def _attend_chunk(c: _Chunk, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
@@ -199,7 +239,12 @@ def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, KVH, D]
     key_cache, value_cache = meta.kv_cache.key_cache[module.layer_idx], meta.kv_cache.value_cache[module.layer_idx]
     meta.write_kv(key_cache, value_cache, k_new, v_new, meta.slot_mapping)  # every new token before any read
-    parts = [_attend_chunk(c, q, k_new, v_new, key_cache, value_cache, scale) for c in meta.chunks]
+    if meta.prefill is not None and meta.chunks:  # every chunk in one kernel call
+        c = len(meta.chunks)
+        parts = [meta.prefill(q[: meta.decode_start], key_cache, value_cache, meta.tables[:c],
+                              meta.query_start[: c + 1], meta.seq_lens[:c], meta.max_query_len, scale)]
+    else:
+        parts = [_attend_chunk(c, q, k_new, v_new, key_cache, value_cache, scale) for c in meta.chunks]
     if meta.decode_start < q.shape[0]:
         parts.append(meta.decode(q[meta.decode_start:].contiguous(), key_cache, value_cache, meta.block_tables,
                                  meta.context_lens, scale))

@@ -7,6 +7,12 @@ slot mapping, block tables, context lengths) once. ``forward(batch)`` runs the m
 logits of the last token of each sequence that samples (a prompt's last chunk, or a decode),
 ``[K, vocab]`` float32. The K/V of the new tokens land in the pool inside the attention function.
 
+On CUDA, with ``cuda_graphs`` (``LLM(enforce_eager=False)``, the default there), a step of decodes only is
+served by a ``DecodeGraph``: the model's forward captured once per batch size of ``GRAPH_SIZES`` (vLLM's and
+nano-vllm's ladder), replayed on a buffer at a fixed address into which the step's packed metadata are
+copied, the batch padded to the next captured size. A decode step then costs one host-to-device copy and
+one graph launch instead of the Python of every layer. Steps with prompt chunks run eagerly.
+
 Also here: sizing the pool. ``profile_num_blocks`` follows vLLM's ``Worker.determine_num_available_blocks``
 (``vllm/worker/worker.py``): run the largest step the scheduler may issue with no KV cache, read the peak
 of GPU memory, and give the pool ``total x gpu_memory_utilization - peak`` bytes.
@@ -14,6 +20,7 @@ of GPU memory, and give the pool ``total x gpu_memory_utilization - peak`` bytes
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -22,14 +29,61 @@ from paged.core.scheduler_outputs import ScheduledSeq
 from paged.worker.attention import AttentionMetadata, forward_logits, use_paged_attention
 from paged.worker.kv_cache import KVCache
 
+GRAPH_SIZES = (1, 2, 4, 8, *range(16, 4097, 16))  # decode batch sizes to capture, up to max_num_seqs
+
 
 @dataclass
 class Batch:
-    """A prepared step: the packed ``input_ids [T]``, its metadata, and the entries that sample, in row order."""
+    """A prepared step: its metadata (with the packed ``input_ids [T]``) and the entries that sample, in row
+    order; for a decode step served by a CUDA graph, ``graph`` and its padded ``host`` buffer instead."""
 
-    input_ids: torch.Tensor
-    meta: AttentionMetadata
+    meta: AttentionMetadata | None
     sampling: list[ScheduledSeq]
+    graph: DecodeGraph | None = None
+    host: torch.Tensor | None = None
+
+
+class DecodeGraph:
+    """The forward of a decode step of ``size`` sequences, captured once as a CUDA graph (vLLM, nano-vllm).
+
+    Its metadata are views of one int64 device buffer at a fixed address (``AttentionMetadata.pack`` layout
+    with ``width`` table columns); ``run(host)`` copies a step's packed buffer into it and replays the graph.
+    Rows past the step's sequences are padding: token 0 at position 0 with the table ``[pad_block]``, so
+    their K/V go to the pool's last block, which no block table names. On CPU (tests) nothing is captured and
+    ``run`` runs the same forward eagerly on the same buffer.
+    """
+
+    def __init__(self, runner: ModelRunner, size: int, width: int, pool=None):
+        self.runner, self.size, self.width = runner, size, width
+        host, self.layout = self.pack([], [])
+        self.buf = host.to(runner.device)
+        self.graph = None
+        if runner.device.type == "cuda":
+            self.step()  # warm-up outside the graph: Triton compiles, the allocator settles
+            torch.cuda.synchronize(runner.device)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.logits = self.step()
+
+    def pack(self, tables: list[list[int]], lens: list[int], tokens: list[int] | None = None) -> tuple:
+        pad, r = self.size - len(tables), self.runner
+        return AttentionMetadata.pack(tables + [[r.pad_block]] * pad, lens + [1] * pad, [1] * self.size,
+                                      r.kv_cache.block_size, None, r.parts.slot_mapping, (tokens or []) + [0] * pad,
+                                      self.width)
+
+    def step(self) -> torch.Tensor:
+        r = self.runner
+        meta = AttentionMetadata.from_buffer(r.kv_cache, self.buf, self.layout, r.kv_cache.block_size,
+                                             write_kv=r.parts.write_kv, decode=r.decode)
+        return forward_logits(r.model, meta.input_ids, meta)
+
+    def run(self, host: torch.Tensor) -> torch.Tensor:
+        """Logits ``[size, vocab]`` of the step packed in ``host`` (static until the next replay)."""
+        self.buf.copy_(host.pin_memory() if self.graph is not None else host, non_blocking=True)
+        if self.graph is None:
+            return self.step()
+        self.graph.replay()
+        return self.logits
 
 
 class ModelRunner:
@@ -41,28 +95,54 @@ class ModelRunner:
         kv_cache: the ``KVCache`` pool (same device and dtype as the model).
         parts: the engine's ``Parts``; the runner uses ``slot_mapping``, ``write_kv`` and the decode attention.
         decode: the decode attention to run (``parts.decode_attention`` resolved for the device).
+        prefill: ``None`` (one SDPA per chunk) or the kernel that attends all chunks of a step at once
+            (``paged.kernels.launch_prefill``, on CUDA).
+        max_num_seqs, max_model_len: with ``cuda_graphs``, the largest decode batch and table width captured.
+        cuda_graphs: capture decode steps as CUDA graphs (``DecodeGraph``, ``GRAPH_SIZES`` up to
+            ``max_num_seqs``); the pool's last block is then the padding rows' (the block manager must
+            own one block fewer than ``kv_cache`` holds).
     """
 
-    def __init__(self, model, kv_cache: KVCache, parts, decode):
-        self.model, self.kv_cache, self.parts, self.decode = model, kv_cache, parts, decode
+    def __init__(self, model, kv_cache: KVCache, parts, decode, prefill=None, max_num_seqs: int = 256,
+                 max_model_len: int = 2048, cuda_graphs: bool = False):
+        self.model, self.kv_cache, self.parts, self.decode, self.prefill = model, kv_cache, parts, decode, prefill
         self.device = kv_cache.device
+        self.pad_block = kv_cache.num_blocks - 1
+        self.graphs: dict[int, DecodeGraph] = {}
+        if cuda_graphs:
+            sizes = [b for b in GRAPH_SIZES if b < max_num_seqs] + [max_num_seqs]
+            pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+            use_paged_attention(model)
+            try:
+                with torch.inference_mode():
+                    for size in reversed(sizes):  # the largest first: the smaller ones reuse its memory
+                        self.graphs[size] = DecodeGraph(self, size, -(-max_model_len // kv_cache.block_size), pool)
+            except RuntimeError as err:  # a forward that cannot be captured (it syncs with the host): stay eager
+                warnings.warn(f"CUDA graph capture failed, decode steps run eagerly: {err}", stacklevel=2)
+                self.graphs = {}
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> Batch:
         """Pack a step (chunks first, decodes last) and build its metadata once for every layer."""
         batch = sorted(scheduled, key=lambda s: s.num_tokens == 1)  # stable: chunks keep their order
         keep = [i for i, s in enumerate(batch) if s.samples]
+        tables, lens, tokens = [s.block_table for s in batch], [s.start + s.num_tokens for s in batch], \
+            [t for s in batch for t in s.token_ids]
+        size = min((b for b in self.graphs if b >= len(batch)), default=0)
+        if size and len(keep) == len(batch) == len(tokens):  # decodes only, each samples: a captured size
+            return Batch(None, batch, self.graphs[size], self.graphs[size].pack(tables, lens, tokens)[0])
         meta = AttentionMetadata.build(
-            self.kv_cache, [s.block_table for s in batch], [s.start + s.num_tokens for s in batch],
-            [s.num_tokens for s in batch], self.kv_cache.block_size, self.device, keep,
-            slot_mapping=self.parts.slot_mapping, write_kv=self.parts.write_kv, decode=self.decode)
-        input_ids = torch.tensor([t for s in batch for t in s.token_ids], dtype=torch.long, device=self.device)
-        return Batch(input_ids, meta, [batch[i] for i in keep])
+            self.kv_cache, tables, lens, [s.num_tokens for s in batch], self.kv_cache.block_size, self.device, keep,
+            self.parts.slot_mapping, tokens, write_kv=self.parts.write_kv, decode=self.decode, prefill=self.prefill)
+        return Batch(meta, [batch[i] for i in keep])
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits ``[len(batch.sampling), vocab]`` float32 of the sampling entries, in their order."""
         use_paged_attention(self.model)
-        logits = forward_logits(self.model, batch.input_ids, batch.meta)
+        if batch.graph is not None:
+            logits = batch.graph.run(batch.host)[: len(batch.sampling)]
+        else:
+            logits = forward_logits(self.model, batch.meta.input_ids, batch.meta)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so that the step's clock charges the forward to the model
         return logits

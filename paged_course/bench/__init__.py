@@ -1,5 +1,6 @@
 """Benchmarks: ``python -m paged bench {sim,allocator,prefix,scheduler,kernel,engine,all} [--quick] [--out DIR]``
-(``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's ungraded exercise).
+(``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's ungraded exercise;
+``bench engine --big``: also the Llama 8x512 workload, ``--profile``: where the engine's time goes).
 
 ``python -m paged bench`` with no name lists the benchmarks (it runs nothing and writes nothing).
 
@@ -25,7 +26,8 @@ ABOUT = {  # one line per benchmark, for the listing that ``python -m paged benc
     "prefix": "prefix caching: what a cached allocate costs, blocks saved by 100 requests sharing a prompt (C5)",
     "scheduler": "cost of one schedule() call against the number of running requests",
     "kernel": "Triton decode kernel (GPU: bandwidth, paged vs contiguous; CPU: interpreter correctness only)",
-    "engine": "the paged engine against transformers' generate on one workload, same tokens (C6)",
+    "engine": "the paged engine against generate, generate_batch and vLLM when installed, same tokens (C6); "
+              "--big, --profile",
 }
 QUICK_TIME = "all six in 25-40 s on 2 shared vCPUs, 18 s of CPU time, most of it `engine`"  # measured
 
@@ -72,6 +74,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots")
     parser.add_argument("--impl", choices=["solutions", "exercises"],
                         help="kernel only: time the learner's kernel of ex04_fast_decode.py from this package")
+    parser.add_argument("--profile", action="store_true", help="engine only: where our time goes (cProfile)")
+    parser.add_argument("--big", action="store_true", help="engine only: also the Llama 8x512, 128-request workload")
     args = parser.parse_args(argv)
     if args.name is None:
         print("benchmarks (python -m paged bench NAME [--quick] [--out DIR]):")
@@ -81,6 +85,8 @@ def main(argv: list[str]) -> int:
         return 0
     if args.impl and args.name != "kernel":
         parser.error("--impl applies to `bench kernel` only")
+    if (args.profile or args.big) and args.name != "engine":
+        parser.error("--profile and --big apply to `bench engine` only")
     args.out.mkdir(parents=True, exist_ok=True)
     names = BENCHMARKS if args.name == "all" else [args.name]
     env = environment()
@@ -88,6 +94,7 @@ def main(argv: list[str]) -> int:
         print(f"== bench {name} ({'quick' if args.quick else 'full'}) on {env['device']} ==")
         start = time.perf_counter()
         extra = {"impl": args.impl} if args.impl else {}
+        extra.update({k: True for k in ("profile", "big") if getattr(args, k)})
         results = import_module(f"paged_course.bench.{name}").run(quick=args.quick, out=args.out, **extra)
         record = {"benchmark": name, "quick": args.quick, "environment": env,
                   "wall_seconds": round(time.perf_counter() - start, 2), "results": results}

@@ -319,8 +319,8 @@ def test_gpu_config_keeps_every_dot_dimension_at_least_16(monkeypatch, head_dim,
 
 
 def test_engine_kernels_stay_small():
-    """kernels/ holds only what the engine runs: at most 250 code lines (docstrings, comments, blanks
-    not counted), no module over 300."""
+    """kernels/ holds only what the engine runs (the decode and the prefill kernel): at most 320 code lines
+    (docstrings, comments, blanks not counted), no module over 300."""
     total = 0
     for path in sorted((ROOT / "kernels").glob("*.py")):
         source = path.read_text()
@@ -334,7 +334,7 @@ def test_engine_kernels_stay_small():
                     if line.strip() and not line.strip().startswith("#") and i not in docs)
         assert lines <= 300, f"{path.name} has {lines} code lines"
         total += lines
-    assert total <= 250, f"kernels/ has {total} code lines (budget 250)"
+    assert total <= 320, f"kernels/ has {total} code lines (budget 320)"
 
 
 # ---------------------------------------------------------------------------- validation

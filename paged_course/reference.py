@@ -142,7 +142,7 @@ def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
-def write_kv(cache, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv_checked(cache, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store ``key[i]`` and ``value[i]`` of layer ``layer`` of ``cache`` (a ``KVCache``) at slot ``slot_mapping[i]``,
     checked: the teaching version of the engine's unchecked ``paged.worker.attention.write_kv``.
 
@@ -379,6 +379,6 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
 
 
-__all__ = ["kv_cache_from_budget", "pad_block_tables", "write_kv", "contiguous_attention", "gather_kv",
+__all__ = ["kv_cache_from_budget", "pad_block_tables", "write_kv_checked", "contiguous_attention", "gather_kv",
            "paged_attention", "paged_attention_blockwise",
            "paged_attention_gather", "select_backend"]

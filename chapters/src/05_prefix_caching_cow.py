@@ -70,7 +70,7 @@ from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache
 from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
 from paged_course.check import check, impl_package, learner_or_reference, solution  # noqa: F401
-from paged_course.reference import write_kv
+from paged_course.reference import write_kv_checked
 from paged_course.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
 
 STEP_METHODS = {"ch05.ex1": "update_hashes", "ch05.ex2": "lookup", "ch05.ex3": "insert", "ch05.ex4": "evict"}
@@ -519,7 +519,7 @@ def write(seq, start):
     table = manager.block_tables[seq.seq_id]
     slots = torch.tensor(table.slot_mapping(start, len(seq)))
     keys = torch.tensor(seq.token_ids[start:], dtype=torch.float32).view(-1, 1, 1)
-    write_kv(kv, 0, keys, keys.clone(), slots)
+    write_kv_checked(kv, 0, keys, keys.clone(), slots)
 
 
 def context(seq):

@@ -297,27 +297,32 @@ print(f"engine step with {ov['num_seqs']} running sequences: forward {forward_ms
 
 # %% [markdown]
 # Up to 8 requests the two systems are within about 6% of each other. From 16 concurrent requests on, transformers'
-# `generate` wins, and its lead grows with the batch: our engine reaches 0.87x of its throughput at 16 requests,
-# 0.48x at 64 and 0.36x at 128. Paging is not the reason (in our own kernel it costs at most 2.4%, printed
-# above). Three costs of this engine are, each visible in the code or the committed numbers:
+# `generate` won, and its lead grew with the batch: the engine reached 0.87x of its throughput at 16 requests,
+# 0.48x at 64 and 0.36x at 128. Paging was not the reason (in our own kernel it cost at most 2.4%, printed
+# above). Three costs of the engine as it was for that run are visible in the committed numbers:
 #
-# - **Prefills run one sequence at a time.** The attention backend (`paged/worker/attention.py`) runs a separate
-#   causal SDPA for each prompt in every layer, so admitting 128 prompts costs 128 small attention calls per
-#   layer where `generate` runs one batched call on its padded batch.
-# - **Decode attention uses a slow kernel.** Our Triton decode kernel is written to be read, not to be fast: it
-#   reaches about a tenth of the H200's memory bandwidth, and PyTorch's SDPA on contiguous K/V does the same work
-#   about 8x faster (printed above). `generate` runs SDPA's kernels; every decode step of ours runs this one in
-#   every layer.
+# - **Prefills ran one sequence at a time.** The attention backend ran a separate causal SDPA for each prompt in
+#   every layer, so admitting 128 prompts cost 128 small attention calls per layer where `generate` runs one
+#   batched call on its padded batch.
+# - **Decode attention used the teaching kernel.** It reached about a tenth of the H200's memory bandwidth, and
+#   PyTorch's SDPA on contiguous K/V did the same work about 8x faster (printed above). `generate` runs SDPA's
+#   kernels; every decode step of ours ran this one in every layer.
 # - **Per-step Python weighs on a fast forward.** Scheduling, building the step's metadata (slot mapping, block
 #   tables) and sampling are Python, which a GPU does not speed up: 2.8 ms per step at 64 running sequences, and
-#   the scheduler's work grows with the number of requests (section 6 of chapter 06). On a CPU the forward
-#   dwarfs it; on the H200 the forward takes 5.7 ms, so the rest is about a fifth of each step.
+#   the scheduler's work grows with the number of requests (chapter 06). On a CPU the forward dwarfs it; on the
+#   H200 the forward took 5.7 ms, so the rest was about a fifth of each step.
 #
 # The committed run splits a step only into the forward and the rest, so it cannot say which of the first two
-# weighs more. Nor does this sweep show what paging is for: every request has the same length and the GPU has
-# memory to spare, so a static batch wastes nothing. vLLM removes these costs with batched variable-length
-# prefill attention, tuned decode kernels and CUDA graphs for the decode step; chapter 04's performance lab works
-# on the kernel.
+# weighed more. Nor does this sweep show what paging is for: every request has the same length and the GPU has
+# memory to spare, so a static batch wastes nothing.
+#
+# The engine has since taken vLLM's answers to all three, and **none of them has been measured on a GPU yet**:
+# on CUDA every prompt chunk of a step goes through one call of a Triton prefill kernel over the block tables
+# (`kernels/prefill_attention.py`), decodes use chapter 04's tuned kernel (the group of query heads in `tl.dot`,
+# tiles across blocks, split-K chosen from the SM count), the step's metadata goes to the device in one copy, and
+# a step of decodes alone replays a CUDA graph captured for its padded batch size (`LLM(enforce_eager=True)` turns
+# graphs off). Their correctness is tested on CPU with Triton's interpreter; their speed is a question for the next
+# GPU run (`scripts/gpu_check.sh`), whose JSON this cell will read when it is committed.
 #
 # ## 4. The seed claims ledger
 #
@@ -471,12 +476,14 @@ else:
 #   (about 280 vs 29 for chat-like lengths), because memory follows the real length.
 # - Batching raises throughput for both our engine and `generate` on this CPU, with identical greedy tokens; the
 #   seed's A100 table is not reproduced here and stays unsourced (C6, E11). On the committed H200 run `generate`
-#   wins from 16 concurrent requests up (our engine at 0.36x at 128), because of per-sequence prefills, a slow
-#   decode kernel and per-step Python, not because of paging.
+#   won from 16 concurrent requests up (the engine of that run at 0.36x at 128), because of per-sequence prefills,
+#   a slow decode kernel and per-step Python, not because of paging. The batched prefill kernel, the tuned decode
+#   kernel and the CUDA graphs the engine has now are not yet measured on a GPU.
 # - The ledger gives every seed claim a number or a sourced correction: 4 hold, 3 depend on the workload or
 #   device, 10 are corrected, and E2 is measured on the committed H200 run: paging costs at most 2.4% in our
 #   kernel, but that kernel is latency-bound (11.5% of HBM bandwidth), so the figure says little about paging at
-#   the roofline; chapter 04's tuned kernel re-measures it (the paper: 20-26% against a tuned kernel).
+#   the roofline; the next GPU run re-measures it on chapter 04's tuned kernel (the paper: 20-26% against a tuned
+#   kernel).
 # - Every piece has a counterpart in vLLM; v1 (as of 0.8.5) keeps blocks, block tables, prefix caching and
 #   recompute preemption, and drops copy-on-write, swapping and the watermark.
 

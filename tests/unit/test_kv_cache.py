@@ -1,5 +1,5 @@
 """``paged.worker.kv_cache.KVCache``: layout, copy-on-write copies, swapping, sizing; the checked write by slot
-mapping of ``paged_course.reference.write_kv``."""
+mapping of ``paged_course.reference.write_kv_checked``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from paged.worker.kv_cache import KVCache, block_bytes
 from paged_course.memory import KVSpec
-from paged_course.reference import kv_cache_from_budget, paged_attention_gather, write_kv
+from paged_course.reference import kv_cache_from_budget, paged_attention_gather, write_kv_checked
 
 
 def small_cache(**kw) -> KVCache:
@@ -37,7 +37,7 @@ def test_write_by_slot_mapping_skips_minus_one():
     key, value = signed(5, 2, 8, seed=1), signed(5, 2, 8, seed=2)
     # table [5, 2], positions 0..4 -> slots 20, 21, 22, 23, 8; the 4th token is skipped (-1).
     slots = torch.tensor([20, 21, 22, -1, 8])
-    write_kv(cache, 1, key, value, slots)
+    write_kv_checked(cache, 1, key, value, slots)
     assert torch.equal(cache.key_cache[1][5, :3], key[:3]) and torch.equal(cache.value_cache[1][2, 0], value[4])
     assert torch.equal(cache.key_cache[1][5, 3], torch.zeros(2, 8)), "slot -1 must not be written"
     assert cache.kv[0].abs().sum() == 0, "layer 0 must be untouched"
@@ -50,7 +50,7 @@ def test_written_kv_feeds_the_attention_reference():
     table, n = [6, 1, 3], 9
     key, value = signed(n, 2, 8, seed=3), signed(n, 2, 8, seed=4)
     slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in range(n)])
-    write_kv(cache, 0, key, value, slots)
+    write_kv_checked(cache, 0, key, value, slots)
     q = signed(1, 4, 8, seed=5)
     out = paged_attention_gather(q, cache.key_cache[0], cache.value_cache[0], torch.tensor([table], dtype=torch.int32),
                                  torch.tensor([n], dtype=torch.int32))
@@ -82,7 +82,7 @@ def test_bad_write_raises_and_leaves_pool_unchanged(case):
     before = cache.kv.clone()
     _, args, message = case
     with pytest.raises(ValueError, match=message):
-        write_kv(cache, *args)
+        write_kv_checked(cache, *args)
     assert torch.equal(cache.kv, before), "the pool changed although write() raised"
 
 

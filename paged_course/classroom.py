@@ -223,7 +223,8 @@ def write(root: Path, hidden: bool = False, workflow: bool = False, check: bool 
 
 
 def exercise_sizes(root: Path) -> dict[str, dict]:
-    """Per chapter, from ``solutions/ex*.py``: ``{"ch01": {"file", "exercises": {id: (lines, hint)}, "lines"}}``.
+    """Per chapter, from ``solutions/ex*.py``: ``{"ch01": {"files", "exercises": {id: (lines, hint)}, "lines"}}``
+    (``files``: the solution files that hold the chapter's regions, in name order).
 
     ``lines`` counts the non-blank, non-comment lines inside each ``BEGIN/END SOLUTION`` region: the
     code a learner writes (the workshop plan sizes its exercise slots from it).
@@ -236,7 +237,9 @@ def exercise_sizes(root: Path) -> dict[str, dict]:
         for line in path.read_text().splitlines():
             if (m := BEGIN.match(line)) is not None:
                 current = m["id"]
-                row = table.setdefault(current.split(".")[0], {"file": path.name, "exercises": {}, "lines": 0})
+                row = table.setdefault(current.split(".")[0], {"files": [], "exercises": {}, "lines": 0})
+                if path.name not in row["files"]:
+                    row["files"].append(path.name)
                 row["exercises"][current] = [0, (m["hint"] or "").strip()]
             elif END.match(line):
                 current = None
@@ -274,10 +277,11 @@ def plan_main(argv: list[str]) -> int:
     """``plan``: print, per chapter, graded points, exercise sizes and the tests' failure messages."""
     root = Path(argv[0]) if argv else Path.cwd()
     points, sizes, messages = chapter_points(collect(root)), exercise_sizes(root), failure_messages(root)
-    print("| chapter | file | exercises | solution lines | graded tests | points |\n|---|---|---|---|---|---|")
+    print("| chapter | files | exercises | solution lines | graded tests | points |\n|---|---|---|---|---|---|")
     for chapter in sorted(set(points) | set(sizes)):
         size, pts = sizes.get(chapter, {}), points.get(chapter, {})
-        print(f"| {chapter} | {size.get('file', '-')} | {len(size.get('exercises', {}))} | {size.get('lines', 0)} "
+        files = ", ".join(size.get("files", [])) or "-"
+        print(f"| {chapter} | {files} | {len(size.get('exercises', {}))} | {size.get('lines', 0)} "
               f"| {pts.get('tests', 0)} | {pts.get('points', 0)} |")
     for _chapter, size in sorted(sizes.items()):
         for ex_id, (lines, hint) in size["exercises"].items():

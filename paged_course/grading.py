@@ -148,7 +148,9 @@ def _error_message(output: str) -> str:
     """The exception message of a pytest failure: its ``E`` lines joined, without pytest's own ``assert`` diff.
 
     ``E   AssertionError: length 17 needs 2 blocks,`` / ``E      got 1`` / ``E   assert 1 == 2`` gives
-    ``AssertionError: length 17 needs 2 blocks, got 1``. Falls back to the first non-blank line.
+    ``AssertionError: length 17 needs 2 blocks, got 1``. A message that names neither what was expected nor
+    what came out keeps pytest's first comparison line (``...: assert [7, 1, 4] == [7, 1]``). Falls back to
+    the first non-blank line.
     """
     lines = output.splitlines()
     for i, line in enumerate(lines):
@@ -160,6 +162,10 @@ def _error_message(output: str) -> str:
                 break
             text = more[1:].strip()
             if text.startswith("assert ") and not parts[0].startswith("assert "):
+                said = " ".join(parts).lower()
+                if "got" not in said and "expected" not in said:  # the comparison is the only got / expected
+                    parts[-1] += ":"
+                    parts.append(text)
                 break  # pytest's rewritten comparison after the test's own message
             if text:
                 parts.append(text)

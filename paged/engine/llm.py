@@ -204,7 +204,7 @@ class IgnoredRequestWarning(UserWarning):
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_REQUEST_ID = re.compile(r"request '[^']*'(: )?")
+_REQUEST_ID = re.compile(r"(sequence \d+ of )?request '[^']*'(: )?")
 
 
 def group_finish_messages(outputs: list[RequestOutput]) -> list[tuple[int, str, list[str]]]:
@@ -212,15 +212,16 @@ def group_finish_messages(outputs: list[RequestOutput]) -> list[tuple[int, str, 
     common first.
 
     Messages that differ only in their numbers share a reason; a number that differs is shown as its
-    range (``"prompt of 145-253 tokens"``). The request's own id is left out of the summary (it is in
-    ``request_ids``). Outputs without a ``finish_message`` are grouped by ``finish_reason``.
+    range (``"prompt of 145-253 tokens"``). The request's id and its sequences' ids are left out of the
+    summary (``request_ids`` has them). Outputs without a ``finish_message`` are grouped by ``finish_reason``.
     """
     groups: dict[tuple, list] = {}
     for out in outputs:
         first = out.outputs[0] if out.outputs else None
         message = (first.finish_message if first is not None else None) or \
             f"finish_reason={first.finish_reason if first is not None else None!r}"
-        message = _REQUEST_ID.sub(lambda m: "" if m.group(1) else "the request", message)
+        message = _REQUEST_ID.sub(lambda m: "" if m[2] else "a sequence of the request" if m[1] else "the request",
+                                  message)
         parts = _NUMBER.split(message)
         groups.setdefault(tuple(parts), []).append((_NUMBER.findall(message), out.request_id))
     summaries = []

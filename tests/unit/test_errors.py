@@ -232,8 +232,11 @@ def test_group_finish_messages_shows_differing_numbers_as_ranges():
     outs = [out("a", "ignored: prompt of 30 tokens needs 8 blocks of 4 tokens"),
             out("b", "ignored: prompt of 21 tokens needs 6 blocks of 4 tokens"),
             out("c", "KV cache exhausted: request 'c' needs 3 blocks", "kv_cache_exhausted"),
-            out("d", "ignored: prompt of 25 tokens needs 7 blocks of 4 tokens")]
+            out("d", "ignored: prompt of 25 tokens needs 7 blocks of 4 tokens"),
+            out("e", "KV cache exhausted: sequence 6 of request 'e' needs 4 blocks", "kv_cache_exhausted"),
+            out("f", "KV cache exhausted: sequence 57 of request 'f' needs 4 blocks", "kv_cache_exhausted")]
     assert group_finish_messages(outs) == [
         (3, "ignored: prompt of 21-30 tokens needs 6-8 blocks of 4 tokens", ["a", "b", "d"]),
+        (2, "KV cache exhausted: a sequence of the request needs 4 blocks", ["e", "f"]),
         (1, "KV cache exhausted: the request needs 3 blocks", ["c"]),
-    ]
+    ], "sequence ids are the request's own, like its id: left out of the summary, not shown as a range"

@@ -190,6 +190,12 @@ def test_error_message_keeps_the_expected_got_lines():
     assert grading._error_message(output) == "AssertionError: length 17 needs 2 blocks, got 1"
     bare = "E       assert 1 == 5\nE        +  where 1 = f()\n"
     assert grading._error_message(bare) == "assert 1 == 5 +  where 1 = f()", "no message: pytest's diff is the reason"
+    plain = ("E       AssertionError: fully cached prompt: at most max_blocks blocks\n"
+             "E       assert [7, 1, 4] == [7, 1]\n"
+             "E         Left contains one more item: 4\n")
+    assert grading._error_message(plain) == \
+        "AssertionError: fully cached prompt: at most max_blocks blocks: assert [7, 1, 4] == [7, 1]", \
+        "a message without got / expected keeps pytest's comparison, which shows both"
     long = "A" * 3000 + " expected 7, got 9"
     short = grading.shorten_middle(long, 300)
     assert len(short) <= 300 and short.endswith("expected 7, got 9") and short.startswith("AAA")

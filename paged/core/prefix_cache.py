@@ -86,9 +86,11 @@ class PrefixCache:
         Pure: changes nothing (the block manager takes the blocks, then ``record_query``)."""
         bs, tokens, hits, parent_uid = self.block_size, seq.token_ids, [], 0
         for i, key in enumerate(self.update_hashes(seq)[:max(max_blocks, 0)]):
-            block = tuple(tokens[i * bs:(i + 1) * bs])
-            entry = next((e for e in self._by_key.get(key, ()) if e.parent_uid == parent_uid and e.token_ids == block),
-                         None)
+            block, entry = tuple(tokens[i * bs:(i + 1) * bs]), None
+            for candidate in self._by_key.get(key, ()):  # several only on a hash collision
+                if candidate.parent_uid == parent_uid and candidate.token_ids == block:
+                    entry = candidate
+                    break
             if entry is None:  # no entry, or only collisions / other parents: a miss ends the prefix
                 break
             hits.append(entry.block_id)

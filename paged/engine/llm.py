@@ -91,10 +91,9 @@ def _check_hub(name: str) -> None:
     def ask() -> None:
         try:
             huggingface_hub.HfApi(endpoint=hub).model_info(name, timeout=HUB_TIMEOUT_S)
+            answer["ok"] = True
         except Exception as err:  # reported below, in the caller's thread
             answer["error"] = err
-        else:
-            answer["ok"] = True
 
     thread = threading.Thread(target=ask, name="paged-hub-check", daemon=True)
     thread.start()
@@ -162,8 +161,7 @@ def load_model(model, dtype: torch.dtype | None):
         loaded = None
     except Exception as err:  # an unknown architecture, a bad config, ...
         raise _load_error(model, err) from err
-    downloaded = loaded is None
-    if downloaded:
+    if downloaded := loaded is None:
         _check_hub(name)  # fails within HUB_TIMEOUT_S when the hub cannot be asked
         try:
             loaded = from_pretrained(AutoModelForCausalLM, **kwargs)

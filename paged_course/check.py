@@ -1,5 +1,6 @@
 """The learner's loop inside a chapter: ``check("ch02.ex1")`` right after a build step, ``solution(...)``
-to reveal the reference for self-study, ``learner_or_reference`` to carry on with an unfinished piece.
+to reveal the reference for self-study, ``learner_or_reference`` to carry on with an unfinished piece,
+``exercise_module`` to import your file afresh.
 
 ``check`` runs that exercise's graded tests (``tests/exercises``, the ``exercise(id, points)`` marker) in
 this process, on the freshly reloaded files of ``exercises/`` (or ``solutions/``: ``PAGED_IMPL``), with a
@@ -161,6 +162,20 @@ def check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> bool
         why = f" (it uses your {broken}, which does not pass its own checks yet: fix {broken} first)" if broken else ""
         print(f"{exercise}: {r.passed} of {r.total} checks pass{why}; the first failing one:\n{r.first_failure}")
     return r.ok
+
+
+def exercise_module(name: str, impl: str | None = None):
+    """Your exercise module ``name`` (``"ex03_block_tables"``) imported afresh, so that your last saved edit is
+    what runs; ``None``, with one line saying why, when it does not import (a syntax error while you edit must
+    not stop the chapter)."""
+    full = f"{impl or impl_package()}.{name}"
+    sys.modules.pop(full, None)
+    importlib.invalidate_caches()
+    try:
+        return importlib.import_module(full)
+    except Exception as err:
+        print(f"{full.replace('.', '/')}.py does not import: {type(err).__name__}: {err}")
+        return None
 
 
 def learner_or_reference(exercises: str | list[str], learner, reference, impl: str | None = None):

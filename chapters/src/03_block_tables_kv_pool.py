@@ -48,7 +48,6 @@
 # Stuck? `solution("ch03.exK")` prints the reference answer, where your copy of the course ships it.
 
 # %%
-import importlib
 import sys
 import time
 from pathlib import Path
@@ -66,7 +65,7 @@ from paged.core.block_table import BlockTable
 from paged.core.block_table import slot_mapping as reference_slot_mapping
 from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
-from paged_course.check import check, impl_package, learner_or_reference, solution
+from paged_course.check import check, exercise_module, learner_or_reference, solution
 from paged_course.memory import KVSpec, kv_spec
 from paged_course.reference import (contiguous_attention, gather_kv, kv_cache_from_budget,
                                     pad_block_tables, paged_attention_blockwise, paged_attention_gather,
@@ -74,20 +73,9 @@ from paged_course.reference import (contiguous_attention, gather_kv, kv_cache_fr
 from paged_course.viz.kv_pool import plot_memory_order, plot_pool, plot_slot_mapping, slot_explorer
 
 
-def mine():
-    """Your exercise module, imported afresh (your last saved edit is what runs); None if it does not import."""
-    name = f"{impl_package()}.ex03_block_tables"
-    sys.modules.pop(name, None)
-    try:
-        return importlib.import_module(name)
-    except Exception as err:  # a syntax error while you edit must not stop the chapter
-        print(f"{name.replace('.', '/')}.py does not import: {type(err).__name__}: {err}")
-        return None
-
-
 def yours(exercises, name, reference):
     """Your `name` when the regions `exercises` pass their checks, else `reference` (one line says so)."""
-    module = mine()
+    module = exercise_module("ex03_block_tables")
     if module is None:
         print(f"using the reference for {name}")
         return reference
@@ -238,7 +226,7 @@ print("A's token 9 is stored:", torch.equal(cache.key_cache[0][tables["A"][9 // 
 # Bad input is refused before anything is written: these checks sit outside your region, in the same file.
 
 # %%
-ex03 = mine()
+ex03 = exercise_module("ex03_block_tables")
 if ex03 is not None:
     for bad_slots in (torch.tensor([1, 2, 3, 4, 48]), torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32)):
         try:

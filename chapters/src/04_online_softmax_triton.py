@@ -44,7 +44,6 @@
 # file and prints the first failing case in words.
 
 # %%
-import importlib
 import inspect
 import math
 import sys
@@ -59,7 +58,7 @@ if str(ROOT) not in sys.path:  # the notebook runs in chapters/; the exercises l
     sys.path.insert(0, str(ROOT))
 
 from paged.kernels import HAS_TRITON, MODE, REASON
-from paged_course.check import check, impl_package, learner_or_reference, solution
+from paged_course.check import check, exercise_module, impl_package, learner_or_reference, solution
 from paged_course.kernel_lab.softmax_state import merge_splits as reference_merge
 from paged_course.kernel_lab.softmax_state import online_softmax_update as reference_update
 from paged_course.reference import paged_attention_blockwise, paged_attention_gather
@@ -83,14 +82,11 @@ def show_source(fn, first: str | None = None, last: str | None = None) -> None:
 def yours(exercises, module: str, name: str, reference):
     """`name` from your exercise module when the regions `exercises` pass their checks, else `reference`
     (one line says so). The module is imported afresh, so your last saved edit is what runs."""
-    full = f"{impl_package()}.{module}"
-    sys.modules.pop(full, None)
-    try:
-        learner = getattr(importlib.import_module(full), name)
-    except Exception as err:  # a syntax error while you edit must not stop the chapter
-        print(f"{full.replace('.', '/')}.py does not import ({type(err).__name__}: {err}); using the reference")
+    found = exercise_module(module)
+    if found is None:
+        print(f"using the reference for {name}")
         return reference
-    return learner_or_reference(exercises, learner, reference)
+    return learner_or_reference(exercises, getattr(found, name, reference), reference)
 
 
 # %% [markdown]
@@ -943,16 +939,11 @@ else:
 # file as it is now:
 
 # %%
-if HAS_TRITON:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ex04_fast", Path.cwd().parent / "exercises" / "ex04_fast_decode.py")
+if HAS_TRITON and (ex04_fast := exercise_module("ex04_fast_decode")) is not None:
     try:
-        ex04_fast = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(ex04_fast)
         ex04_fast.self_check()
     except Exception as exc:  # a learner's work in progress must not stop the chapter
-        print(f"exercises/ex04_fast_decode.py does not pass yet: {type(exc).__name__}: {exc}")
+        print(f"{impl_package()}/ex04_fast_decode.py does not pass yet: {type(exc).__name__}: {exc}")
 
 # %% [markdown]
 # ## Summary

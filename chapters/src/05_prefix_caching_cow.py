@@ -47,7 +47,6 @@
 
 # %%
 import hashlib
-import importlib
 import sys
 import time
 from pathlib import Path
@@ -69,27 +68,16 @@ from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache
 from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
-from paged_course.check import check, impl_package, learner_or_reference, solution  # noqa: F401
+from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
 from paged_course.reference import write_kv_checked
 from paged_course.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
 
 STEP_METHODS = {"ch05.ex1": "update_hashes", "ch05.ex2": "lookup", "ch05.ex3": "insert", "ch05.ex4": "evict"}
 
 
-def mine():
-    """Your exercise module, imported afresh (your last saved edit is what runs); None if it does not import."""
-    name = f"{impl_package()}.ex05_prefix_cache"
-    sys.modules.pop(name, None)
-    try:
-        return importlib.import_module(name)
-    except Exception as err:  # a syntax error while you edit must not stop the chapter
-        print(f"{name.replace('.', '/')}.py does not import: {type(err).__name__}: {err}")
-        return None
-
-
 def yours(exercises, name, reference):
     """Your `name` when the regions `exercises` pass their checks, else `reference` (one line says so)."""
-    module = mine()
+    module = exercise_module("ex05_prefix_cache")
     if module is None:
         print(f"using the reference for {name}")
         return reference
@@ -99,7 +87,7 @@ def yours(exercises, name, reference):
 def your_cache(*steps):
     """The reference PrefixCache with the methods of build steps `steps` taken from your file, each one
     that passes its checks (the others stay the reference's, one line says which)."""
-    module, methods = mine(), {}
+    module, methods = exercise_module("ex05_prefix_cache"), {}
     for step in steps:
         if module is not None and learner_or_reference(step, True, False):
             methods[STEP_METHODS[step]] = vars(module.PrefixCache)[STEP_METHODS[step]]

@@ -43,7 +43,6 @@
 # Stuck? `solution("ch06.exK")` prints the reference answer, where your copy of the course ships it.
 
 # %%
-import importlib
 import sys
 import time
 from pathlib import Path
@@ -62,7 +61,7 @@ from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, Sequenc
 from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.models import load_default
-from paged_course.check import check, impl_package, learner_or_reference, solution  # noqa: F401
+from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
 from paged_course.sim.kv_check import CheckedEngine
 from paged_course.sim.scheduling import (CostModel, chunk_budget_sweep, make_workload, recompute_vs_swap, simulate,
                                          simulate_static)
@@ -74,21 +73,10 @@ STEP_METHODS = {"ch06.ex1": "_chunk", "ch06.ex2": "_schedule_running", "ch06.ex3
                 "ch06.ex4": "_schedule_swapped", "ch06.ex5": "_schedule_waiting"}
 
 
-def mine():
-    """Your exercise module, imported afresh (your last saved edit is what runs); None if it does not import."""
-    name = f"{impl_package()}.ex06_scheduler"
-    sys.modules.pop(name, None)
-    try:
-        return importlib.import_module(name)
-    except Exception as err:  # a syntax error while you edit must not stop the chapter
-        print(f"{name.replace('.', '/')}.py does not import: {type(err).__name__}: {err}")
-        return None
-
-
 def your_scheduler(*steps):
     """The reference Scheduler with the methods of build steps `steps` taken from your file, each one that
     passes its checks (the others stay the reference's, one line says which)."""
-    module, methods = mine(), {}
+    module, methods = exercise_module("ex06_scheduler"), {}
     for step in steps:
         if module is not None and learner_or_reference(step, True, False):
             methods[STEP_METHODS[step]] = vars(module.Scheduler)[STEP_METHODS[step]]
@@ -619,7 +607,7 @@ for n in (64, 256):
 # chunk, preempt and recompute. The tokens must equal those of the reference engine.
 
 # %%
-your_part = mine()
+your_part = exercise_module("ex06_scheduler")
 your_part = learner_or_reference(list(STEP_METHODS), your_part.Scheduler, Scheduler) if your_part else Scheduler
 demo_prompts = [list(range(40 + i, 58 + 4 * i)) for i in range(6)]
 demo_params = SamplingParams(max_tokens=24, ignore_eos=True)

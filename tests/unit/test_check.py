@@ -86,3 +86,19 @@ def test_learner_parts_take_passing_parts_and_fall_back_otherwise(monkeypatch):
     parts, origin = capstone.learner_parts("exercises", parts=("allocator",))
     assert parts.allocator.__module__ == "paged.core.allocator", "an unfinished part falls back"
     assert "ch02.ex1 not passing" in origin["allocator"]
+
+
+def test_exercise_module_imports_the_saved_file_afresh_and_survives_a_syntax_error(tmp_path, monkeypatch, capsys):
+    from paged_course.check import exercise_module
+
+    pkg = tmp_path / "learner_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (pkg / "ex99_demo.py").write_text("ANSWER = 1\n")
+    assert exercise_module("ex99_demo", impl="learner_pkg").ANSWER == 1
+    (pkg / "ex99_demo.py").write_text("ANSWER = 2  # the learner saved an edit\n")
+    assert exercise_module("ex99_demo", impl="learner_pkg").ANSWER == 2, "the last saved edit is what runs"
+    (pkg / "ex99_demo.py").write_text("def broken(:\n")
+    assert exercise_module("ex99_demo", impl="learner_pkg") is None
+    assert "learner_pkg/ex99_demo.py does not import: SyntaxError" in capsys.readouterr().out

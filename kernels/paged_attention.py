@@ -30,8 +30,8 @@ Online softmax per tile, in base 2 (:math:`e^x = 2^{x \log_2 e}`, the scale fold
 :math:`s` of the tile, :math:`m' = \max(m, \max s)`, :math:`\alpha = 2^{m-m'}`, :math:`p = 2^{s-m'}`,
 :math:`\ell' = \alpha\ell + \sum p`, :math:`a' = \alpha a + p V`; at the end :math:`o = a/\ell`.
 
-Precision. ``tl.dot`` takes fp16/bf16 operands with fp32 accumulation (scores never overflow fp16, CASES
-12); ``p`` is cast to the value dtype for the second product, as FlashAttention does. fp32 inputs use
+Precision. ``tl.dot`` takes fp16/bf16 operands with fp32 accumulation (the scores
+never overflow fp16); ``p`` is cast to the value dtype for the second product, as FlashAttention does. fp32 inputs use
 ``input_precision="ieee"`` (no TF32). In Triton's interpreter (CPU) bf16 ``tl.dot`` multiplies raw bit
 patterns (Triton issue 11584), so there :func:`launch_decode` upcasts bf16 inputs to fp32 first (and the
 output back); bf16 is tested on a GPU only. Every masked load names its fill (``other=``): what sits past a

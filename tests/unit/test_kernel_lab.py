@@ -1,7 +1,8 @@
 """The teaching kernels of chapter 04 in ``paged_course.kernel_lab`` (interpreter on CPU, tiny shapes).
 
 The first decode kernel (one block per step, broadcast-and-sum scores) against the float64 loop of
-``test_kernels``, with split-K and empty splits, CASES 11/12/13 and the shared input checks;
+``test_kernels``, with split-K and empty splits, inf past the context, fp16 scores that would overflow, a
+context of 0, and the shared input checks;
 ``reshape_and_cache``; the row-softmax warm-ups; a missing Triton.
 """
 
@@ -52,7 +53,7 @@ def test_teaching_split_k_equals_single_pass_and_the_tuned_kernel(num_splits):
     assert max_err(split, paged_attention_decode(*inputs)) < 1e-6, "teaching and tuned kernels disagree"
 
 
-def test_teaching_cases_11_12_13_and_context_zero():
+def test_teaching_decode_inf_past_the_context_fp16_overflow_and_context_zero():
     inputs = make_paged([0, 5, 9], 8, 2, 16, 4, seed=3, fill=float("inf"))
     out = teaching_decode(*inputs, num_splits=2)
     assert torch.equal(out[0].cpu(), torch.zeros(8, 16)), "context 0 must give a zero output"

@@ -102,3 +102,18 @@ def test_exercise_module_imports_the_saved_file_afresh_and_survives_a_syntax_err
     (pkg / "ex99_demo.py").write_text("def broken(:\n")
     assert exercise_module("ex99_demo", impl="learner_pkg") is None
     assert "learner_pkg/ex99_demo.py does not import: SyntaxError" in capsys.readouterr().out
+
+
+def test_learner_parts_take_the_file_their_checks_passed_not_a_stale_import(monkeypatch):
+    import sys
+    import types
+
+    import paged_course.check as c
+
+    stale = types.ModuleType("solutions.ex02_allocator")  # what the file held before the learner's last save
+    stale.PART_REGIONS, stale.BlockAllocator = {"BlockAllocator": (EX,)}, object
+    monkeypatch.setitem(sys.modules, "solutions.ex02_allocator", stale)
+    monkeypatch.setattr(c, "_cache", {})  # the file changed since its last check: the check runs again
+    parts, origin = capstone.learner_parts("solutions", parts=("allocator",))
+    assert parts.allocator is not object and parts.allocator.__module__ == "solutions.ex02_allocator", \
+        "the engine must run the code the checks passed, not an import from before the last save"

@@ -162,8 +162,7 @@ def _error_message(output: str) -> str:
                 break
             text = more[1:].strip()
             if text.startswith("assert ") and not parts[0].startswith("assert "):
-                said = " ".join(parts).lower()
-                if "got" not in said and "expected" not in said:  # the comparison is the only got / expected
+                if not re.search(r"\b(?:got|expected)\b", " ".join(parts), re.I):  # pytest shows both
                     parts[-1] += ":"
                     parts.append(text)
                 break  # pytest's rewritten comparison after the test's own message

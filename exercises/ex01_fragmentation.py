@@ -44,7 +44,9 @@ def slot_kinds(tokens, final, held) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         empty until the request leaves. For every request they add up to ``held``.
     """
     tokens, final, held = (np.asarray(a, dtype=np.int64) for a in (tokens, final, held))
-    raise NotImplementedError("ch01.ex1: number the held slots 0, 1, 2, ...: compare each index with tokens and final")
+    raise NotImplementedError(
+        "ch01.ex1: number the held slots 0, 1, 2, ...: compare each index with tokens and final"
+    )
 
 
 class PagedManager:
@@ -69,8 +71,10 @@ class PagedManager:
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01):
         if num_blocks < 0 or block_size <= 0 or not 0 <= watermark < 1:
-            raise ValueError(f"need num_blocks >= 0, block_size > 0 and watermark in [0, 1), got {num_blocks}, "
-                             f"{block_size}, {watermark}")
+            raise ValueError(
+                f"need num_blocks >= 0, block_size > 0 and watermark in [0, 1), got {num_blocks}, "
+                f"{block_size}, {watermark}"
+            )
         self.num_blocks, self.block_size = num_blocks, block_size
         self.watermark_blocks = int(watermark * num_blocks)
         self.held: dict[int, int] = {}
@@ -87,14 +91,18 @@ class PagedManager:
         ``AllocStatus.OK`` when taking them leaves at least ``watermark_blocks`` blocks free;
         ``AllocStatus.LATER`` otherwise. Changes nothing.
         """
-        raise NotImplementedError("ch01.ex2: could it fit beside the watermark in an empty pool? and now?")
+        raise NotImplementedError(
+            "ch01.ex2: could it fit beside the watermark in an empty pool? and now?"
+        )
 
     def allocate(self, req: int, num_tokens: int) -> None:
         """Admit ``req`` holding ``num_tokens`` tokens (its prompt, or all it held when it was preempted)."""
         need = self.blocks_for(num_tokens)
         if req in self.held or need > self.num_free_blocks:
-            raise ValueError(f"allocate: request {req} is running already, or needs {need} blocks with "
-                             f"{self.num_free_blocks} free")
+            raise ValueError(
+                f"allocate: request {req} is running already, or needs {need} blocks with "
+                f"{self.num_free_blocks} free"
+            )
         self.held[req] = need
         self.num_free_blocks -= need
 
@@ -109,4 +117,6 @@ class PagedManager:
         or until ``req`` itself is preempted: then it takes no block. Returns the preempted request ids
         in the order they were preempted (``[]`` when nobody was).
         """
-        raise NotImplementedError("ch01.ex3: new block only if the last is full; preempt the newest (held's order)")
+        raise NotImplementedError(
+            "ch01.ex3: new block only if the last is full; preempt the newest (held's order)"
+        )

@@ -51,15 +51,22 @@ class FreeBlockQueue:
     """
 
     def __init__(self, num_blocks: int):
-        raise NotImplementedError("ch02.ex1: write FreeBlockQueue (its docstring says what each method does)")
+        raise NotImplementedError(
+            "ch02.ex1: write FreeBlockQueue (its docstring says what each method does)"
+        )
+
     def popleft(self) -> int:
         raise NotImplementedError("ch02.ex1: write FreeBlockQueue.popleft")
+
     def append(self, block_id: int) -> None:
         raise NotImplementedError("ch02.ex1: write FreeBlockQueue.append")
+
     def remove(self, block_id: int) -> None:
         raise NotImplementedError("ch02.ex1: write FreeBlockQueue.remove")
+
     def __len__(self) -> int:
         raise NotImplementedError("ch02.ex1: write FreeBlockQueue.__len__")
+
     def __iter__(self):
         raise NotImplementedError("ch02.ex1: write FreeBlockQueue.__iter__")
 
@@ -114,7 +121,9 @@ class BlockAllocator:
         All or nothing: with fewer than ``n`` free blocks, raise ``NoFreeBlocksError(n, free blocks)``
         and change nothing (vLLM v1 ``BlockPool.get_new_blocks``).
         """
-        raise NotImplementedError("ch02.ex2: decide before touching anything; then the front n, in order, held once")
+        raise NotImplementedError(
+            "ch02.ex2: decide before touching anything; then the front n, in order, held once"
+        )
 
     def _check(self, block_id, op: str, in_use: bool = True) -> int:
         """The reference count of ``block_id``, after checking it.
@@ -124,7 +133,9 @@ class BlockAllocator:
         or a negative id is not an id); with ``in_use``, ``ValueError`` saying the block is "already free"
         when its count is 0. Changes nothing.
         """
-        raise NotImplementedError("ch02.ex3: type() first (2.0 is no id), then the range (-1 wraps), then the count")
+        raise NotImplementedError(
+            "ch02.ex3: type() first (2.0 is no id), then the range (-1 wraps), then the count"
+        )
 
     def free_many(self, block_ids) -> None:
         """Drop one holder of each listed block, in the order listed; a block whose count reaches 0 joins
@@ -134,7 +145,9 @@ class BlockAllocator:
         an id listed ``k`` times needs ``k`` holders, else ``ValueError`` naming it.
         """
         block_ids = tuple(block_ids)
-        raise NotImplementedError("ch02.ex4: two passes: count each id's listings against its holders, then release")
+        raise NotImplementedError(
+            "ch02.ex4: two passes: count each id's listings against its holders, then release"
+        )
 
     def take(self, block_id: int) -> None:
         """Pull the free block ``block_id`` out of the free queue, wherever it stands; its count becomes 1.
@@ -142,7 +155,9 @@ class BlockAllocator:
         ``ValueError`` for an id out of range (``_check`` with op ``"take"``) and for a block in use (the
         message says "in use" and gives its count); nothing changes then.
         """
-        raise NotImplementedError("ch02.ex5: a block nobody holds leaves the queue from wherever it stands")
+        raise NotImplementedError(
+            "ch02.ex5: a block nobody holds leaves the queue from wherever it stands"
+        )
 
     def __repr__(self) -> str:
         return f"BlockAllocator(num_blocks={self.num_blocks}, free={self.num_free_blocks})"

@@ -39,10 +39,30 @@ CONFIG = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}  # the teaching kernel
 
 
 @jit
-def _learner_kernel(Q, K, V, BT, CL, O, scale, stride_q_seq, stride_q_head, stride_k_block, stride_k_tok,
-                    stride_k_head, stride_bt_seq, stride_o_seq, stride_o_head, GROUP: tl.constexpr,
-                    GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
+def _learner_kernel(
+    Q,
+    K,
+    V,
+    BT,
+    CL,
+    O,
+    scale,
+    stride_q_seq,
+    stride_q_head,
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,
+    stride_bt_seq,
+    stride_o_seq,
+    stride_o_head,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+):
     """The teaching kernel: one block per step, scores by broadcast-multiply-and-sum."""
     seq, kv_head = tl.program_id(0), tl.program_id(1)
     offs_g = tl.arange(0, GROUP_P2)
@@ -51,16 +71,26 @@ def _learner_kernel(Q, K, V, BT, CL, O, scale, stride_q_seq, stride_q_head, stri
     g_mask, d_mask = offs_g < GROUP, offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_g
     context_len = tl.load(CL + seq).to(tl.int32)
-    q = tl.load(Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32) * scale
+    q = (
+        tl.load(
+            Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
+            mask=g_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        * scale
+    )
     m = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
     for b in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
         physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)
         t_mask = b * BLOCK_SIZE + offs_t < context_len
-        offsets = (physical * stride_k_block + offs_t[:, None] * stride_k_tok + kv_head * stride_k_head
-                   + offs_d[None, :])
+        offsets = (
+            physical * stride_k_block
+            + offs_t[:, None] * stride_k_tok
+            + kv_head * stride_k_head
+            + offs_d[None, :]
+        )
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(K + offsets, mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(V + offsets, mask=kv_mask, other=0.0).to(tl.float32)
@@ -73,43 +103,79 @@ def _learner_kernel(Q, K, V, BT, CL, O, scale, stride_q_seq, stride_q_head, stri
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    tl.store(O + seq * stride_o_seq + heads[:, None] * stride_o_head + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(
+        O + seq * stride_o_seq + heads[:, None] * stride_o_head + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=g_mask[:, None] & d_mask[None, :],
+    )
 
 
-def launch_learner_decode(query, key_cache, value_cache, block_tables, context_lens, scale=None) -> torch.Tensor:
+def launch_learner_decode(
+    query, key_cache, value_cache, block_tables, context_lens, scale=None
+) -> torch.Tensor:
     """Launch ``_learner_kernel`` without checks (the benchmark's timed region): grid (num_seqs, num_kv_heads).
 
     In the interpreter bf16 inputs run as fp32 (its bf16 ``tl.dot`` is wrong, Triton issue 11584).
     """
     if INTERPRET and query.dtype == torch.bfloat16:
-        return launch_learner_decode(query.float(), key_cache.float(), value_cache.float(), block_tables,
-                                     context_lens, scale).to(query.dtype)
+        return launch_learner_decode(
+            query.float(), key_cache.float(), value_cache.float(), block_tables, context_lens, scale
+        ).to(query.dtype)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    query, block_tables, context_lens = query.contiguous(), block_tables.contiguous(), context_lens.contiguous()
+    query, block_tables, context_lens = (
+        query.contiguous(),
+        block_tables.contiguous(),
+        context_lens.contiguous(),
+    )
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     _learner_kernel[(num_seqs, num_kv_heads)](
-        query, key_cache, value_cache, block_tables, context_lens, out, scale, query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0), out.stride(0),
-        out.stride(1), GROUP=group, GROUP_P2=triton.next_power_of_2(group),
-        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        HEAD_DIM_P2=max(16, triton.next_power_of_2(head_dim)), **CONFIG)
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        out,
+        scale,
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        GROUP_P2=triton.next_power_of_2(group),
+        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=max(16, triton.next_power_of_2(head_dim)),
+        **CONFIG,
+    )
     return out
 
 
-def learner_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                   block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def learner_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Decode attention with your kernel; the contract and errors of ``paged.kernels.paged_attention_decode``
     (single pass). Raises ValueError for bad inputs, TritonUnavailableError without Triton."""
     require_triton()
     validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, 1)
     if key_cache.stride() != value_cache.stride():
-        raise ValueError("key_cache and value_cache must have the same strides (the kernel shares them)")
+        raise ValueError(
+            "key_cache and value_cache must have the same strides (the kernel shares them)"
+        )
     return launch_learner_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
 
 
@@ -123,10 +189,16 @@ def self_check(verbose: bool = True) -> list[dict]:
     from paged_course.reference import paged_attention_gather
 
     device = "cpu" if INTERPRET else "cuda"
-    cases = [(torch.float32, 4, 4, 16, 8, [1, 8, 9, 70]), (torch.float32, 14, 2, 24, 16, [0, 33, 100]),
-             (torch.float16, 8, 2, 32, 16, [5, 64, 129])]
+    cases = [
+        (torch.float32, 4, 4, 16, 8, [1, 8, 9, 70]),
+        (torch.float32, 14, 2, 24, 16, [0, 33, 100]),
+        (torch.float16, 8, 2, 32, 16, [5, 64, 129]),
+    ]
     if device == "cuda":
-        cases += [(torch.float16, 32, 8, 128, 16, [1, 1000, 4096]), (torch.bfloat16, 32, 8, 128, 16, [17, 2049])]
+        cases += [
+            (torch.float16, 32, 8, 128, 16, [1, 1000, 4096]),
+            (torch.bfloat16, 32, 8, 128, 16, [17, 2049]),
+        ]
     rows = []
     for i, (dtype, heads, kv_heads, head_dim, block_size, lens) in enumerate(cases):
         gen = torch.Generator().manual_seed(i)
@@ -138,24 +210,43 @@ def self_check(verbose: bool = True) -> list[dict]:
         value_cache = key_cache.clone()
         start = 0
         for s, (n, k) in enumerate(zip(lens, need)):
-            tables[s, :k] = perm[start:start + k].int()
+            tables[s, :k] = perm[start : start + k].int()
             start += k
             for p in range(n):  # real tokens only: every slot past a context stays NaN
                 block, slot = int(tables[s, p // block_size]), p % block_size
                 key_cache[block, slot] = torch.randn(kv_heads, head_dim, generator=gen)
                 value_cache[block, slot] = torch.randn(kv_heads, head_dim, generator=gen)
         query = torch.randn(len(lens), heads, head_dim, generator=gen)
-        args = [t.to(device) for t in (query.to(dtype), key_cache.to(dtype), value_cache.to(dtype), tables,
-                                       torch.tensor(lens, dtype=torch.int32))]
+        args = [
+            t.to(device)
+            for t in (
+                query.to(dtype),
+                key_cache.to(dtype),
+                value_cache.to(dtype),
+                tables,
+                torch.tensor(lens, dtype=torch.int32),
+            )
+        ]
         out = learner_decode(*args)
         ref = paged_attention_gather(*[t.float() if t.is_floating_point() else t for t in args])
         err = (out.float() - ref).abs().max().item() if torch.isfinite(out).all() else float("inf")
         tol = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 3e-2}[dtype]
-        rows.append({"dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
-                     "head_dim": head_dim, "block_size": block_size, "context_lens": lens, "max_err": err,
-                     "ok": err < tol})
+        rows.append(
+            {
+                "dtype": str(dtype).replace("torch.", ""),
+                "heads": heads,
+                "kv_heads": kv_heads,
+                "head_dim": head_dim,
+                "block_size": block_size,
+                "context_lens": lens,
+                "max_err": err,
+                "ok": err < tol,
+            }
+        )
         if verbose:
             r = rows[-1]
-            print(f"{r['dtype']:8s} heads {heads:2d}/{kv_heads} dim {head_dim:3d} bs {block_size:2d} contexts {lens}: "
-                  f"max |error| {err:.1e} -> {'OK' if r['ok'] else 'WRONG'}")
+            print(
+                f"{r['dtype']:8s} heads {heads:2d}/{kv_heads} dim {head_dim:3d} bs {block_size:2d} contexts {lens}: "
+                f"max |error| {err:.1e} -> {'OK' if r['ok'] else 'WRONG'}"
+            )
     return rows

@@ -34,8 +34,9 @@ from paged.kernels import validate_decode_inputs
 from paged.kernels._triton import jit, require_triton, tl, triton
 
 
-def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
-                          values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def online_softmax_update(
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one block into the running state; return the new ``(m, l, acc)`` (inputs not modified).
 
     Shapes (float32): ``m``, ``l`` ``[N]`` (one entry per query row), ``acc`` ``[N, D]``, ``scores``
@@ -44,11 +45,18 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
     whose block is entirely masked must come out unchanged, without NaN, even from the empty state
     (``-inf - (-inf)`` is NaN).
     """
-    raise NotImplementedError("ch04.ex1: the new max first; rescale the old l and acc to it; mind rows still at -inf")
+    raise NotImplementedError(
+        "ch04.ex1: the new max first; rescale the old l and acc to it; mind rows still at -inf"
+    )
 
 
-def attend_blockwise(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block: int,
-                     scale: float | None = None) -> torch.Tensor:
+def attend_blockwise(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    block: int,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Attention of ``query`` ``[N, D]`` over ``keys``/``values`` ``[L, D]`` in blocks of ``block`` tokens,
     with :func:`online_softmax_update` (no full row of scores is ever materialized). Returns ``[N, D]``."""
     num, dim = query.shape
@@ -57,17 +65,40 @@ def attend_blockwise(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     l = torch.zeros(num)
     acc = torch.zeros(num, values.shape[1])
     for start in range(0, keys.shape[0], block):
-        scores = query.float() @ keys[start:start + block].float().T * scale
-        m, l, acc = online_softmax_update(m, l, acc, scores, values[start:start + block].float())
+        scores = query.float() @ keys[start : start + block].float().T * scale
+        m, l, acc = online_softmax_update(m, l, acc, scores, values[start : start + block].float())
     return acc / l[:, None]
 
 
 @jit
-def _decode_kernel(Q, K, V, BT, CL, O, LSE, scale, blocks_per_split,
-                   stride_q_seq, stride_q_head, stride_k_block, stride_k_tok, stride_k_head,
-                   stride_bt_seq, stride_o_seq, stride_o_head, stride_o_split, stride_lse_seq, stride_lse_head,
-                   GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, WRITE_LSE: tl.constexpr):
+def _decode_kernel(
+    Q,
+    K,
+    V,
+    BT,
+    CL,
+    O,
+    LSE,
+    scale,
+    blocks_per_split,
+    stride_q_seq,
+    stride_q_head,
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,
+    stride_bt_seq,
+    stride_o_seq,
+    stride_o_head,
+    stride_o_split,
+    stride_lse_seq,
+    stride_lse_head,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
     """One program per (sequence, KV head, split); K and V share strides (one pool layout).
 
     The program serves the ``GROUP`` query heads ``kv_head * GROUP + g`` of its KV head: the query tile is
@@ -86,8 +117,11 @@ def _decode_kernel(Q, K, V, BT, CL, O, LSE, scale, blocks_per_split,
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_g
     context_len = tl.load(CL + seq).to(tl.int32)
-    q = tl.load(Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    q = tl.load(
+        Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
     q = q * scale  # the softmax scale, folded into q once
     m = tl.full([GROUP_P2], float("-inf"), tl.float32)  # running max, per query head of the group
     l = tl.zeros([GROUP_P2], tl.float32)  # running denominator, relative to m
@@ -95,8 +129,15 @@ def _decode_kernel(Q, K, V, BT, CL, O, LSE, scale, blocks_per_split,
     pass  # your walk over this program's blocks: lookup, masked loads (other=), scores, online update
     has_tokens = l > 0  # False for a split with no token (or a context of 0)
     out = acc / tl.where(has_tokens, l, 1.0)[:, None]
-    tl.store(O + seq * stride_o_seq + heads[:, None] * stride_o_head + split * stride_o_split + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(
+        O
+        + seq * stride_o_seq
+        + heads[:, None] * stride_o_head
+        + split * stride_o_split
+        + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=g_mask[:, None] & d_mask[None, :],
+    )
     if WRITE_LSE:
         lse = tl.where(has_tokens, m + tl.log(tl.where(has_tokens, l, 1.0)), float("-inf"))
         tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=g_mask)
@@ -106,25 +147,59 @@ def _launch(query, key_cache, value_cache, block_tables, context_lens, scale, nu
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     if key_cache.stride() != value_cache.stride():
-        raise ValueError(f"key_cache and value_cache must have the same strides, got {key_cache.stride()} and "
-                         f"{value_cache.stride()}")
-    query, block_tables, context_lens = query.contiguous(), block_tables.contiguous(), context_lens.contiguous()
+        raise ValueError(
+            f"key_cache and value_cache must have the same strides, got {key_cache.stride()} and "
+            f"{value_cache.stride()}"
+        )
+    query, block_tables, context_lens = (
+        query.contiguous(),
+        block_tables.contiguous(),
+        context_lens.contiguous(),
+    )
     group = num_heads // num_kv_heads
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     split_stride = out.stride(2) if lse is not None else 0
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, context_lens, out, out if lse is None else lse, scale,
-        triton.cdiv(block_tables.shape[1], num_splits), query.stride(0), query.stride(1), key_cache.stride(0),
-        key_cache.stride(1), key_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        split_stride, 0 if lse is None else lse.stride(0), 0 if lse is None else lse.stride(1),
-        GROUP=group, GROUP_P2=triton.next_power_of_2(group), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        HEAD_DIM_P2=triton.next_power_of_2(head_dim), WRITE_LSE=lse is not None)
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        out,
+        out if lse is None else lse,
+        scale,
+        triton.cdiv(block_tables.shape[1], num_splits),
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        split_stride,
+        0 if lse is None else lse.stride(0),
+        0 if lse is None else lse.stride(1),
+        GROUP=group,
+        GROUP_P2=triton.next_power_of_2(group),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=triton.next_power_of_2(head_dim),
+        WRITE_LSE=lse is not None,
+    )
 
 
-def decode_splits(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                  block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
-                  num_splits: int = 2, partial: torch.Tensor | None = None, lse: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_splits(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    num_splits: int = 2,
+    partial: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The first pass of split-K: the table width is cut into ``num_splits`` equal ranges of logical blocks
     (``ceil(W / num_splits)`` each), one program per (sequence, KV head, split).
 
@@ -134,14 +209,28 @@ def decode_splits(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     Inputs and errors as :func:`paged_decode`.
     """
     require_triton()
-    validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
+    validate_decode_inputs(
+        query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
+    )
     num_seqs, num_heads, head_dim = query.shape
     if partial is None:
-        partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+        partial = torch.empty(
+            num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
+        )
     if lse is None:
         lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
     if num_seqs:
-        _launch(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits, partial, lse)
+        _launch(
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            context_lens,
+            scale,
+            num_splits,
+            partial,
+            lse,
+        )
     return partial, lse
 
 
@@ -158,12 +247,21 @@ def merge_splits(partial: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor
         ``[...]``, the log-sum-exp of all of them. A row whose splits are all empty gives ``out = 0`` and
         ``lse_total = -inf`` (never NaN). Log-sum-exps may be in the hundreds: never ``exp`` one unshifted.
     """
-    raise NotImplementedError("ch04.ex4: weights relative to the largest lse of the row; an empty split weighs 0")
+    raise NotImplementedError(
+        "ch04.ex4: weights relative to the largest lse of the row; an empty split weighs 0"
+    )
 
 
-def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
-                 num_splits: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    num_splits: int = 1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Decode attention over the paged pool with :func:`_decode_kernel` (and :func:`merge_splits` for
     ``num_splits > 1``): the contract of ``paged.kernels.paged_attention_decode`` and of
     ``paged_course.kernel_lab.teaching_decode``.
@@ -186,14 +284,18 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     """
     require_triton()
     num_splits = num_splits or 1  # None: one pass (this kernel has no split heuristic)
-    validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
+    validate_decode_inputs(
+        query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
+    )
     out = torch.empty_like(query) if out is None else out
     if query.shape[0] == 0:
         return out
     if num_splits == 1:
         _launch(query, key_cache, value_cache, block_tables, context_lens, scale, 1, out, None)
         return out
-    partial, lse = decode_splits(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
+    partial, lse = decode_splits(
+        query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
+    )
     merged, _ = merge_splits(partial, lse)
     out.copy_(merged)
     return out

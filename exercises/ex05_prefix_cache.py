@@ -63,7 +63,13 @@ class Entry:
     __slots__ = ("block_id", "key", "uid", "parent_uid", "token_ids")
 
     def __init__(self, block_id: int, key: int, uid: int, parent_uid: int, token_ids: tuple):
-        self.block_id, self.key, self.uid, self.parent_uid, self.token_ids = block_id, key, uid, parent_uid, token_ids
+        self.block_id, self.key, self.uid, self.parent_uid, self.token_ids = (
+            block_id,
+            key,
+            uid,
+            parent_uid,
+            token_ids,
+        )
 
     def __repr__(self) -> str:
         return f"Entry(block {self.block_id}, uid {self.uid}, parent {self.parent_uid}, tokens {self.token_ids})"
@@ -99,14 +105,18 @@ class PrefixCache:
     def update_hashes(self, seq) -> list[int]:
         """Extend ``seq.block_hashes`` (the keys of its first full blocks) to all its full blocks; return it."""
         keys, tokens, bs = seq.block_hashes, seq.token_ids, self.block_size
-        raise NotImplementedError("ch05.ex1: go on after the keys already there; chain each key to the previous one")
+        raise NotImplementedError(
+            "ch05.ex1: go on after the keys already there; chain each key to the previous one"
+        )
         return keys
 
     def lookup(self, seq, max_blocks: int) -> list[int]:
         """Block ids of the longest verified cached prefix of ``seq``, at most ``max_blocks`` blocks."""
         keys, tokens, bs = self.update_hashes(seq), seq.token_ids, self.block_size
         hits: list[int] = []
-        raise NotImplementedError("ch05.ex2: at most max_blocks; tokens and parent_uid must match; a miss ends it")
+        raise NotImplementedError(
+            "ch05.ex2: at most max_blocks; tokens and parent_uid must match; a miss ends it"
+        )
         return hits
 
     def insert(self, seq, block_ids: list[int], first: int, stop: int) -> int:
@@ -116,12 +126,16 @@ class PrefixCache:
         if len(keys) < stop:
             raise ValueError(f"insert: blocks up to {stop} requested, only {len(keys)} are full")
         added = 0
-        raise NotImplementedError("ch05.ex3: keep cached entries; chain new ones to the parent's uid; stop at a gap")
+        raise NotImplementedError(
+            "ch05.ex3: keep cached entries; chain new ones to the parent's uid; stop at a gap"
+        )
         return added
 
     def evict(self, block_id: int) -> bool:
         """Forget ``block_id``'s entry (the block is reused for other data). Returns whether it was cached."""
-        raise NotImplementedError("ch05.ex4: remove its entry from both maps, keep the others, leave no empty list")
+        raise NotImplementedError(
+            "ch05.ex4: remove its entry from both maps, keep the others, leave no empty list"
+        )
 
     def record_query(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
         self.queried_tokens += num_queried_tokens
@@ -138,8 +152,9 @@ class PrefixCache:
         self._by_block.clear()
 
 
-def eviction_order(free_queue: list[int], ref_counts: list[int], finishing: list[list[int]],
-                   cached: set[int]) -> list[int]:
+def eviction_order(
+    free_queue: list[int], ref_counts: list[int], finishing: list[list[int]], cached: set[int]
+) -> list[int]:
     """The cached blocks in the order later allocations will evict them, once the sequences whose block
     tables are ``finishing`` have finished, in that order.
 
@@ -151,7 +166,9 @@ def eviction_order(free_queue: list[int], ref_counts: list[int], finishing: list
 
     The arguments are not changed.
     """
-    raise NotImplementedError("ch05.ex5: copy the inputs; free each table tail first; count 0 joins the queue")
+    raise NotImplementedError(
+        "ch05.ex5: copy the inputs; free each table tail first; count 0 joins the queue"
+    )
 
 
 def copy_on_write(table, allocator, allocate: Callable[[], int]) -> list[tuple[int, int]]:
@@ -164,7 +181,9 @@ def copy_on_write(table, allocator, allocate: Callable[[], int]) -> list[tuple[i
         allocator: the GPU allocator (``ref_count(b)``, ``free_many(ids)``).
         allocate: hands out one free block id (call it only for a copy).
     """
-    raise NotImplementedError("ch05.ex6: copy only a shared, partly filled last block; release one reference")
+    raise NotImplementedError(
+        "ch05.ex6: copy only a shared, partly filled last block; release one reference"
+    )
 
 
 # The graded regions each engine part is made of (paged_course/capstone.py reads this).

@@ -67,32 +67,45 @@ class Scheduler(ReferenceScheduler):
 
     def _chunk(self, remaining: int, budget: int) -> int:
         """Tokens of a sequence with ``remaining`` uncomputed tokens that run now (0: not this step)."""
-        threshold, chunked = self.config.long_prefill_token_threshold, self.config.enable_chunked_prefill
-        raise NotImplementedError("ch06.ex1: cap by the threshold if set; over budget: cut when chunked, else wait")
+        threshold, chunked = (
+            self.config.long_prefill_token_threshold,
+            self.config.enable_chunked_prefill,
+        )
+        raise NotImplementedError(
+            "ch06.ex1: cap by the threshold if set; over budget: cut when chunked, else wait"
+        )
 
     def _schedule_running(self, out: SchedulerOutputs, budget: int) -> int:
         """Grow every running sequence (oldest first) by its next chunk; preempt the newest when short.
         Returns the budget left."""
         queue, self.running, bm = self.running, deque(), self.block_manager
-        raise NotImplementedError("ch06.ex2: oldest first; while it cannot grow evict the newest, itself, or exhaust")
+        raise NotImplementedError(
+            "ch06.ex2: oldest first; while it cannot grow evict the newest, itself, or exhaust"
+        )
         return budget
 
     def _preempt(self, seq: Sequence, out: SchedulerOutputs) -> None:
         """Take a running sequence's memory: swap it out (if asked and the CPU pool has room), else recompute."""
         self.num_preemptions += 1
         out.preempted.append(seq)
-        raise NotImplementedError("ch06.ex3: swap: pairs, status, count, sorted place; recompute: free, reset, front")
+        raise NotImplementedError(
+            "ch06.ex3: swap: pairs, status, count, sorted place; recompute: free, reset, front"
+        )
 
     def _schedule_swapped(self, out: SchedulerOutputs, budget: int) -> int:
         """Bring swapped sequences back, oldest first, while seats, budget and memory allow. Returns the budget left."""
         bm = self.block_manager
-        raise NotImplementedError("ch06.ex4: oldest first; no fit: wait, or recompute if nothing runs; then swap in")
+        raise NotImplementedError(
+            "ch06.ex4: oldest first; no fit: wait, or recompute if nothing runs; then swap in"
+        )
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutputs, budget: int) -> None:
         """Admit waiting sequences first come, first served, while seats, budget and the watermark allow."""
         bm, seats = self.block_manager, self._num_seats()
-        raise NotImplementedError("ch06.ex5: drop the never-runnable; seats, budget and watermark; a misfit stops")
+        raise NotImplementedError(
+            "ch06.ex5: drop the never-runnable; seats, budget and watermark; a misfit stops"
+        )
 
 
 # The graded regions the engine part is made of (paged_course/capstone.py reads this).

@@ -15,11 +15,34 @@ any kernel, so the kernels run (slowly) on CPU tensors; without Triton (macOS, W
 raises :class:`TritonUnavailableError` with the reason. ``MODE`` says which of the three applies.
 """
 
-from ._triton import HAS_CUDA, HAS_TRITON, INTERPRET, MODE, REASON, TritonUnavailableError, require_triton
-from .paged_attention import choose_num_splits, launch_decode, paged_attention_decode, validate_decode_inputs
+from ._triton import (
+    HAS_CUDA,
+    HAS_TRITON,
+    INTERPRET,
+    MODE,
+    REASON,
+    TritonUnavailableError,
+    require_triton,
+)
+from .paged_attention import (
+    choose_num_splits,
+    launch_decode,
+    paged_attention_decode,
+    validate_decode_inputs,
+)
 from .prefill_attention import launch_prefill
 
 __all__ = [
-    "HAS_CUDA", "HAS_TRITON", "INTERPRET", "MODE", "REASON", "TritonUnavailableError", "require_triton",
-    "paged_attention_decode", "launch_decode", "validate_decode_inputs", "choose_num_splits", "launch_prefill",
+    "HAS_CUDA",
+    "HAS_TRITON",
+    "INTERPRET",
+    "MODE",
+    "REASON",
+    "TritonUnavailableError",
+    "require_triton",
+    "paged_attention_decode",
+    "launch_decode",
+    "validate_decode_inputs",
+    "choose_num_splits",
+    "launch_prefill",
 ]

@@ -36,8 +36,11 @@ def _reimport_triton_for_interpreter() -> None:
         return
     if isinstance(getattr(standard, "zeros", None), InterpretedFunction):
         return  # imported in interpreter mode already
-    for name in [n for n in sys.modules if (n == "triton" or n.startswith("triton.")) and
-                 not n.startswith("triton._C")]:
+    for name in [
+        n
+        for n in sys.modules
+        if (n == "triton" or n.startswith("triton.")) and not n.startswith("triton._C")
+    ]:
         del sys.modules[name]
 
 
@@ -51,6 +54,7 @@ try:
     HAS_TRITON = True
     REASON = ""
 except ImportError as err:  # pragma: no cover - Linux CI always has triton
+
     class _Missing:
         """Stands in for ``triton`` / ``triton.language`` so kernel modules still import."""
 
@@ -60,12 +64,16 @@ except ImportError as err:  # pragma: no cover - Linux CI always has triton
     triton = _Missing()
     tl = _Missing()
     HAS_TRITON = False
-    REASON = (f"Triton is not installed ({err}). Triton publishes wheels for Linux only (this machine runs "
-              f"{platform.system() or 'an unknown OS'}); without it the Triton kernels cannot run. The PyTorch "
-              "references in paged_course.reference compute the same results.")
+    REASON = (
+        f"Triton is not installed ({err}). Triton publishes wheels for Linux only (this machine runs "
+        f"{platform.system() or 'an unknown OS'}); without it the Triton kernels cannot run. The PyTorch "
+        "references in paged_course.reference compute the same results."
+    )
 
 INTERPRET: bool = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-MODE: str = "unavailable" if not HAS_TRITON else ("interpreter (CPU)" if INTERPRET else "compiled (GPU)")
+MODE: str = (
+    "unavailable" if not HAS_TRITON else ("interpreter (CPU)" if INTERPRET else "compiled (GPU)")
+)
 
 
 class TritonUnavailableError(RuntimeError):
@@ -89,10 +97,14 @@ def kernel_device(*tensors: torch.Tensor) -> torch.device:
     """
     devices = {t.device for t in tensors}
     if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+        raise ValueError(
+            f"all tensors must be on one device, got {sorted(str(d) for d in devices)}"
+        )
     device = devices.pop()
     if INTERPRET and device.type != "cpu":
-        raise ValueError(f"Triton runs in interpreter mode here, so tensors must be on the CPU, got {device}")
+        raise ValueError(
+            f"Triton runs in interpreter mode here, so tensors must be on the CPU, got {device}"
+        )
     if not INTERPRET and device.type != "cuda":
         raise ValueError(f"compiled Triton kernels need CUDA tensors, got {device}")
     return device

@@ -59,24 +59,58 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 32  # the heuristic never picks more (an int num_splits may)
-INTERPRETER_SLOTS = 4  # the interpreter has no SMs: the heuristic pretends 4 (a fixed, small choice)
+INTERPRETER_SLOTS = (
+    4  # the interpreter has no SMs: the heuristic pretends 4 (a fixed, small choice)
+)
 
 
 @jit
-def _decode_kernel(Q, K, V, BT, CL, O, LSE, qk_scale, num_splits, stride_q_seq, stride_q_head,
-                   stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head,
-                   stride_bt_seq, stride_o_seq, stride_o_head, stride_o_split, stride_lse_seq, stride_lse_head,
-                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, PRECISION: tl.constexpr,
-                   WRITE_LSE: tl.constexpr):
+def _decode_kernel(
+    Q,
+    K,
+    V,
+    BT,
+    CL,
+    O,
+    LSE,
+    qk_scale,
+    num_splits,
+    stride_q_seq,
+    stride_q_head,
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_block,
+    stride_v_tok,
+    stride_v_head,
+    stride_bt_seq,
+    stride_o_seq,
+    stride_o_head,
+    stride_o_split,
+    stride_lse_seq,
+    stride_lse_head,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    PRECISION: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_m = tl.arange(0, BLOCK_M)  # rows: the query heads of this KV head's group (padded to >= 16)
+    offs_m = tl.arange(
+        0, BLOCK_M
+    )  # rows: the query heads of this KV head's group (padded to >= 16)
     offs_n = tl.arange(0, BLOCK_N)  # token positions inside one KV tile
     offs_d = tl.arange(0, HEAD_DIM_P2)
     m_mask, d_mask = offs_m < GROUP, offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_m
-    q = tl.load(Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
 
     context_len = tl.load(CL + seq).to(tl.int32)
     num_tiles = tl.cdiv(context_len, BLOCK_N)
@@ -89,14 +123,32 @@ def _decode_kernel(Q, K, V, BT, CL, O, LSE, qk_scale, num_splits, stride_q_seq, 
         tokens = tile * BLOCK_N + offs_n
         t_mask = tokens < context_len
         # each position gathers its own physical block: a tile may span several blocks
-        physical = tl.load(BT + seq * stride_bt_seq + tokens // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        physical = tl.load(
+            BT + seq * stride_bt_seq + tokens // BLOCK_SIZE, mask=t_mask, other=0
+        ).to(tl.int64)
         slot = tokens % BLOCK_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(K + physical[:, None] * stride_k_block + slot[:, None] * stride_k_tok + kv_head * stride_k_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM_P2]
-        v = tl.load(V + physical[:, None] * stride_v_block + slot[:, None] * stride_v_tok + kv_head * stride_v_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], fp32, base 2
+        k = tl.load(
+            K
+            + physical[:, None] * stride_k_block
+            + slot[:, None] * stride_k_tok
+            + kv_head * stride_k_head
+            + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )  # [BLOCK_N, HEAD_DIM_P2]
+        v = tl.load(
+            V
+            + physical[:, None] * stride_v_block
+            + slot[:, None] * stride_v_tok
+            + kv_head * stride_v_head
+            + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        s = (
+            tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        )  # [BLOCK_M, BLOCK_N], fp32, base 2
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the tile's first position is real
         alpha = tl.exp2(m - m_new)
@@ -107,49 +159,96 @@ def _decode_kernel(Q, K, V, BT, CL, O, LSE, qk_scale, num_splits, stride_q_seq, 
 
     has_tokens = l > 0  # False for an empty split (or context_len 0)
     safe_l = tl.where(has_tokens, l, 1.0)
-    tl.store(O + seq * stride_o_seq + heads[:, None] * stride_o_head + split * stride_o_split + offs_d[None, :],
-             (acc / safe_l[:, None]).to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(
+        O
+        + seq * stride_o_seq
+        + heads[:, None] * stride_o_head
+        + split * stride_o_split
+        + offs_d[None, :],
+        (acc / safe_l[:, None]).to(O.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
     if WRITE_LSE:  # natural-log log-sum-exp: (m + log2 l) * ln 2
         lse = tl.where(has_tokens, (m + tl.log2(safe_l)) * 0.6931471805599453, float("-inf"))
         tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=m_mask)
 
 
 @jit
-def _merge_splits_kernel(O_PART, LSE, O, num_splits, stride_p_seq, stride_p_head, stride_p_split, stride_lse_seq,
-                         stride_lse_head, stride_o_seq, stride_o_head,
-                         SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
+def _merge_splits_kernel(
+    O_PART,
+    LSE,
+    O,
+    num_splits,
+    stride_p_seq,
+    stride_p_head,
+    stride_p_split,
+    stride_lse_seq,
+    stride_lse_head,
+    stride_o_seq,
+    stride_o_head,
+    SPLITS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+):
     seq, head = tl.program_id(0), tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P2)
     offs_d = tl.arange(0, HEAD_DIM_P2)
     s_mask = offs_s < num_splits
-    lse = tl.load(LSE + seq * stride_lse_seq + head * stride_lse_head + offs_s, mask=s_mask, other=float("-inf"))
+    lse = tl.load(
+        LSE + seq * stride_lse_seq + head * stride_lse_head + offs_s,
+        mask=s_mask,
+        other=float("-inf"),
+    )
     lse_max = tl.max(lse, axis=0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: avoid -inf - -inf
+    lse_max = tl.where(
+        lse_max == float("-inf"), 0.0, lse_max
+    )  # all splits empty: avoid -inf - -inf
     w = tl.exp(lse - lse_max)  # empty split: exp(-inf) = 0, a no-op in both sums
-    part = tl.load(O_PART + seq * stride_p_seq + head * stride_p_head + offs_s[:, None] * stride_p_split
-                   + offs_d[None, :], mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    part = tl.load(
+        O_PART
+        + seq * stride_p_seq
+        + head * stride_p_head
+        + offs_s[:, None] * stride_p_split
+        + offs_d[None, :],
+        mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
     w_sum = tl.sum(w, axis=0)
     out = tl.sum(w[:, None] * part, axis=0) / tl.where(w_sum > 0, w_sum, 1.0)
-    tl.store(O + seq * stride_o_seq + head * stride_o_head + offs_d, out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    tl.store(
+        O + seq * stride_o_seq + head * stride_o_head + offs_d,
+        out.to(O.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
 
 
-def validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits) -> None:
+def validate_decode_inputs(
+    query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
+) -> None:
     """Raise ValueError (with the numbers) unless the inputs satisfy the contract of
     :func:`paged_attention_decode`. Reads ``context_lens`` and ``block_tables`` (one device sync; callers
     that build the inputs themselves and need none can use :func:`launch_decode`)."""
     if query.dim() != 3:
-        raise ValueError(f"query must be [num_seqs, num_heads, head_dim], got shape {tuple(query.shape)}")
+        raise ValueError(
+            f"query must be [num_seqs, num_heads, head_dim], got shape {tuple(query.shape)}"
+        )
     if key_cache.dim() != 4:
-        raise ValueError("key_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
-                         f"got shape {tuple(key_cache.shape)}")
+        raise ValueError(
+            "key_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got shape {tuple(key_cache.shape)}"
+        )
     if value_cache.shape != key_cache.shape:
-        raise ValueError(f"value_cache shape {tuple(value_cache.shape)} != key_cache shape {tuple(key_cache.shape)}")
+        raise ValueError(
+            f"value_cache shape {tuple(value_cache.shape)} != key_cache shape {tuple(key_cache.shape)}"
+        )
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         if t.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     if not query.dtype == key_cache.dtype == value_cache.dtype:
-        raise ValueError(f"dtypes differ: query {query.dtype}, key_cache {key_cache.dtype}, "
-                         f"value_cache {value_cache.dtype}")
+        raise ValueError(
+            f"dtypes differ: query {query.dtype}, key_cache {key_cache.dtype}, "
+            f"value_cache {value_cache.dtype}"
+        )
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, kv_head_dim = key_cache.shape
     if kv_head_dim != head_dim:
@@ -159,19 +258,29 @@ def validate_decode_inputs(query, key_cache, value_cache, block_tables, context_
     if block_size < 2 or block_size & (block_size - 1) or block_size > 256:
         raise ValueError(f"block_size must be a power of two in [2, 256], got {block_size}")
     if num_kv_heads == 0 or num_heads % num_kv_heads:
-        raise ValueError(f"GQA needs num_heads % num_kv_heads == 0, got {num_heads} % {num_kv_heads}")
+        raise ValueError(
+            f"GQA needs num_heads % num_kv_heads == 0, got {num_heads} % {num_kv_heads}"
+        )
     if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
         raise ValueError("key_cache and value_cache must be contiguous in head_dim (stride 1)")
     if block_tables.dim() != 2 or block_tables.dtype not in INDEX_DTYPES:
-        raise ValueError("block_tables must be a 2-D int32 (or int64) tensor [num_seqs, max_blocks_per_seq], "
-                         f"got {block_tables.dtype} of shape {tuple(block_tables.shape)}")
+        raise ValueError(
+            "block_tables must be a 2-D int32 (or int64) tensor [num_seqs, max_blocks_per_seq], "
+            f"got {block_tables.dtype} of shape {tuple(block_tables.shape)}"
+        )
     if context_lens.dim() != 1 or context_lens.dtype not in INDEX_DTYPES:
-        raise ValueError(f"context_lens must be a 1-D int32 (or int64) tensor [num_seqs], got {context_lens.dtype} "
-                         f"of shape {tuple(context_lens.shape)}")
+        raise ValueError(
+            f"context_lens must be a 1-D int32 (or int64) tensor [num_seqs], got {context_lens.dtype} "
+            f"of shape {tuple(context_lens.shape)}"
+        )
     if block_tables.shape[0] != num_seqs or context_lens.shape[0] != num_seqs:
-        raise ValueError(f"num_seqs differs: query {num_seqs}, block_tables {block_tables.shape[0]}, "
-                         f"context_lens {context_lens.shape[0]}")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(
+            f"num_seqs differs: query {num_seqs}, block_tables {block_tables.shape[0]}, "
+            f"context_lens {context_lens.shape[0]}"
+        )
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
+    ):
         raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits!r}")
     if scale is not None and not math.isfinite(float(scale)):
         raise ValueError(f"scale must be finite, got {scale}")
@@ -180,21 +289,30 @@ def validate_decode_inputs(query, key_cache, value_cache, block_tables, context_
         return
     width = block_tables.shape[1]
     lens = context_lens.long()
-    used = torch.arange(width, device=lens.device)[None, :] < (lens[:, None] + block_size - 1) // block_size
+    used = (
+        torch.arange(width, device=lens.device)[None, :]
+        < (lens[:, None] + block_size - 1) // block_size
+    )
     bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
     lo, hi, num_bad = torch.stack([lens.min(), lens.max(), bad.sum()]).tolist()  # one device sync
     if lo < 0:
         raise ValueError(f"context_lens must be >= 0, got minimum {lo}")
     if hi > width * block_size:
-        raise ValueError(f"context_len {hi} exceeds the block table's capacity: {width} blocks x "
-                         f"{block_size} tokens = {width * block_size}")
+        raise ValueError(
+            f"context_len {hi} exceeds the block table's capacity: {width} blocks x "
+            f"{block_size} tokens = {width * block_size}"
+        )
     if num_bad:
         seq, col = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"block_tables[{seq}, {col}] = {int(block_tables[seq, col])} is outside the pool of "
-                         f"{num_blocks} blocks (it holds tokens of a context of {int(lens[seq])})")
+        raise ValueError(
+            f"block_tables[{seq}, {col}] = {int(block_tables[seq, col])} is outside the pool of "
+            f"{num_blocks} blocks (it holds tokens of a context of {int(lens[seq])})"
+        )
 
 
-def choose_num_splits(num_programs: int, num_tiles: int, slots: int, max_splits: int = MAX_SPLITS) -> int:
+def choose_num_splits(
+    num_programs: int, num_tiles: int, slots: int, max_splits: int = MAX_SPLITS
+) -> int:
     """Split count for ``num_programs = num_seqs x num_kv_heads`` programs of ``num_tiles`` KV tiles each.
 
     FlashAttention-3's rule: no split once the programs fill 80% of the ``slots`` (programs the GPU runs
@@ -204,8 +322,11 @@ def choose_num_splits(num_programs: int, num_tiles: int, slots: int, max_splits:
     """
     if num_programs >= 0.8 * slots or num_tiles <= 1:
         return 1
-    counts = [s for s in range(1, min(max_splits, slots, num_tiles) + 1)
-              if s == 1 or -(-num_tiles // s) < -(-num_tiles // (s - 1))]
+    counts = [
+        s
+        for s in range(1, min(max_splits, slots, num_tiles) + 1)
+        if s == 1 or -(-num_tiles // s) < -(-num_tiles // (s - 1))
+    ]
     efficiency = {s: num_programs * s / slots / math.ceil(num_programs * s / slots) for s in counts}
     return next(s for s in counts if efficiency[s] >= 0.85 * max(efficiency.values()))
 
@@ -227,56 +348,150 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> di
     stage = 2 * triton.next_power_of_2(head_dim) * dtype.itemsize  # bytes of K + V per token
     block_n = max(16, min(64, 32768 // stage))
     smem = _gpu_slots(device.index or 0)[1]
-    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if smem >= 3 * block_n * stage + 32768 else 2}
+    return {
+        "BLOCK_N": block_n,
+        "num_warps": 4,
+        "num_stages": 3 if smem >= 3 * block_n * stage + 32768 else 2,
+    }
 
 
-def launch_decode(query, key_cache, value_cache, block_tables, context_lens, scale=None, num_splits=None,
-                  config: dict | None = None) -> torch.Tensor:
+def launch_decode(
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    context_lens,
+    scale=None,
+    num_splits=None,
+    config: dict | None = None,
+) -> torch.Tensor:
     """:func:`paged_attention_decode` without input validation: no checks and no host sync.
 
     For callers that built the inputs themselves (the engine's step loop, the benchmark's timed region).
     Wrong inputs here give wrong results or an illegal memory access, never an error message. ``config``
     overrides :func:`decode_config` (keys ``BLOCK_N`` (>= 16 on a GPU), ``num_warps``, ``num_stages``).
     """
-    if INTERPRET and query.dtype == torch.bfloat16:  # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
-        return launch_decode(query.float(), key_cache.float(), value_cache.float(), block_tables, context_lens, scale,
-                             num_splits, config).to(torch.bfloat16)
+    if (
+        INTERPRET and query.dtype == torch.bfloat16
+    ):  # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
+        return launch_decode(
+            query.float(),
+            key_cache.float(),
+            value_cache.float(),
+            block_tables,
+            context_lens,
+            scale,
+            num_splits,
+            config,
+        ).to(torch.bfloat16)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    query, block_tables, context_lens = query.contiguous(), block_tables.contiguous(), context_lens.contiguous()
-    qk_scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * 1.4426950408889634  # x log2(e)
+    query, block_tables, context_lens = (
+        query.contiguous(),
+        block_tables.contiguous(),
+        context_lens.contiguous(),
+    )
+    qk_scale = (
+        1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    ) * 1.4426950408889634  # x log2(e)
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
     cfg = {**decode_config(head_dim, query.dtype, query.device), **(config or {})}
     if num_splits is None:
         slots = INTERPRETER_SLOTS if INTERPRET else _gpu_slots(query.device.index or 0)[0]
-        num_splits = choose_num_splits(num_seqs * num_kv_heads, triton.cdiv(block_tables.shape[1] * block_size,
-                                                                             cfg["BLOCK_N"]), slots)
+        num_splits = choose_num_splits(
+            num_seqs * num_kv_heads,
+            triton.cdiv(block_tables.shape[1] * block_size, cfg["BLOCK_N"]),
+            slots,
+        )
     d_p2 = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs every dimension >= 16 on a GPU
-    meta = dict(GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-                HEAD_DIM_P2=d_p2, PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cfg)
-    strides = (query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
-               block_tables.stride(0))
+    meta = dict(
+        GROUP=group,
+        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=d_p2,
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        **cfg,
+    )
+    strides = (
+        query.stride(0),
+        query.stride(1),
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
+        block_tables.stride(0),
+    )
     grid = (num_seqs, num_kv_heads, num_splits)
     if num_splits == 1:
-        _decode_kernel[grid](query, key_cache, value_cache, block_tables, context_lens, out, out, qk_scale, 1, *strides,
-                             out.stride(0), out.stride(1), 0, 0, 0, WRITE_LSE=False, **meta)
+        _decode_kernel[grid](
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            context_lens,
+            out,
+            out,
+            qk_scale,
+            1,
+            *strides,
+            out.stride(0),
+            out.stride(1),
+            0,
+            0,
+            0,
+            WRITE_LSE=False,
+            **meta,
+        )
         return out
-    part = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+    part = torch.empty(
+        num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
+    )
     lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
-    _decode_kernel[grid](query, key_cache, value_cache, block_tables, context_lens, part, lse, qk_scale, num_splits,
-                         *strides, *part.stride()[:3], lse.stride(0), lse.stride(1), WRITE_LSE=True, **meta)
+    _decode_kernel[grid](
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        part,
+        lse,
+        qk_scale,
+        num_splits,
+        *strides,
+        *part.stride()[:3],
+        lse.stride(0),
+        lse.stride(1),
+        WRITE_LSE=True,
+        **meta,
+    )
     _merge_splits_kernel[(num_seqs, num_heads)](
-        part, lse, out, num_splits, *part.stride()[:3], lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-        SPLITS_P2=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, HEAD_DIM_P2=d_p2)
+        part,
+        lse,
+        out,
+        num_splits,
+        *part.stride()[:3],
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        SPLITS_P2=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=d_p2,
+    )
     return out
 
 
-def paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
-                           num_splits: int | None = 1) -> torch.Tensor:
+def paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    num_splits: int | None = 1,
+) -> torch.Tensor:
     """Decode attention over a paged KV cache (Triton; the interpreter on CPU).
 
     Args:
@@ -299,5 +514,9 @@ def paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor, value_c
     entry outside the pool.
     """
     require_triton()
-    validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
-    return launch_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
+    validate_decode_inputs(
+        query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
+    )
+    return launch_decode(
+        query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
+    )

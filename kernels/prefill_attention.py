@@ -35,53 +35,115 @@ from ._triton import INTERPRET, jit, require_triton, tl, triton
 
 
 @jit
-def _prefill_kernel(Q, K, V, BT, QS, CL, O, qk_scale, stride_q_tok, stride_q_head, stride_k_block, stride_k_tok,
-                    stride_k_head, stride_v_block, stride_v_tok, stride_v_head, stride_bt_seq, stride_o_tok,
-                    stride_o_head, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr,
-                    PRECISION: tl.constexpr):
+def _prefill_kernel(
+    Q,
+    K,
+    V,
+    BT,
+    QS,
+    CL,
+    O,
+    qk_scale,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_block,
+    stride_v_tok,
+    stride_v_head,
+    stride_bt_seq,
+    stride_o_tok,
+    stride_o_head,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     chunk, tile, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_first = tl.load(QS + chunk).to(tl.int32)
     q_len = tl.load(QS + chunk + 1).to(tl.int32) - q_first
     context_len = tl.load(CL + chunk).to(tl.int32)
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # the tile's tokens, counted from the chunk's first
+    offs_m = tile * BLOCK_M + tl.arange(
+        0, BLOCK_M
+    )  # the tile's tokens, counted from the chunk's first
     offs_n, offs_d = tl.arange(0, BLOCK_N), tl.arange(0, HEAD_DIM_P2)
     m_mask, d_mask = offs_m < q_len, offs_d < HEAD_DIM
-    q = tl.load(Q + (q_first + offs_m)[:, None] * stride_q_tok + head * stride_q_head + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        Q + (q_first + offs_m)[:, None] * stride_q_tok + head * stride_q_head + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     q_pos = context_len - q_len + offs_m  # each query token's position in its sequence
     kv_head = head // GROUP
     # causal: the tile's last query sees positions < end; a tile past the chunk's end walks nothing
-    end = tl.where(tile * BLOCK_M < q_len, tl.minimum(context_len, context_len - q_len + (tile + 1) * BLOCK_M), 0)
+    end = tl.where(
+        tile * BLOCK_M < q_len,
+        tl.minimum(context_len, context_len - q_len + (tile + 1) * BLOCK_M),
+        0,
+    )
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
     for start in range(0, end, BLOCK_N):
         tokens = start + offs_n
         t_mask = tokens < end
-        physical = tl.load(BT + chunk * stride_bt_seq + tokens // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        physical = tl.load(
+            BT + chunk * stride_bt_seq + tokens // BLOCK_SIZE, mask=t_mask, other=0
+        ).to(tl.int64)
         slot = tokens % BLOCK_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(K + physical[:, None] * stride_k_block + slot[:, None] * stride_k_tok + kv_head * stride_k_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM_P2]
-        v = tl.load(V + physical[:, None] * stride_v_block + slot[:, None] * stride_v_tok + kv_head * stride_v_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], fp32, base 2
+        k = tl.load(
+            K
+            + physical[:, None] * stride_k_block
+            + slot[:, None] * stride_k_tok
+            + kv_head * stride_k_head
+            + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )  # [BLOCK_N, HEAD_DIM_P2]
+        v = tl.load(
+            V
+            + physical[:, None] * stride_v_block
+            + slot[:, None] * stride_v_tok
+            + kv_head * stride_v_head
+            + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        s = (
+            tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        )  # [BLOCK_M, BLOCK_N], fp32, base 2
         s = tl.where(t_mask[None, :] & (tokens[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite from the first tile on: position 0 is visible to all
+        m_new = tl.maximum(
+            m, tl.max(s, axis=1)
+        )  # finite from the first tile on: position 0 is visible to all
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    tl.store(O + (q_first + offs_m)[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(
+        O + (q_first + offs_m)[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
 
 
-def launch_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                   block_tables: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
-                   max_query_len: int, scale: float | None = None) -> torch.Tensor:
+def launch_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Causal attention of every chunk's new tokens to their sequence's paged K/V, in one launch.
 
     Args:
@@ -99,9 +161,19 @@ def launch_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     without Triton.
     """
     require_triton()
-    if INTERPRET and query.dtype == torch.bfloat16:  # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
-        return launch_prefill(query.float(), key_cache.float(), value_cache.float(), block_tables, query_start,
-                              context_lens, max_query_len, scale).to(torch.bfloat16)
+    if (
+        INTERPRET and query.dtype == torch.bfloat16
+    ):  # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
+        return launch_prefill(
+            query.float(),
+            key_cache.float(),
+            value_cache.float(),
+            block_tables,
+            query_start,
+            context_lens,
+            max_query_len,
+            scale,
+        ).to(torch.bfloat16)
     num_heads, head_dim = query.shape[1:]
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     d_p2 = max(16, triton.next_power_of_2(head_dim))
@@ -110,10 +182,30 @@ def launch_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     block_m = 16 if INTERPRET else (64 if d_p2 * query.element_size() <= 256 else 32)
     grid = (block_tables.shape[0], triton.cdiv(max_query_len, block_m), num_heads)
     _prefill_kernel[grid](
-        query, key_cache, value_cache, block_tables, query_start, context_lens, out,
-        (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * 1.4426950408889634,  # x log2(e)
-        query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3], block_tables.stride(0),
-        out.stride(0), out.stride(1), GROUP=num_heads // key_cache.shape[2], BLOCK_M=block_m, BLOCK_N=block_m,
-        BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim, HEAD_DIM_P2=d_p2,
-        PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=4, num_stages=1 if INTERPRET else 2)
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        query_start,
+        context_lens,
+        out,
+        (1.0 / math.sqrt(head_dim) if scale is None else float(scale))
+        * 1.4426950408889634,  # x log2(e)
+        query.stride(0),
+        query.stride(1),
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=num_heads // key_cache.shape[2],
+        BLOCK_M=block_m,
+        BLOCK_N=block_m,
+        BLOCK_SIZE=key_cache.shape[1],
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=d_p2,
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=4,
+        num_stages=1 if INTERPRET else 2,
+    )
     return out

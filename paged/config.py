@@ -54,21 +54,30 @@ class SchedulerConfig:
         _positive_int("max_model_len", self.max_model_len)
         _positive_int("long_prefill_token_threshold", self.long_prefill_token_threshold, minimum=0)
         if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = 2048 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
+            self.max_num_batched_tokens = (
+                2048 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
+            )
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len}) when prefills are not chunked: a whole prompt must fit in one step "
-                "(or set enable_chunked_prefill=True)")
+                "(or set enable_chunked_prefill=True)"
+            )
         if not self.enable_chunked_prefill and self.long_prefill_token_threshold:
-            raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold} cuts prompts into "
-                             "chunks, so it needs enable_chunked_prefill=True (without chunking a prompt is never cut)")
+            raise ValueError(
+                f"long_prefill_token_threshold={self.long_prefill_token_threshold} cuts prompts into "
+                "chunks, so it needs enable_chunked_prefill=True (without chunking a prompt is never cut)"
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
-                             f"({self.max_num_seqs}): a step decoding every running sequence needs one token each")
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}): a step decoding every running sequence needs one token each"
+            )
         if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+            raise ValueError(
+                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
+            )
 
 
 @dataclass

@@ -37,8 +37,11 @@ VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # 259: one token per byte, then the spec
 def _bytes_to_unicode() -> dict[int, str]:
     """The byte -> printable character table of byte-level BPE (GPT-2): bytes that are printable keep
     their character, the others are shifted past 255 so every byte has a visible, unique symbol."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -62,22 +65,41 @@ def build_byte_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS_ID)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", model_max_length=2048)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", BOS_ID)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        model_max_length=2048,
+    )
 
 
 def default_config():
     """The built-in model's ``LlamaConfig``: 4 layers, hidden 256, 8 heads / 2 KV heads, head_dim 32."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-                       bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
-                       tie_word_embeddings=False, initializer_range=0.05)
+    return LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+        initializer_range=0.05,
+    )
 
 
-def _readable_babble(model, seed: int = 1, branch_scale: float = 0.3, logit_scale: float = 4.0) -> None:
+def _readable_babble(
+    model, seed: int = 1, branch_scale: float = 0.3, logit_scale: float = 4.0
+) -> None:
     """Shrink the residual branches and make the LM head a printable-character cipher (module docstring)."""
     printable = [10] + list(range(32, 127))  # newline and printable ASCII
     order = torch.randperm(len(printable), generator=torch.Generator().manual_seed(seed)).tolist()

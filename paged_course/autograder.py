@@ -64,7 +64,9 @@ exec "$PYTHON" -m paged course autograder run \\
 """
 
 
-def build_bundle(out_zip: Path, root: Path = ROOT, hidden_tests: Path | None = None, timeout: float = 60) -> Path:
+def build_bundle(
+    out_zip: Path, root: Path = ROOT, hidden_tests: Path | None = None, timeout: float = 60
+) -> Path:
     """Write the autograder zip for the course at ``root``; return its path.
 
     Raises ReleaseError (a ValueError) when the release cannot be built, ValueError for ``timeout <= 0``.
@@ -82,7 +84,7 @@ def build_bundle(out_zip: Path, root: Path = ROOT, hidden_tests: Path | None = N
                 if path.is_file():
                     info = zipfile.ZipInfo.from_file(path, path.relative_to(tmp).as_posix())
                     if path.name in ("setup.sh", "run_autograder") or path.stat().st_mode & 0o111:
-                        info.external_attr = (0o100755 << 16)
+                        info.external_attr = 0o100755 << 16
                     info.compress_type = zipfile.ZIP_DEFLATED
                     zf.writestr(info, path.read_bytes())
     return out_zip
@@ -95,20 +97,38 @@ def find_submission_files(submission: Path, names: set[str]) -> dict[str, Path]:
     macOS archive junk (``__MACOSX``, ``._*``) and ``solutions/`` folders are ignored.
     """
     found: dict[str, Path] = {}
-    candidates = [p for p in Path(submission).rglob("ex*.py") if p.is_file() and p.name in names
-                  and "__MACOSX" not in p.parts and "solutions" not in p.parts and not p.name.startswith("._")]
-    for path in sorted(candidates, key=lambda p: (p.parent.name != "exercises", len(p.parts), str(p))):
+    candidates = [
+        p
+        for p in Path(submission).rglob("ex*.py")
+        if p.is_file()
+        and p.name in names
+        and "__MACOSX" not in p.parts
+        and "solutions" not in p.parts
+        and not p.name.startswith("._")
+    ]
+    for path in sorted(
+        candidates, key=lambda p: (p.parent.name != "exercises", len(p.parts), str(p))
+    ):
         found.setdefault(path.name, path)
     return found
 
 
 def _fallback_results(error: str) -> dict:
-    return {"score": 0, "output": "The autograder failed before grading; please tell your instructor.\n\n" + error,
-            "tests": []}
+    return {
+        "score": 0,
+        "output": "The autograder failed before grading; please tell your instructor.\n\n" + error,
+        "tests": [],
+    }
 
 
-def run(course: Path, submission: Path, results: Path, work: Path, timeout: float = 60,
-        chapters: list[str] | None = None) -> dict:
+def run(
+    course: Path,
+    submission: Path,
+    results: Path,
+    work: Path,
+    timeout: float = 60,
+    chapters: list[str] | None = None,
+) -> dict:
     """Grade one submission against a clean copy of ``course``; write and return the Gradescope results."""
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
@@ -117,23 +137,31 @@ def run(course: Path, submission: Path, results: Path, work: Path, timeout: floa
 
         work = Path(work)
         shutil.rmtree(work, ignore_errors=True)
-        shutil.copytree(course, work, ignore=shutil.ignore_patterns("chapters", "__pycache__", ".github"))
+        shutil.copytree(
+            course, work, ignore=shutil.ignore_patterns("chapters", "__pycache__", ".github")
+        )
         names = {p.name for p in (work / "exercises").glob("ex*.py")}
         found = find_submission_files(Path(submission), names)
         for name, path in found.items():
             shutil.copyfile(path, work / "exercises" / name)
         saved = os.environ.get("PAGED_HIDDEN")
-        os.environ["PAGED_HIDDEN"] = "1"  # the hidden tests count (a no-op when the bundle has none)
+        os.environ["PAGED_HIDDEN"] = (
+            "1"  # the hidden tests count (a no-op when the bundle has none)
+        )
         try:
             report = grade(chapters or None, "exercises", timeout=timeout, root=work)
         finally:
-            os.environ.pop("PAGED_HIDDEN") if saved is None else os.environ.update(PAGED_HIDDEN=saved)
+            os.environ.pop("PAGED_HIDDEN") if saved is None else os.environ.update(
+                PAGED_HIDDEN=saved
+            )
         report.write(results)
         data = report.gradescope()
         for entry, test in zip(data["tests"], report.tests):
             if "/hidden/" in test.nodeid:
                 entry["visibility"] = "after_published"
-        lines = [f"graded: {', '.join(sorted(found)) or 'no exercise files found (every stub scores 0)'}"]
+        lines = [
+            f"graded: {', '.join(sorted(found)) or 'no exercise files found (every stub scores 0)'}"
+        ]
         missing = sorted(names - set(found))
         if found and missing:
             lines.append("not submitted (stubs kept): " + ", ".join(missing))
@@ -154,18 +182,34 @@ def main(argv: list[str]) -> int:
         parser.add_argument("--results", type=Path, required=True)
         parser.add_argument("--work", type=Path, required=True)
         parser.add_argument("--timeout", type=float, default=60)
-        parser.add_argument("--chapters", default="", help="comma-separated, e.g. ch01,ch02 (default: all)")
+        parser.add_argument(
+            "--chapters", default="", help="comma-separated, e.g. ch01,ch02 (default: all)"
+        )
         args = parser.parse_args(argv[1:])
-        data = run(args.course, args.submission, args.results, args.work, args.timeout,
-                   [c for c in args.chapters.split(",") if c])
+        data = run(
+            args.course,
+            args.submission,
+            args.results,
+            args.work,
+            args.timeout,
+            [c for c in args.chapters.split(",") if c],
+        )
         print(data.get("output", ""))
         print(f"score {data['score']} / {data.get('max_score', 0)}")
         return 0
-    parser = argparse.ArgumentParser(prog="python -m paged course autograder", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m paged course autograder", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("out", type=Path, metavar="OUT.zip")
-    parser.add_argument("--hidden-tests", type=Path, metavar="DIR", help="extra graded tests, hidden from students")
-    parser.add_argument("--timeout", type=float, default=60, metavar="S", help="seconds per test (default 60)")
-    parser.add_argument("--root", type=Path, default=ROOT, help="the course to package (default: this one)")
+    parser.add_argument(
+        "--hidden-tests", type=Path, metavar="DIR", help="extra graded tests, hidden from students"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=60, metavar="S", help="seconds per test (default 60)"
+    )
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the course to package (default: this one)"
+    )
     args = parser.parse_args(argv)
     if args.out.suffix != ".zip":
         parser.error(f"the bundle must be a .zip file, got {args.out}")
@@ -173,6 +217,8 @@ def main(argv: list[str]) -> int:
         path = build_bundle(args.out, args.root, args.hidden_tests, args.timeout)
     except ValueError as err:
         parser.error(str(err))
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): upload it as the Gradescope autograder "
-          "(Ubuntu 22.04 base image)")
+    print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): upload it as the Gradescope autograder "
+        "(Ubuntu 22.04 base image)"
+    )
     return 0

@@ -28,8 +28,9 @@ PART_SOURCES: dict[str, tuple[str, str]] = {
 }
 
 
-def learner_parts(impl: str | None = None, verify: bool = True, parts: tuple[str, ...] | None = None
-                  ) -> tuple[Parts, dict[str, str]]:
+def learner_parts(
+    impl: str | None = None, verify: bool = True, parts: tuple[str, ...] | None = None
+) -> tuple[Parts, dict[str, str]]:
     """``(Parts, {part: where it comes from})`` built from the learner's files.
 
     Args:
@@ -51,9 +52,13 @@ def learner_parts(impl: str | None = None, verify: bool = True, parts: tuple[str
         regions = getattr(source, "PART_REGIONS", {}).get(attribute, ())
         failing = [r for r in regions if not run_check(r, impl)] if verify else []
         if failing or (verify and not regions):
-            origin[part] = f"reference ({', '.join(failing) or 'no graded regions'} not passing yet)"
+            origin[part] = (
+                f"reference ({', '.join(failing) or 'no graded regions'} not passing yet)"
+            )
             continue
-        if verify:  # a file saved since it was last imported was re-imported by its checks: take that one
+        if (
+            verify
+        ):  # a file saved since it was last imported was re-imported by its checks: take that one
             source = importlib.import_module(f"{impl}.{module}")
         chosen[part] = getattr(source, attribute)
         origin[part] = f"yours ({impl}/{module}.py: {attribute})"

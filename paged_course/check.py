@@ -39,8 +39,12 @@ class CheckResult:
     total: int = 0
     passed: int = 0
     first_failure: str = ""
-    unfinished: str = ""  # the hint of a NotImplementedError stub, when the region is not written yet
-    uses: tuple[str, ...] = ()  # the earlier exercises the first failing test runs (marker ``uses=``)
+    unfinished: str = (
+        ""  # the hint of a NotImplementedError stub, when the region is not written yet
+    )
+    uses: tuple[
+        str, ...
+    ] = ()  # the earlier exercises the first failing test runs (marker ``uses=``)
     outcomes: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -58,13 +62,19 @@ class _Collector:
         self.exercise, self.result = exercise, result
 
     def pytest_collection_modifyitems(self, config, items):
-        keep = [i for i in items if (m := i.get_closest_marker("exercise")) is not None
-                and (m.kwargs.get("id") or (m.args[0] if m.args else None)) == self.exercise]
+        keep = [
+            i
+            for i in items
+            if (m := i.get_closest_marker("exercise")) is not None
+            and (m.kwargs.get("id") or (m.args[0] if m.args else None)) == self.exercise
+        ]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         self.result.total = len(keep)
-        self._uses = {i.nodeid.split("::")[-1]: tuple(i.get_closest_marker("exercise").kwargs.get("uses", ()))
-                      for i in keep}
+        self._uses = {
+            i.nodeid.split("::")[-1]: tuple(i.get_closest_marker("exercise").kwargs.get("uses", ()))
+            for i in keep
+        }
 
     def pytest_runtest_logreport(self, report):
         if report.when != "call" and report.passed:
@@ -78,7 +88,9 @@ class _Collector:
             if not self.result.first_failure:
                 self.result.first_failure = describe_failure(name, report)
                 self.result.uses = self._uses.get(name, ())
-                stub = re.search(r"NotImplementedError: (ch\d\d\.ex\d+[a-z]?): (.*)", report.longreprtext)
+                stub = re.search(
+                    r"NotImplementedError: (ch\d\d\.ex\d+[a-z]?): (.*)", report.longreprtext
+                )
                 if stub:
                     self.result.unfinished = f"{stub.group(1)}: {stub.group(2).strip()}"
 
@@ -121,7 +133,11 @@ def _reload(impl: str) -> None:
 
 def _stamp(impl: str) -> tuple:
     folder = ROOT / impl
-    return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in folder.glob("ex*.py"))) if folder.is_dir() else ()
+    return (
+        tuple(sorted((p.name, p.stat().st_mtime_ns) for p in folder.glob("ex*.py")))
+        if folder.is_dir()
+        else ()
+    )
 
 
 def run_check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> CheckResult:
@@ -136,10 +152,26 @@ def run_check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> 
         sys.path.insert(0, str(ROOT))
     _reload(impl)
     result = CheckResult(exercise)
-    args = [str(_test_file(exercise)), f"--impl={impl}", f"--timeout={timeout:g}", "-q", "--no-header",
-            "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", f"--rootdir={ROOT}",
-            "-p", "no:nbval", "-p", "no:hypothesispytest",  # unused here; loading them cost the first check 6 s
-            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    args = [
+        str(_test_file(exercise)),
+        f"--impl={impl}",
+        f"--timeout={timeout:g}",
+        "-q",
+        "--no-header",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "-o",
+        "addopts=",
+        f"--rootdir={ROOT}",
+        "-p",
+        "no:nbval",
+        "-p",
+        "no:hypothesispytest",  # unused here; loading them cost the first check 6 s
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+    ]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         pytest.main(args, plugins=[_Collector(exercise, result)])
     _cache[key] = result
@@ -155,12 +187,20 @@ def check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> bool
     elif r.total == 0:
         print(f"{exercise}: no graded checks found")
     elif r.unfinished and r.unfinished.startswith(exercise + ":"):
-        print(f"{exercise} is not written yet ({r.unfinished.split(': ', 1)[1]}). The chapter carries on with "
-              "the reference.")
+        print(
+            f"{exercise} is not written yet ({r.unfinished.split(': ', 1)[1]}). The chapter carries on with "
+            "the reference."
+        )
     else:
         broken = next((u for u in r.uses if not run_check(u, impl, timeout)), None)
-        why = f" (it uses your {broken}, which does not pass its own checks yet: fix {broken} first)" if broken else ""
-        print(f"{exercise}: {r.passed} of {r.total} checks pass{why}; the first failing one:\n{r.first_failure}")
+        why = (
+            f" (it uses your {broken}, which does not pass its own checks yet: fix {broken} first)"
+            if broken
+            else ""
+        )
+        print(
+            f"{exercise}: {r.passed} of {r.total} checks pass{why}; the first failing one:\n{r.first_failure}"
+        )
     return r.ok
 
 

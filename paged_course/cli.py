@@ -10,12 +10,27 @@ import sys
 from importlib import import_module
 
 COMMANDS = {
-    "demo": ("paged_course.demo", "run the engine on the built-in model and a built-in workload (the main job)"),
-    "bench": ("paged_course.bench", "benchmarks: sim, allocator, prefix, scheduler, kernel, engine, all"),
-    "grade": ("paged_course.grading", "grade your exercises/ (score table; --report DIR for instructors)"),
-    "doctor": ("paged_course.doctor", "check the toolchain: python, torch, triton, device, a tiny kernel"),
+    "demo": (
+        "paged_course.demo",
+        "run the engine on the built-in model and a built-in workload (the main job)",
+    ),
+    "bench": (
+        "paged_course.bench",
+        "benchmarks: sim, allocator, prefix, scheduler, kernel, engine, all",
+    ),
+    "grade": (
+        "paged_course.grading",
+        "grade your exercises/ (score table; --report DIR for instructors)",
+    ),
+    "doctor": (
+        "paged_course.doctor",
+        "check the toolchain: python, torch, triton, device, a tiny kernel",
+    ),
     "info": ("paged_course.doctor", "print versions and the device (no kernel run)"),
-    "course": ("paged_course.course", "course tooling: sync exercises, execute notebooks, release, autograder"),
+    "course": (
+        "paged_course.course",
+        "course tooling: sync exercises, execute notebooks, release, autograder",
+    ),
 }
 
 

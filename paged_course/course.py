@@ -21,14 +21,19 @@ ACTIONS = {
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ACTIONS:
-        print("usage: python -m paged course {" + ",".join(ACTIONS) + "} [options]", file=sys.stderr)
+        print(
+            "usage: python -m paged course {" + ",".join(ACTIONS) + "} [options]", file=sys.stderr
+        )
         return 2
     try:
         module = import_module(ACTIONS[argv[0]])
     except ModuleNotFoundError as err:
         if err.name != ACTIONS[argv[0]]:
             raise
-        print(f"python -m paged course {argv[0]}: not in this copy of the course (a student release ships "
-              "without the instructor's release, classroom and autograder tools)", file=sys.stderr)
+        print(
+            f"python -m paged course {argv[0]}: not in this copy of the course (a student release ships "
+            "without the instructor's release, classroom and autograder tools)",
+            file=sys.stderr,
+        )
         return 2
     return int(module.main(argv[1:]) or 0)

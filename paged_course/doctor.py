@@ -29,11 +29,16 @@ def environment() -> dict[str, str]:
         device = f"cuda ({torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} visible)"
     else:
         device = f"cpu ({os.cpu_count()} cores; no CUDA GPU)"
-    return {"os": f"{platform.system()} {platform.release()} ({platform.machine()})",
-            "python": platform.python_version(), "paged": _version("paged") or "?",
-            "torch": torch.__version__, "transformers": _version("transformers") or "missing",
-            "triton": _version("triton") or "missing", "numpy": _version("numpy") or "missing",
-            "device": device}
+    return {
+        "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "python": platform.python_version(),
+        "paged": _version("paged") or "?",
+        "torch": torch.__version__,
+        "transformers": _version("transformers") or "missing",
+        "triton": _version("triton") or "missing",
+        "numpy": _version("numpy") or "missing",
+        "device": device,
+    }
 
 
 def triton_mode() -> tuple[str, str]:
@@ -41,12 +46,21 @@ def triton_mode() -> tuple[str, str]:
     import torch
 
     if _version("triton") is None:
-        where = "Triton has no wheels for this OS" if platform.system() != "Linux" else "pip install triton"
-        return "unavailable", (f"triton is not installed ({where}); Triton cells and tests are skipped, "
-                               "every other cell runs")
+        where = (
+            "Triton has no wheels for this OS"
+            if platform.system() != "Linux"
+            else "pip install triton"
+        )
+        return "unavailable", (
+            f"triton is not installed ({where}); Triton cells and tests are skipped, "
+            "every other cell runs"
+        )
     if torch.cuda.is_available():
         return "gpu", "kernels compile for the GPU"
-    return "interpreter", "no CUDA GPU: TRITON_INTERPRET=1 runs kernels in Python on CPU (tiny shapes only)"
+    return (
+        "interpreter",
+        "no CUDA GPU: TRITON_INTERPRET=1 runs kernels in Python on CPU (tiny shapes only)",
+    )
 
 
 def run_vector_add(n: int = 1000) -> float:
@@ -89,18 +103,24 @@ def main(argv: list[str]) -> int:
     mode, why = triton_mode()
     print(f"{'triton mode':<13} {mode}: {why}")
     if mode == "unavailable":
-        print("\nOK for every chapter except the Triton cells (run those on Linux, e.g. Colab or a GPU box).")
+        print(
+            "\nOK for every chapter except the Triton cells (run those on Linux, e.g. Colab or a GPU box)."
+        )
         return 0
     start = time.perf_counter()
     try:
         err = run_vector_add()
     except Exception as exc:  # report any toolchain failure in words, not a traceback
         print(f"{'kernel':<13} FAILED: vector add raised {type(exc).__name__}: {exc}")
-        print("Reinstall with `pip install -e .[dev]` (torch 2.13.0 + the triton it pins) and run again.")
+        print(
+            "Reinstall with `pip install -e .[dev]` (torch 2.13.0 + the triton it pins) and run again."
+        )
         return 1
     ok = err == 0.0
-    print(f"{'kernel':<13} vector add of 1000 floats ({mode}): max error {err:g}, "
-          f"{time.perf_counter() - start:.2f} s -> {'OK' if ok else 'WRONG RESULT'}")
+    print(
+        f"{'kernel':<13} vector add of 1000 floats ({mode}): max error {err:g}, "
+        f"{time.perf_counter() - start:.2f} s -> {'OK' if ok else 'WRONG RESULT'}"
+    )
     return 0 if ok else 1
 
 

@@ -41,10 +41,14 @@ from xml.etree import ElementTree as ET
 
 ROOT = Path(__file__).resolve().parents[1]
 _LOG_ENV, _CHAPTERS_ENV = "PAGED_GRADE_LOG", "PAGED_GRADE_CHAPTERS"
-DEFAULT_TIMEOUT = 10.0  # seconds per graded test; a test that needs more carries @pytest.mark.timeout(N)
+DEFAULT_TIMEOUT = (
+    10.0  # seconds per graded test; a test that needs more carries @pytest.mark.timeout(N)
+)
 STARTUP_S = 180.0  # pytest start-up and collection (imports torch; slow on a cold laptop disk)
 AFTER_TEST_S = 60.0  # between one test's end and the next one's start, or the end of the session
-_TIMEOUT_TEXT = "from pytest-timeout"  # pytest-timeout's failure: "Timeout (>10.0s) from pytest-timeout."
+_TIMEOUT_TEXT = (
+    "from pytest-timeout"  # pytest-timeout's failure: "Timeout (>10.0s) from pytest-timeout."
+)
 
 
 WATCHDOG_FLOOR_S = 5.0  # the least grace the watchdog gives pytest-timeout after a test's limit
@@ -106,11 +110,21 @@ def pytest_collection_modifyitems(config, items):
         ex_id, points = _exercise(item)
         own = _own_timeout(item)
         limit = max(x for x in (own, default, 0.0) if x is not None) or None
-        if own is not None and limit != own:  # --timeout larger than the test's own limit: the larger wins
+        if (
+            own is not None and limit != own
+        ):  # --timeout larger than the test's own limit: the larger wins
             item.add_marker(pytest.mark.timeout(limit), append=False)
         uses = list(item.get_closest_marker("exercise").kwargs.get("uses", ()))
-        _log({"event": "collected", "nodeid": item.nodeid, "id": ex_id, "points": points, "timeout": limit,
-              "uses": uses})
+        _log(
+            {
+                "event": "collected",
+                "nodeid": item.nodeid,
+                "id": ex_id,
+                "points": points,
+                "timeout": limit,
+                "uses": uses,
+            }
+        )
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -121,15 +135,28 @@ def pytest_runtest_logstart(nodeid, location):
 def pytest_runtest_logreport(report):
     if _LOG_ENV not in os.environ:
         return
-    if report.when == "call" or report.outcome != "passed":  # setup/teardown only matter when they fail
+    if (
+        report.when == "call" or report.outcome != "passed"
+    ):  # setup/teardown only matter when they fail
         if report.skipped:
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            reason = (
+                report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            )
             text = f"skipped: {str(reason).removeprefix('Skipped: ')}"
         else:
             text = report.longreprtext
         timed_out = report.failed and _TIMEOUT_TEXT in text and "Timeout (>" in text
-        _log({"event": "result", "nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-              "output": text[-4000:], "duration": report.duration, "timeout": timed_out})
+        _log(
+            {
+                "event": "result",
+                "nodeid": report.nodeid,
+                "when": report.when,
+                "outcome": report.outcome,
+                "output": text[-4000:],
+                "duration": report.duration,
+                "timeout": timed_out,
+            }
+        )
 
 
 def pytest_runtest_logfinish(nodeid, location):
@@ -138,10 +165,17 @@ def pytest_runtest_logfinish(nodeid, location):
 
 
 # ----------------------------------------------------------------------------- results
-_STATUS_WORDS = {"passed": "passed", "failed": "failed", "skipped": "skipped", "timeout": "timed out",
-                 "crashed": "crashed"}
+_STATUS_WORDS = {
+    "passed": "passed",
+    "failed": "failed",
+    "skipped": "skipped",
+    "timeout": "timed out",
+    "crashed": "crashed",
+}
 _SYMBOL = {"passed": ".", "failed": "F", "skipped": "s", "timeout": "T", "crashed": "C"}
-_MAX_REASON = 1000  # characters; longer reasons keep their head and their end (where expected/got is)
+_MAX_REASON = (
+    1000  # characters; longer reasons keep their head and their end (where expected/got is)
+)
 
 
 def _error_message(output: str) -> str:
@@ -157,12 +191,14 @@ def _error_message(output: str) -> str:
         if not re.match(r"^E\s", line):
             continue
         parts = [line[1:].strip()]
-        for more in lines[i + 1:]:
+        for more in lines[i + 1 :]:
             if not re.match(r"^E(\s|$)", more):
                 break
             text = more[1:].strip()
             if text.startswith("assert ") and not parts[0].startswith("assert "):
-                if not re.search(r"\b(?:got|expected)\b", " ".join(parts), re.I):  # pytest shows both
+                if not re.search(
+                    r"\b(?:got|expected)\b", " ".join(parts), re.I
+                ):  # pytest shows both
                     parts[-1] += ":"
                     parts.append(text)
                 break  # pytest's rewritten comparison after the test's own message
@@ -181,17 +217,22 @@ def shorten_middle(text: str, limit: int = _MAX_REASON) -> str:
     if len(text) <= limit:
         return text
     head = limit // 3
-    return text[:head].rstrip() + " ... " + text[len(text) - (limit - head - 5):].lstrip()
+    return text[:head].rstrip() + " ... " + text[len(text) - (limit - head - 5) :].lstrip()
 
 
 def _timeout_location(output: str) -> str | None:
     """``path:line (in func)`` where pytest-timeout interrupted the test (its last traceback entry), if any."""
-    spots = [m for m in re.finditer(r"^(\S+\.py):(\d+): ", output, flags=re.MULTILINE)
-             if "site-packages" not in m[1] and "pytest_timeout" not in m[1]]
+    spots = [
+        m
+        for m in re.finditer(r"^(\S+\.py):(\d+): ", output, flags=re.MULTILINE)
+        if "site-packages" not in m[1] and "pytest_timeout" not in m[1]
+    ]
     if not spots:
         return None
     last = spots[-1]
-    entry = output[:last.start()].rsplit("\n_ _ ", 1)[-1]  # pytest separates traceback entries by "_ _ _"
+    entry = output[: last.start()].rsplit("\n_ _ ", 1)[
+        -1
+    ]  # pytest separates traceback entries by "_ _ _"
     funcs = re.findall(r"^\s*(?:async\s+)?def (\w+)\(", entry, flags=re.MULTILINE)
     return f"{last[1]}:{last[2]}" + (f" (in {funcs[-1]})" if funcs else "")
 
@@ -276,39 +317,67 @@ class Report:
                 continue
             earned, possible = scores[chapter]
             passed = sum(t.status == "passed" for t in tests)
-            rows.append(f"{chapter:<8} {earned:>4}/{possible:<4}  {passed}/{len(tests)} passed"
-                        + (f", {left} not run" if left else ""))
+            rows.append(
+                f"{chapter:<8} {earned:>4}/{possible:<4}  {passed}/{len(tests)} passed"
+                + (f", {left} not run" if left else "")
+            )
         rows += ["-" * 34, f"{'total':<8} {self.score:>4}/{self.max_score:<4}"]
         if self.interrupted:
-            rows[-1] += f"  (interrupted: {len(self.tests)} of {len(self.tests) + len(self.not_run)} tests ran)"
+            rows[-1] += (
+                f"  (interrupted: {len(self.tests)} of {len(self.tests) + len(self.not_run)} tests ran)"
+            )
         return "\n".join(rows)
 
     def gradescope(self) -> dict:
-        return {"score": self.score, "max_score": self.max_score,
-                "tests": [{"name": f"{t.exercise} {t.nodeid.split('::')[-1]}", "score": t.score,
-                           "max_score": t.points, "status": "passed" if t.status == "passed" else "failed",
-                           "output": _feedback(t)} for t in self.tests]}
+        return {
+            "score": self.score,
+            "max_score": self.max_score,
+            "tests": [
+                {
+                    "name": f"{t.exercise} {t.nodeid.split('::')[-1]}",
+                    "score": t.score,
+                    "max_score": t.points,
+                    "status": "passed" if t.status == "passed" else "failed",
+                    "output": _feedback(t),
+                }
+                for t in self.tests
+            ],
+        }
 
     def junit(self) -> str:
-        suite = ET.Element("testsuite", name=f"paged-grade-{self.impl}", tests=str(len(self.tests)),
-                           failures=str(sum(t.status != "passed" for t in self.tests)))
+        suite = ET.Element(
+            "testsuite",
+            name=f"paged-grade-{self.impl}",
+            tests=str(len(self.tests)),
+            failures=str(sum(t.status != "passed" for t in self.tests)),
+        )
         for t in self.tests:
             classname, _, name = t.nodeid.rpartition("::")
             case = ET.SubElement(suite, "testcase", classname=classname, name=name)
-            ET.SubElement(ET.SubElement(case, "properties"), "property", name="points", value=str(t.points))
+            ET.SubElement(
+                ET.SubElement(case, "properties"), "property", name="points", value=str(t.points)
+            )
             if t.status != "passed":
                 ET.SubElement(case, "failure", message=t.reason).text = t.output
         return ET.tostring(suite, encoding="unicode")
 
     def summary_md(self) -> str:
-        lines = [f"# Grading summary ({self.impl})", "", f"Score: **{self.score} / {self.max_score}**", "",
-                 "| chapter | points |", "|---|---|"]
+        lines = [
+            f"# Grading summary ({self.impl})",
+            "",
+            f"Score: **{self.score} / {self.max_score}**",
+            "",
+            "| chapter | points |",
+            "|---|---|",
+        ]
         lines += [f"| {c} | {e} / {p} |" for c, (e, p) in self.by_chapter().items()]
         lines += ["", "| exercise | test | status | points | reason |", "|---|---|---|---|---|"]
         for t in self.tests:
             reason = "" if t.status == "passed" else t.reason.replace("|", "\\|")
-            lines.append(f"| {t.exercise} | `{t.nodeid.split('::')[-1]}` | {t.status} | {t.score}/{t.points} "
-                         f"| {reason} |")
+            lines.append(
+                f"| {t.exercise} | `{t.nodeid.split('::')[-1]}` | {t.status} | {t.score}/{t.points} "
+                f"| {reason} |"
+            )
         return "\n".join(lines) + "\n"
 
     def write(self, folder: Path) -> None:
@@ -330,8 +399,10 @@ class GradingInterrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM to the CLI) during ``grade``: the test process was stopped; ``.report`` is partial."""
 
     def __init__(self, report: Report):
-        super().__init__(f"grading interrupted after {len(report.tests)} of "
-                         f"{len(report.tests) + len(report.not_run)} tests")
+        super().__init__(
+            f"grading interrupted after {len(report.tests)} of "
+            f"{len(report.tests) + len(report.not_run)} tests"
+        )
         self.report = report
 
 
@@ -378,8 +449,10 @@ class Progress:
             self.possible[t.chapter] = self.possible.get(t.chapter, 0) + t.points
         self.width = min(max(self.total.values(), default=1), self.WRAP)
         chapters = len(self.total)
-        self._write(f"{len(tests)} test{'s' * (len(tests) != 1)} in {chapters} chapter{'s' * (chapters != 1)} "
-                    "(. passed  F failed  T timed out  C crashed  s skipped)\n")
+        self._write(
+            f"{len(tests)} test{'s' * (len(tests) != 1)} in {chapters} chapter{'s' * (chapters != 1)} "
+            "(. passed  F failed  T timed out  C crashed  s skipped)\n"
+        )
 
     def _open(self, chapter: str) -> None:
         if self.open != chapter:
@@ -439,16 +512,34 @@ class _EventTail:
 class _ChildEnd:
     returncode: int
     running: str | None  # the test that had started but not finished when the process ended
-    killed_after: float | None  # seconds the running test had run when the watchdog killed the process
+    killed_after: (
+        float | None
+    )  # seconds the running test had run when the watchdog killed the process
     output_tail: str  # the end of pytest's own output (stdout and stderr)
 
 
 def _spawn(cmd: list[str], root: Path, env: dict, out) -> subprocess.Popen:
-    if os.name == "posix":  # its own process group: Ctrl-C reaches the grader only, which stops the group
-        return subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    return subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,  # pragma: no cover
-                            stdin=subprocess.DEVNULL, creationflags=subprocess.CREATE_NEW_PROCESS_GROUP)
+    if (
+        os.name == "posix"
+    ):  # its own process group: Ctrl-C reaches the grader only, which stops the group
+        return subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return subprocess.Popen(
+        cmd,
+        cwd=root,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,  # pragma: no cover
+        stdin=subprocess.DEVNULL,
+        creationflags=subprocess.CREATE_NEW_PROCESS_GROUP,
+    )
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -483,8 +574,16 @@ raise SystemExit(pytest.console_main())
 """
 
 
-def _run_pytest(targets: list[str], impl: str, timeout: float, chapters: list[str], root: Path,
-                log: Path, on_event: Callable[[dict], None], limit_of: Callable[[str], float]) -> _ChildEnd:
+def _run_pytest(
+    targets: list[str],
+    impl: str,
+    timeout: float,
+    chapters: list[str],
+    root: Path,
+    log: Path,
+    on_event: Callable[[dict], None],
+    limit_of: Callable[[str], float],
+) -> _ChildEnd:
     """One pytest subprocess; every event goes to ``on_event`` as it is logged.
 
     A watchdog kills the process group when a test runs past ``watchdog_seconds(its limit)`` (a hang
@@ -496,8 +595,21 @@ def _run_pytest(targets: list[str], impl: str, timeout: float, chapters: list[st
     env.setdefault("TQDM_DISABLE", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env[_PARENT_ENV] = str(os.getpid())
-    cmd = [sys.executable, "-c", _BOOT, *targets, "-p", "paged_course.grading", f"--impl={impl}",
-           f"--timeout={timeout:g}", "-q", "--no-header", "-p", "no:cacheprovider", *_LEAN]
+    cmd = [
+        sys.executable,
+        "-c",
+        _BOOT,
+        *targets,
+        "-p",
+        "paged_course.grading",
+        f"--impl={impl}",
+        f"--timeout={timeout:g}",
+        "-q",
+        "--no-header",
+        "-p",
+        "no:cacheprovider",
+        *_LEAN,
+    ]
     log.write_text("")
     out_path = log.with_suffix(".out")
     tail, queue = _EventTail(log), deque()
@@ -548,25 +660,38 @@ def _signal_words(returncode: int) -> str:
         name = signal.Signals(-returncode).name
     except ValueError:
         return f"signal {-returncode}"
-    words = {"SIGSEGV": "a segmentation fault", "SIGABRT": "an abort", "SIGBUS": "a bus error",
-             "SIGFPE": "a floating-point exception", "SIGILL": "an illegal instruction",
-             "SIGKILL": "SIGKILL, often the system running out of memory"}
-    return f"{words[name]} ({name})" if name in words and name != "SIGKILL" else words.get(name, name)
+    words = {
+        "SIGSEGV": "a segmentation fault",
+        "SIGABRT": "an abort",
+        "SIGBUS": "a bus error",
+        "SIGFPE": "a floating-point exception",
+        "SIGILL": "an illegal instruction",
+        "SIGKILL": "SIGKILL, often the system running out of memory",
+    }
+    return (
+        f"{words[name]} ({name})" if name in words and name != "SIGKILL" else words.get(name, name)
+    )
 
 
 def _crash_message(end: _ChildEnd, test: TestResult) -> tuple[str, str]:
     """(status, plain-words message) for the test that was running when the process ended."""
     limit = test.limit or DEFAULT_TIMEOUT
     if end.killed_after is not None:
-        return "timeout", (f"timed out after {limit:g} s and did not stop (stuck inside C code, or a deadlock?): "
-                           f"the grader ended the test process after {end.killed_after:.0f} s")
-    if "+ Timeout +" in end.output_tail:  # pytest-timeout's thread method (no SIGALRM, e.g. Windows) exits
+        return "timeout", (
+            f"timed out after {limit:g} s and did not stop (stuck inside C code, or a deadlock?): "
+            f"the grader ended the test process after {end.killed_after:.0f} s"
+        )
+    if (
+        "+ Timeout +" in end.output_tail
+    ):  # pytest-timeout's thread method (no SIGALRM, e.g. Windows) exits
         return "timeout", f"timed out after {limit:g} s (an infinite loop?)"
     if end.returncode < 0:
         how = f"was killed by {_signal_words(end.returncode)} while this test ran"
     else:
-        how = (f"exited with code {end.returncode} while this test ran "
-               "(os._exit, or a library that ended the process?)")
+        how = (
+            f"exited with code {end.returncode} while this test ran "
+            "(os._exit, or a library that ended the process?)"
+        )
     return "crashed", f"crashed: the test process {how}; the other tests ran in a fresh process"
 
 
@@ -574,7 +699,11 @@ def _not_run_message(end: _ChildEnd) -> str:
     """Why pytest ended outside any test: a collection error (file and exception) or how the process ended."""
     text = f"not run: the test process ended ({_signal_words(end.returncode)}) before this test could run"
     files = re.findall(r"ERROR collecting (\S+)", end.output_tail)
-    errors = [ln[1:].strip() for ln in end.output_tail.splitlines() if re.match(r"^E\s+\w*(Error|Exception)\b", ln)]
+    errors = [
+        ln[1:].strip()
+        for ln in end.output_tail.splitlines()
+        if re.match(r"^E\s+\w*(Error|Exception)\b", ln)
+    ]
     if files:
         text += f": a collection error in {files[0]}" + (f" ({errors[0]})" if errors else "")
     elif errors:
@@ -582,9 +711,15 @@ def _not_run_message(end: _ChildEnd) -> str:
     return text
 
 
-def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir: Path | None = None,
-          timeout: float = DEFAULT_TIMEOUT, tests_dir: Path | None = None, root: Path | None = None,
-          progress: TextIO | None = None) -> Report:
+def grade(
+    chapters: list[str] | None = None,
+    impl: str = "exercises",
+    report_dir: Path | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    tests_dir: Path | None = None,
+    root: Path | None = None,
+    progress: TextIO | None = None,
+) -> Report:
     """Run the graded tests for ``chapters`` (default: all) against ``impl`` and return the ``Report``.
 
     Args:
@@ -611,7 +746,9 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
     tests_dir = Path(tests_dir or root / "tests" / "exercises")
     bar = Progress(progress) if progress is not None else None
     collected: dict[str, TestResult] = {}
-    results: dict[str, tuple[str, str]] = {}  # nodeid -> (status, output) of the tests that finished
+    results: dict[
+        str, tuple[str, str]
+    ] = {}  # nodeid -> (status, output) of the tests that finished
     finished: list[str] = []
     starts: dict[str, float] = {}  # nodeid -> when its start event was read
     begun = time.monotonic()
@@ -628,9 +765,16 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
     def on_event(ev: dict) -> None:
         kind = ev["event"]
         if kind == "collected":
-            collected.setdefault(ev["nodeid"], TestResult(ev["nodeid"], ev["id"], ev["points"],
-                                                          limit=ev.get("timeout") or timeout,
-                                                          uses=tuple(ev.get("uses", ()))))
+            collected.setdefault(
+                ev["nodeid"],
+                TestResult(
+                    ev["nodeid"],
+                    ev["id"],
+                    ev["points"],
+                    limit=ev.get("timeout") or timeout,
+                    uses=tuple(ev.get("uses", ())),
+                ),
+            )
         elif kind == "start":
             if bar is not None:
                 bar.begin(list(collected.values()))
@@ -644,7 +788,9 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
             if status == "timeout":
                 test = collected[ev["nodeid"]]
                 where = _timeout_location(output)
-                message = f"timed out after {test.limit:g} s (an infinite loop?)" + (f" at {where}" if where else "")
+                message = f"timed out after {test.limit:g} s (an infinite loop?)" + (
+                    f" at {where}" if where else ""
+                )
             settle(ev["nodeid"], status, output, message)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -652,8 +798,16 @@ def grade(chapters: list[str] | None = None, impl: str = "exercises", report_dir
         targets = [str(tests_dir)]
         try:
             while True:  # each round either finishes or settles at least the test that crashed
-                end = _run_pytest(targets, impl, timeout, wanted, root, log, on_event,
-                                  lambda nodeid: collected[nodeid].limit if nodeid in collected else timeout)
+                end = _run_pytest(
+                    targets,
+                    impl,
+                    timeout,
+                    wanted,
+                    root,
+                    log,
+                    on_event,
+                    lambda nodeid: collected[nodeid].limit if nodeid in collected else timeout,
+                )
                 if bar is not None and collected:
                     bar.begin(list(collected.values()))
                 pending = [n for n in collected if n not in finished]
@@ -696,15 +850,22 @@ def _record(results: dict, ev: dict) -> None:
         status = "timeout"
     if ev["when"] != "call":
         output = f"[{ev['when']}] {output}"
-    if results.get(nodeid, ("passed",))[0] == "passed":  # the first failure wins (call before teardown)
+    if (
+        results.get(nodeid, ("passed",))[0] == "passed"
+    ):  # the first failure wins (call before teardown)
         results[nodeid] = (status, output)
 
 
 # ----------------------------------------------------------------------------- command line
 def _wrap(text: str, indent: int, width: int) -> str:
     """``text`` wrapped to ``width`` columns, continuation lines indented by ``indent``: never cut."""
-    return textwrap.fill(text, width=max(width, indent + 40), subsequent_indent=" " * indent,
-                         break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill(
+        text,
+        width=max(width, indent + 40),
+        subsequent_indent=" " * indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def _summary_lines(report: Report, width: int) -> list[str]:
@@ -715,33 +876,61 @@ def _summary_lines(report: Report, width: int) -> list[str]:
         bad = [t for t in tests if t.status != "passed"]
         reason = bad[0].reason
         stub = re.search(r"NotImplementedError: (ch\d\d\.ex\d+[a-z]?):", reason)
-        broken = [u for u in bad[0].uses if any(t.exercise == u and t.status != "passed" for t in report.tests)]
+        broken = [
+            u
+            for u in bad[0].uses
+            if any(t.exercise == u and t.status != "passed" for t in report.tests)
+        ]
         if stub and stub.group(1) != ex_id:  # this exercise calls an unfinished one
             reason = f"needs {stub.group(1)} first ({reason})"
         elif broken:  # it runs an earlier exercise of the learner's that fails its own tests
-            first = next(t for t in report.tests if t.exercise == broken[0] and t.status != "passed")
+            first = next(
+                t for t in report.tests if t.exercise == broken[0] and t.status != "passed"
+            )
             reason = f"{ex_id} uses your {broken[0]}, which fails: {first.reason} (fix {broken[0]} first)"
         plain = reason.startswith(("timed out", "crashed", "not run", "skipped"))
         status = "" if plain else f"{_STATUS_WORDS[bad[0].status]}: "
-        lines.append(_wrap(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {status}{reason}", 12, width))
+        lines.append(
+            _wrap(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {status}{reason}", 12, width)
+        )
     return lines
 
 
 def main(argv: list[str], *, tests_dir: Path | None = None, root: Path | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m paged grade", description="Grade the exercises in a subprocess, a line per chapter as it runs.",
+        prog="python -m paged grade",
+        description="Grade the exercises in a subprocess, a line per chapter as it runs.",
         epilog="Exit status: 0 (learners), 1 with --strict below full marks, 130 on Ctrl-C (the tests that "
-               "finished are shown).")
-    parser.add_argument("chapters", nargs="*", help="chapters to grade, e.g. ch01 ch03 (default: all)")
-    parser.add_argument("--impl", choices=["exercises", "solutions"], default="exercises",
-                        help="grade your exercises/ (default) or the reference solutions/")
-    parser.add_argument("--report", type=Path, metavar="DIR", help="write results.json, junit.xml, summary.md")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                        help=f"seconds per test (default {DEFAULT_TIMEOUT:g}; the few tests that need more carry "
-                             "their own larger limit)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="print every failing test's output")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit 1 unless every graded test passed (GitHub Classroom awards points on exit 0)")
+        "finished are shown).",
+    )
+    parser.add_argument(
+        "chapters", nargs="*", help="chapters to grade, e.g. ch01 ch03 (default: all)"
+    )
+    parser.add_argument(
+        "--impl",
+        choices=["exercises", "solutions"],
+        default="exercises",
+        help="grade your exercises/ (default) or the reference solutions/",
+    )
+    parser.add_argument(
+        "--report", type=Path, metavar="DIR", help="write results.json, junit.xml, summary.md"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"seconds per test (default {DEFAULT_TIMEOUT:g}; the few tests that need more carry "
+        "their own larger limit)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="print every failing test's output"
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 unless every graded test passed (GitHub Classroom awards points on exit 0)",
+    )
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
@@ -752,7 +941,9 @@ def main(argv: list[str], *, tests_dir: Path | None = None, root: Path | None = 
     width = min(shutil.get_terminal_size((100, 24)).columns, 120) - 1
     stopped: list[int] = []
 
-    def stop(signum, frame):  # SIGTERM / SIGHUP: stop like Ctrl-C, so the pytest child never outlives us
+    def stop(
+        signum, frame
+    ):  # SIGTERM / SIGHUP: stop like Ctrl-C, so the pytest child never outlives us
         stopped.append(signum)
         raise KeyboardInterrupt
 
@@ -764,15 +955,26 @@ def main(argv: list[str], *, tests_dir: Path | None = None, root: Path | None = 
             except ValueError:  # not the main thread: leave the handlers alone
                 pass
     try:
-        print(f"grading {args.impl}/ {' '.join(wanted) or '(all chapters)'}: at most {args.timeout:g} s per test",
-              flush=True)
+        print(
+            f"grading {args.impl}/ {' '.join(wanted) or '(all chapters)'}: at most {args.timeout:g} s per test",
+            flush=True,
+        )
         try:
-            report = grade(wanted, args.impl, args.report, args.timeout, tests_dir=tests_dir, root=root,
-                           progress=sys.stdout)
+            report = grade(
+                wanted,
+                args.impl,
+                args.report,
+                args.timeout,
+                tests_dir=tests_dir,
+                root=root,
+                progress=sys.stdout,
+            )
         except GradingInterrupted as err:
             report = err.report
-            print(f"\ninterrupted: stopped the test process; {len(report.tests)} of "
-                  f"{len(report.tests) + len(report.not_run)} tests had finished.\n")
+            print(
+                f"\ninterrupted: stopped the test process; {len(report.tests)} of "
+                f"{len(report.tests) + len(report.not_run)} tests had finished.\n"
+            )
             print(report.table())
             lines = _summary_lines(report, width)
             if lines:
@@ -782,8 +984,10 @@ def main(argv: list[str], *, tests_dir: Path | None = None, root: Path | None = 
                 print(f"\nno report written to {args.report}/ (the run was interrupted)")
             return 128 + (stopped[0] if stopped else signal.SIGINT)
         if not report.tests:
-            print(f"no graded tests found for {' '.join(wanted) or 'any chapter'} in "
-                  f"{tests_dir or 'tests/exercises'}")
+            print(
+                f"no graded tests found for {' '.join(wanted) or 'any chapter'} in "
+                f"{tests_dir or 'tests/exercises'}"
+            )
             return 1
         print()
         print(report.table())

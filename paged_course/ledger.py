@@ -38,29 +38,99 @@ class Claim:
 
 
 _ROWS = [
-    ("C1", "before vLLM 20-40% of KV memory holds tokens; vLLM 80-96%", "01", "paper §1, Fig. 2 (20.4-38.2%)"),
-    ("C2", "waste split: internal 40-60%, external 10-20%, reserved 5-10%", "01",
-     "paper §3 (kinds, no split); seed 002 §1.2 (its definitions)"),
+    (
+        "C1",
+        "before vLLM 20-40% of KV memory holds tokens; vLLM 80-96%",
+        "01",
+        "paper §1, Fig. 2 (20.4-38.2%)",
+    ),
+    (
+        "C2",
+        "waste split: internal 40-60%, external 10-20%, reserved 5-10%",
+        "01",
+        "paper §3 (kinds, no split); seed 002 §1.2 (its definitions)",
+    ),
     ("C3", "paged waste per sequence <= block_size - 1 slots", "01", "paper §4.3"),
-    ("C4", "KV per 2048-token sequence: Llama-7B ~1.1 GB, 13B ~1.7 GB", "01",
-     "config.json; vllm/worker/cache_engine.py"),
-    ("C5", "100 requests sharing a system prompt save 60-90% (500-2000-token prompts)", "05", "paper §6.4, §4.4"),
-    ("C6", "throughput rises with concurrency (1.14x at 1; baseline OOM at 32+)", "07/08",
-     "seed's A100 table, unsourced"),
+    (
+        "C4",
+        "KV per 2048-token sequence: Llama-7B ~1.1 GB, 13B ~1.7 GB",
+        "01",
+        "config.json; vllm/worker/cache_engine.py",
+    ),
+    (
+        "C5",
+        "100 requests sharing a system prompt save 60-90% (500-2000-token prompts)",
+        "05",
+        "paper §6.4, §4.4",
+    ),
+    (
+        "C6",
+        "throughput rises with concurrency (1.14x at 1; baseline OOM at 32+)",
+        "07/08",
+        "seed's A100 table, unsourced",
+    ),
     ("C7", "block size 16 is the best trade-off", "08", "paper §7.2, Fig. 18b"),
-    ("E1", "online softmax: prev_max undefined; output / output.sum()", "04", "Milakov & Gimelshein 2018; paper §4.1"),
-    ("E2", "paged kernel only 2-5% slower than contiguous", "04/08", "paper §7.1, Fig. 18a (20-26%)"),
-    ("E3", "one MD5 over the whole system prompt is the cache key", "05", "vllm/v1/core/kv_cache_utils.py"),
-    ("E4", "9-token system prompt, block 16, 'saves 33%'; '~100x' prompt speed-up", "05",
-     "paper §4.4; vllm/v1/core/block_pool.py"),
-    ("E5", "COW happens in variable-length attention / speculative decoding", "05",
-     "vllm/core/block_manager.py; paper §4.4"),
-    ("E6", "each layer has its own block table; file paths", "03", "vllm/worker/cache_engine.py, vllm/attention/"),
-    ("E7", "Llama-70B needs ~5.2 GB per 2048-token sequence", "01", "Llama-2-70B config.json (8 KV heads)"),
-    ("E8", "KV bytes = blocks x block_size x 2 x 4096 x 32 x 128 x 2", "01", "vllm/worker/cache_engine.py"),
-    ("E9", "watermark: falling below it triggers preemption", "02/06", "vllm/core/block_manager.py (can_allocate)"),
+    (
+        "E1",
+        "online softmax: prev_max undefined; output / output.sum()",
+        "04",
+        "Milakov & Gimelshein 2018; paper §4.1",
+    ),
+    (
+        "E2",
+        "paged kernel only 2-5% slower than contiguous",
+        "04/08",
+        "paper §7.1, Fig. 18a (20-26%)",
+    ),
+    (
+        "E3",
+        "one MD5 over the whole system prompt is the cache key",
+        "05",
+        "vllm/v1/core/kv_cache_utils.py",
+    ),
+    (
+        "E4",
+        "9-token system prompt, block 16, 'saves 33%'; '~100x' prompt speed-up",
+        "05",
+        "paper §4.4; vllm/v1/core/block_pool.py",
+    ),
+    (
+        "E5",
+        "COW happens in variable-length attention / speculative decoding",
+        "05",
+        "vllm/core/block_manager.py; paper §4.4",
+    ),
+    (
+        "E6",
+        "each layer has its own block table; file paths",
+        "03",
+        "vllm/worker/cache_engine.py, vllm/attention/",
+    ),
+    (
+        "E7",
+        "Llama-70B needs ~5.2 GB per 2048-token sequence",
+        "01",
+        "Llama-2-70B config.json (8 KV heads)",
+    ),
+    (
+        "E8",
+        "KV bytes = blocks x block_size x 2 x 4096 x 32 x 128 x 2",
+        "01",
+        "vllm/worker/cache_engine.py",
+    ),
+    (
+        "E9",
+        "watermark: falling below it triggers preemption",
+        "02/06",
+        "vllm/core/block_manager.py (can_allocate)",
+    ),
     ("E10", "16 is best 'because of shared memory'", "08", "paper §7.2"),
-    ("E11", "A100 numbers (1,200 vs 5,800 tokens/s) without source", "07/08", "seed 002 §4.3 (no source given)"),
+    (
+        "E11",
+        "A100 numbers (1,200 vs 5,800 tokens/s) without source",
+        "07/08",
+        "seed 002 §4.3 (no source given)",
+    ),
 ]
 CLAIMS: dict[str, Claim] = {row[0]: Claim(*row) for row in _ROWS}
 
@@ -76,12 +146,19 @@ class Row:
 
 def ledger_markdown(rows: list[Row]) -> str:
     """The ledger as a Markdown table (``|`` in cells escaped)."""
+
     def cell(text: str) -> str:
         return str(text).replace("|", "\\|")
 
-    lines = ["| # | seed says | measured here | verdict | chapter | source |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r.claim.id} | {cell(r.claim.seed)} | {cell(r.measured)} | {cell(r.verdict)} | "
-              f"{r.claim.chapter} | {cell(r.claim.source)} |" for r in rows]
+    lines = [
+        "| # | seed says | measured here | verdict | chapter | source |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.claim.id} | {cell(r.claim.seed)} | {cell(r.measured)} | {cell(r.verdict)} | "
+        f"{r.claim.chapter} | {cell(r.claim.source)} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -102,10 +179,17 @@ def measure_fragmentation(trace: Trace, pool_slots: int = 32768, block_size: int
 
 def measure_memory() -> dict:
     """C4, E7, E8: KV bytes per 2048-token sequence (fp16) and bytes per 16-token block of Llama-2-7B."""
-    seq = {name: KNOWN_MODELS[name].bytes_per_sequence(2048) for name in ("llama-2-7b", "llama-2-13b", "llama-2-70b")}
+    seq = {
+        name: KNOWN_MODELS[name].bytes_per_sequence(2048)
+        for name in ("llama-2-7b", "llama-2-13b", "llama-2-70b")
+    }
     seq["70b-without-gqa"] = KVSpec(80, 64, 128).bytes_per_sequence(2048)
     block = KNOWN_MODELS["llama-2-7b"].bytes_per_block(16)
-    return {"per_sequence": seq, "block_bytes": block, "seed_block_bytes": 16 * 2 * 4096 * 32 * 128 * 2}
+    return {
+        "per_sequence": seq,
+        "block_bytes": block,
+        "seed_block_bytes": 16 * 2 * 4096 * 32 * 128 * 2,
+    }
 
 
 def measure_chained_keys(block_size: int = 16) -> dict:
@@ -123,8 +207,12 @@ def measure_chained_keys(block_size: int = 16) -> dict:
     block = list(range(16))
     k1 = hash_blocks([5] * 16 + block, block_size, [])[1]
     k2 = hash_blocks([6] * 16 + block, block_size, [])[1]
-    return {"shared_blocks": shared_blocks, "shared_tokens": shared_blocks * block_size,
-            "whole_prompt_hash_shares": int(whole_prompt_equal), "same_block_other_prefix": k1 == k2}
+    return {
+        "shared_blocks": shared_blocks,
+        "shared_tokens": shared_blocks * block_size,
+        "whole_prompt_hash_shares": int(whole_prompt_equal),
+        "same_block_other_prefix": k1 == k2,
+    }
 
 
 def measure_cow(prompt_len: int, block_size: int = 16) -> int:
@@ -150,11 +238,19 @@ def measure_watermark(trace: Trace, pool_slots: int = 32768, watermarks=(0.0, 0.
     bm = BlockSpaceManager(16, 100, watermark=0.05)
     bm.allocate(Sequence(0, [3] * (88 * 16), 16))
     answers = {n: bm.can_allocate(Sequence(n, [4] * (n * 16), 16)).value for n in (10, 7, 96)}
-    pre = {wm: simulate(trace, pool_slots, "paged", 16, watermark=wm).preemptions for wm in watermarks}
-    return {"free_blocks": bm.get_num_free_gpu_blocks(), "can_allocate": answers, "preemptions": pre}
+    pre = {
+        wm: simulate(trace, pool_slots, "paged", 16, watermark=wm).preemptions for wm in watermarks
+    }
+    return {
+        "free_blocks": bm.get_num_free_gpu_blocks(),
+        "can_allocate": answers,
+        "preemptions": pre,
+    }
 
 
-def seed_online_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> torch.Tensor:
+def seed_online_softmax(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int
+) -> torch.Tensor:
     """The seed's blockwise attention sketch (002, §3.4) for one head, ``q [D]``, ``k, v [L, D]``.
 
     Kept as the seed wrote it except ``prev_max``, which it never defines (here: the previous running
@@ -163,13 +259,18 @@ def seed_online_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
     """
     out, max_score = torch.zeros_like(q), torch.tensor(float("-inf"))
     for start in range(0, k.shape[0], block_size):
-        scores = k[start:start + block_size] @ q / q.shape[0] ** 0.5
+        scores = k[start : start + block_size] @ q / q.shape[0] ** 0.5
         prev_max, max_score = max_score, torch.maximum(max_score, scores.max())
-        out = out * torch.exp(prev_max - max_score) + torch.exp(scores - max_score) @ v[start:start + block_size]
+        out = (
+            out * torch.exp(prev_max - max_score)
+            + torch.exp(scores - max_score) @ v[start : start + block_size]
+        )
     return out / out.sum(dim=-1, keepdim=True)
 
 
-def measure_online_softmax(context: int = 200, head_dim: int = 64, block_size: int = 16, seed: int = 0) -> dict:
+def measure_online_softmax(
+    context: int = 200, head_dim: int = 64, block_size: int = 16, seed: int = 0
+) -> dict:
     """E1: relative error ``|out - exact| / |exact|`` (L2 over head_dim) of the corrected blockwise version
     (``paged_course.reference.paged_attention_blockwise``, fp32 inside) and of the seed's sketch, against exact
     softmax attention in float64."""
@@ -179,14 +280,20 @@ def measure_online_softmax(context: int = 200, head_dim: int = 64, block_size: i
     q = torch.randn(head_dim, generator=gen, dtype=torch.float64)
     k = torch.randn(context, head_dim, generator=gen, dtype=torch.float64)
     v = torch.randn(context, head_dim, generator=gen, dtype=torch.float64)
-    exact = torch.softmax(k @ q / head_dim ** 0.5, dim=0) @ v
+    exact = torch.softmax(k @ q / head_dim**0.5, dim=0) @ v
     nb = -(-context // block_size)
     pad = nb * block_size - context
     kc = torch.cat([k, k.new_zeros(pad, head_dim)]).view(nb, block_size, 1, head_dim)
     vc = torch.cat([v, v.new_zeros(pad, head_dim)]).view(nb, block_size, 1, head_dim)
-    ours = paged_attention_blockwise(q.view(1, 1, head_dim), kc, vc, torch.arange(nb, dtype=torch.int32)[None],
-                                     torch.tensor([context], dtype=torch.int32))[0, 0]
+    ours = paged_attention_blockwise(
+        q.view(1, 1, head_dim),
+        kc,
+        vc,
+        torch.arange(nb, dtype=torch.int32)[None],
+        torch.tensor([context], dtype=torch.int32),
+    )[0, 0]
     seed_out = seed_online_softmax(q, k, v, block_size)
+
     def rel(x: torch.Tensor) -> float:
         return float((x - exact).norm() / exact.norm())
 
@@ -202,7 +309,9 @@ def measure_block_tables(num_seqs: int = 3, num_layers: int = 4, block_size: int
     return {"sequences": num_seqs, "layers": num_layers, "block_tables": len(bm.block_tables)}
 
 
-def block_size_study(trace: Trace, pool_slots: int, block_sizes=(1, 8, 16, 32, 64, 128, 256)) -> list[dict]:
+def block_size_study(
+    trace: Trace, pool_slots: int, block_sizes=(1, 8, 16, 32, 64, 128, 256)
+) -> list[dict]:
     """C7 / E10: the paged simulator per block size on one trace and pool.
 
     Per row: ``utilization`` (real / allocated slots), ``mean_running``, ``steps`` to finish the trace,
@@ -213,13 +322,26 @@ def block_size_study(trace: Trace, pool_slots: int, block_sizes=(1, 8, 16, 32, 6
     rows = []
     for bs in block_sizes:
         s = simulate(trace, pool_slots, "paged", bs).summary()
-        rows.append({"block_size": bs, "utilization": s["utilization"], "mean_running": s["mean_running"],
-                     "steps": s["steps"], "tokens_per_step": generated / s["steps"], "preemptions": s["preemptions"]})
+        rows.append(
+            {
+                "block_size": bs,
+                "utilization": s["utilization"],
+                "mean_running": s["mean_running"],
+                "steps": s["steps"],
+                "tokens_per_step": generated / s["steps"],
+                "preemptions": s["preemptions"],
+            }
+        )
     return rows
 
 
-def capacity_at_scale(trace: Trace, spec: KVSpec, budget_bytes: float, block_size: int = 16,
-                      static_len: int | None = None) -> dict:
+def capacity_at_scale(
+    trace: Trace,
+    spec: KVSpec,
+    budget_bytes: float,
+    block_size: int = 16,
+    static_len: int | None = None,
+) -> dict:
     """How many requests of ``trace`` fit in a KV budget at once: static slots vs paged blocks (vectorized).
 
     Static pre-allocation gives every request ``static_len`` (default ``trace.max_seq_len``) token slots:
@@ -237,22 +359,46 @@ def capacity_at_scale(trace: Trace, spec: KVSpec, budget_bytes: float, block_siz
     budget_blocks = int(budget_bytes // spec.bytes_per_block(block_size))
     cum = np.concatenate([[0], np.cumsum(blocks)])
     fit = np.searchsorted(cum, cum[:-1] + budget_blocks, side="right") - 1 - np.arange(trace.n)
-    full = fit[cum[:-1] + budget_blocks <= cum[-1]]  # windows that did not run off the end of the trace
+    full = fit[
+        cum[:-1] + budget_blocks <= cum[-1]
+    ]  # windows that did not run off the end of the trace
     if len(full) == 0:
-        raise ValueError(f"trace too short: all {trace.n} requests ({int(cum[-1])} blocks) fit in the budget of "
-                         f"{budget_blocks} blocks at once; use a longer trace")
+        raise ValueError(
+            f"trace too short: all {trace.n} requests ({int(cum[-1])} blocks) fit in the budget of "
+            f"{budget_blocks} blocks at once; use a longer trace"
+        )
     tokens = float(trace.final_len.sum())
-    return {"requests": trace.n, "budget_bytes": float(budget_bytes), "budget_blocks": budget_blocks,
-            "static": static, "paged_mean": float(full.mean()), "paged_p5": float(np.percentile(full, 5)),
-            "paged_p95": float(np.percentile(full, 95)), "mean_final_len": float(trace.final_len.mean()),
-            "static_token_share": tokens / (trace.n * static_len),
-            "paged_token_share": tokens / float(blocks.sum() * block_size)}
+    return {
+        "requests": trace.n,
+        "budget_bytes": float(budget_bytes),
+        "budget_blocks": budget_blocks,
+        "static": static,
+        "paged_mean": float(full.mean()),
+        "paged_p5": float(np.percentile(full, 5)),
+        "paged_p95": float(np.percentile(full, 95)),
+        "mean_final_len": float(trace.final_len.mean()),
+        "static_token_share": tokens / (trace.n * static_len),
+        "paged_token_share": tokens / float(blocks.sum() * block_size),
+    }
 
 
-__all__ = ["CLAIMS", "Claim", "Row", "block_size_study", "capacity_at_scale", "ledger_markdown",
-           "measure_block_tables", "measure_chained_keys", "measure_cow", "measure_fragmentation",
-           "measure_memory", "measure_online_softmax", "measure_watermark",
-           "missing_rows", "seed_online_softmax"]
+__all__ = [
+    "CLAIMS",
+    "Claim",
+    "Row",
+    "block_size_study",
+    "capacity_at_scale",
+    "ledger_markdown",
+    "measure_block_tables",
+    "measure_chained_keys",
+    "measure_cow",
+    "measure_fragmentation",
+    "measure_memory",
+    "measure_online_softmax",
+    "measure_watermark",
+    "missing_rows",
+    "seed_online_softmax",
+]
 
 
 # ---- the rows ---------------------------------------------------------------------------------------
@@ -265,17 +411,29 @@ def measure_all(quick: bool = True) -> dict:
 
     chat = chat_trace(2000, seed=0, max_seq_len=2048)
     short = chat_trace(2000, seed=0, max_seq_len=2048, mean_prompt=19.3, mean_output=58.5)
-    return {"fragmentation": measure_fragmentation(chat), "memory": measure_memory(),
-            "prefix": [shared_prompt_savings(n) for n in PREFIX_LENS], "chained": measure_chained_keys(),
-            "cow": {20: measure_cow(20), 32: measure_cow(32)}, "watermark": measure_watermark(chat),
-            "softmax": measure_online_softmax(), "block_tables": measure_block_tables(),
-            "block_size": {"chat": block_size_study(chat, 32768), "short": block_size_study(short, 32768)}}
+    return {
+        "fragmentation": measure_fragmentation(chat),
+        "memory": measure_memory(),
+        "prefix": [shared_prompt_savings(n) for n in PREFIX_LENS],
+        "chained": measure_chained_keys(),
+        "cow": {20: measure_cow(20), 32: measure_cow(32)},
+        "watermark": measure_watermark(chat),
+        "softmax": measure_online_softmax(),
+        "block_tables": measure_block_tables(),
+        "block_size": {
+            "chat": block_size_study(chat, 32768),
+            "short": block_size_study(short, 32768),
+        },
+    }
 
 
 def _bs_summary(rows: list[dict]) -> str:
     ref = next(r["tokens_per_step"] for r in rows if r["block_size"] == 16)
-    return ", ".join(f"{r['block_size']}: {r['utilization']:.0%}/{r['tokens_per_step'] / ref:.2f}x"
-                     for r in rows if r["block_size"] in (1, 16, 64, 128, 256))
+    return ", ".join(
+        f"{r['block_size']}: {r['utilization']:.0%}/{r['tokens_per_step'] / ref:.2f}x"
+        for r in rows
+        if r["block_size"] in (1, 16, 64, 128, 256)
+    )
 
 
 def _below(value: float, bound: float) -> str:
@@ -308,73 +466,136 @@ def build_rows(m: dict) -> list[Row]:
     short = {r["block_size"]: r["tokens_per_step"] for r in bs["short"]}
     loss = 1 - short[max(short)] / short[16]
     rows = {
-        "C1": (f"token share: static {share['static']:.1%}, contiguous {share['contiguous']:.1%}, "
-               f"paged {share['paged']:.1%}", "holds (paged above the seed's 80-96%)"),
-        "C2": ("share of pool, static / contiguous, seed's kinds: internal (all unused reservation) "
-               + " / ".join(f"{s['reserved_share'] + s['internal_share']:.0%}" for s in split.values())
-               + ", external " + " / ".join(f"{s['external_share']:.0%}" for s in split.values())
-               + ", beam-search copies none in the trace; paper's kinds: reserved "
-               + " / ".join(f"{s['reserved_share']:.0%}" for s in split.values()) + ", internal "
-               + " / ".join(f"{s['internal_share']:.0%}" for s in split.values()),
-               "holds for contiguous reservation with the seed's definitions; trace-dependent"),
+        "C1": (
+            f"token share: static {share['static']:.1%}, contiguous {share['contiguous']:.1%}, "
+            f"paged {share['paged']:.1%}",
+            "holds (paged above the seed's 80-96%)",
+        ),
+        "C2": (
+            "share of pool, static / contiguous, seed's kinds: internal (all unused reservation) "
+            + " / ".join(f"{s['reserved_share'] + s['internal_share']:.0%}" for s in split.values())
+            + ", external "
+            + " / ".join(f"{s['external_share']:.0%}" for s in split.values())
+            + ", beam-search copies none in the trace; paper's kinds: reserved "
+            + " / ".join(f"{s['reserved_share']:.0%}" for s in split.values())
+            + ", internal "
+            + " / ".join(f"{s['internal_share']:.0%}" for s in split.values()),
+            "holds for contiguous reservation with the seed's definitions; trace-dependent",
+        ),
         "C3": (f"largest empty tail {f['paged_max_tail']} slots (block 16)", "holds"),
         "C4": (f"Llama-2-7B {gb['llama-2-7b']:.2f} GB, 13B {gb['llama-2-13b']:.2f} GB", "holds"),
-        "C5": ("block saving " + ", ".join(f"{n}: {pre[n]['block_saving']:.0%}" for n in (500, 1000, 2000))
-               + f" (100 requests, + {m['prefix'][0]['question_len']}-token question each)",
-               "holds (the shared share of each prompt)"),
-        "E1": (f"relative error: corrected online softmax {_below(sm['blockwise_err'], 1e-6)}, "
-               f"seed's sketch {sm['seed_err']:.2f}",
-               "corrected"),
-        "E3": (f"chained per-block keys share {ch['shared_tokens']} of 40 common tokens; whole-prompt hash shares "
-               f"{ch['whole_prompt_hash_shares']}", "corrected"),
-        "E4": (f"9-token prefix saves {pre[9]['block_saving']:.0%} of blocks; prefill speed-up bound "
-               f"{pre[1000]['speedup_bound']:.1f}x at 1000 tokens", "corrected"),
-        "E5": (f"COW copies after fork + append: partial last block {m['cow'][20]}, full last block {m['cow'][32]}",
-               "corrected"),
-        "E6": (f"{bt['block_tables']} block tables for {bt['sequences']} sequences x {bt['layers']} layers",
-               "corrected"),
-        "E7": (f"Llama-2-70B (GQA, 8 KV heads) {gb['llama-2-70b']:.2f} GB; without GQA {gb['70b-without-gqa']:.2f} GB",
-               "corrected"),
-        "E8": (f"{mem['block_bytes'] / 2**20:.0f} MiB per 16-token block; seed formula "
-               f"{mem['seed_block_bytes'] // mem['block_bytes']}x too large", "corrected"),
-        "E9": (f"{wm['free_blocks']} free of 100 blocks, watermark 5: prompts of 10 / 7 / 96 blocks get "
-               + " / ".join(wm["can_allocate"][n].upper() for n in (10, 7, 96))
-               + "; simulated preemptions by watermark " + ", ".join(f"{k}: {v}" for k, v in wm["preemptions"].items()),
-               "corrected (it prevents preemption)"),
-        "C7": ("util/throughput vs 16, chat: " + _bs_summary(bs["chat"]) + "; short: " + _bs_summary(bs["short"]),
-               "partly: 16-128 alike on chat, large blocks much worse on short requests; below 16 only the "
-               "kernel (GPU) can tell"),
-        "E10": (f"block 256 loses {loss:.0%} of simulated throughput vs 16 on the short trace; blocks below 16 "
-                "lose nothing in memory, so their cost is kernel time (GPU)",
-                "corrected (paper §7.2: kernel parallelism vs fragmentation and sharing)"),
+        "C5": (
+            "block saving "
+            + ", ".join(f"{n}: {pre[n]['block_saving']:.0%}" for n in (500, 1000, 2000))
+            + f" (100 requests, + {m['prefix'][0]['question_len']}-token question each)",
+            "holds (the shared share of each prompt)",
+        ),
+        "E1": (
+            f"relative error: corrected online softmax {_below(sm['blockwise_err'], 1e-6)}, "
+            f"seed's sketch {sm['seed_err']:.2f}",
+            "corrected",
+        ),
+        "E3": (
+            f"chained per-block keys share {ch['shared_tokens']} of 40 common tokens; whole-prompt hash shares "
+            f"{ch['whole_prompt_hash_shares']}",
+            "corrected",
+        ),
+        "E4": (
+            f"9-token prefix saves {pre[9]['block_saving']:.0%} of blocks; prefill speed-up bound "
+            f"{pre[1000]['speedup_bound']:.1f}x at 1000 tokens",
+            "corrected",
+        ),
+        "E5": (
+            f"COW copies after fork + append: partial last block {m['cow'][20]}, full last block {m['cow'][32]}",
+            "corrected",
+        ),
+        "E6": (
+            f"{bt['block_tables']} block tables for {bt['sequences']} sequences x {bt['layers']} layers",
+            "corrected",
+        ),
+        "E7": (
+            f"Llama-2-70B (GQA, 8 KV heads) {gb['llama-2-70b']:.2f} GB; without GQA {gb['70b-without-gqa']:.2f} GB",
+            "corrected",
+        ),
+        "E8": (
+            f"{mem['block_bytes'] / 2**20:.0f} MiB per 16-token block; seed formula "
+            f"{mem['seed_block_bytes'] // mem['block_bytes']}x too large",
+            "corrected",
+        ),
+        "E9": (
+            f"{wm['free_blocks']} free of 100 blocks, watermark 5: prompts of 10 / 7 / 96 blocks get "
+            + " / ".join(wm["can_allocate"][n].upper() for n in (10, 7, 96))
+            + "; simulated preemptions by watermark "
+            + ", ".join(f"{k}: {v}" for k, v in wm["preemptions"].items()),
+            "corrected (it prevents preemption)",
+        ),
+        "C7": (
+            "util/throughput vs 16, chat: "
+            + _bs_summary(bs["chat"])
+            + "; short: "
+            + _bs_summary(bs["short"]),
+            "partly: 16-128 alike on chat, large blocks much worse on short requests; below 16 only the "
+            "kernel (GPU) can tell",
+        ),
+        "E10": (
+            f"block 256 loses {loss:.0%} of simulated throughput vs 16 on the short trace; blocks below 16 "
+            "lose nothing in memory, so their cost is kernel time (GPU)",
+            "corrected (paper §7.2: kernel parallelism vs fragmentation and sharing)",
+        ),
     }
     conc, where = m.get("concurrency"), m.get("device", "cpu")
     if conc:
-        same = all(r.get("same_tokens") is True for r in conc)  # only when the sweep compared tokens
-        pairs = ", ".join(f"{r['concurrency']}: {r['paged_tok_s']:.0f}/{r['hf_tok_s']:.0f}" for r in conc)
+        same = all(
+            r.get("same_tokens") is True for r in conc
+        )  # only when the sweep compared tokens
+        pairs = ", ".join(
+            f"{r['concurrency']}: {r['paged_tok_s']:.0f}/{r['hf_tok_s']:.0f}" for r in conc
+        )
         rises = conc[-1]["paged_tok_s"] > conc[0]["paged_tok_s"]
         ahead = [r["concurrency"] for r in conc if r["paged_tok_s"] > r["hf_tok_s"]]
-        rows["C6"] = (f"tok/s paged/generate by concurrency {pairs} ({where}, 4-layer model"
-                      f"{', same tokens' if same else ''})",
-                      ("rises with concurrency" if rises else "does not rise here")
-                      + (f"; ours ahead at {', '.join(map(str, ahead))}" if ahead else "; generate ahead throughout"))
-        rows["E11"] = (f"own table on {where} (C6 row); the seed's A100 figures are neither sourced nor reproduced",
-                       "corrected (own measurements)")
+        rows["C6"] = (
+            f"tok/s paged/generate by concurrency {pairs} ({where}, 4-layer model"
+            f"{', same tokens' if same else ''})",
+            ("rises with concurrency" if rises else "does not rise here")
+            + (
+                f"; ours ahead at {', '.join(map(str, ahead))}"
+                if ahead
+                else "; generate ahead throughout"
+            ),
+        )
+        rows["E11"] = (
+            f"own table on {where} (C6 row); the seed's A100 figures are neither sourced nor reproduced",
+            "corrected (own measurements)",
+        )
     else:
-        rows["C6"] = ("not run (needs the engine benchmark)", "sourced: paper §6.2, 2-4x at equal latency")
+        rows["C6"] = (
+            "not run (needs the engine benchmark)",
+            "sourced: paper §6.2, 2-4x at equal latency",
+        )
         rows["E11"] = ("not run; the seed's A100 figures have no source", "sourced")
     kernel = m.get("kernel")
     if kernel and kernel.get("mode") == "gpu":
         worst = max(r["paged_over_contiguous"] for r in kernel["sweep"])
         bw = bandwidth_row(kernel["sweep"])
-        where = (f", in a kernel at {bw['pct_peak']:.1f}% of peak HBM bandwidth (batch {bw['batch']}, context "
-                 f"{bw['context']}, block {bw['block_size']})") if bw else ""
-        rows["E2"] = (f"paged / contiguous kernel time up to {worst:.2f} on {kernel['device']}{where}",
-                      "measured on a latency-bound kernel: says little about paging at the bandwidth roofline; "
-                      "chapter 04's tuned kernel re-measures it")
+        where = (
+            (
+                f", in a kernel at {bw['pct_peak']:.1f}% of peak HBM bandwidth (batch {bw['batch']}, context "
+                f"{bw['context']}, block {bw['block_size']})"
+            )
+            if bw
+            else ""
+        )
+        rows["E2"] = (
+            f"paged / contiguous kernel time up to {worst:.2f} on {kernel['device']}{where}",
+            "measured on a latency-bound kernel: says little about paging at the bandwidth roofline; "
+            "chapter 04's tuned kernel re-measures it",
+        )
     else:
-        rows["E2"] = ("no GPU in this run; paper: 20-26% higher attention-kernel latency than "
-                      "FasterTransformer", "sourced correction (paper §7.1)")
+        rows["E2"] = (
+            "no GPU in this run; paper: 20-26% higher attention-kernel latency than "
+            "FasterTransformer",
+            "sourced correction (paper §7.1)",
+        )
     return [Row(CLAIMS[cid], *rows[cid]) for cid in CLAIMS]
 
 
@@ -385,7 +606,11 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     parser = argparse.ArgumentParser(prog="python -m paged_course.ledger", description=main.__doc__)
-    parser.add_argument("--bench", type=Path, help="folder with engine.json / kernel.json from python -m paged bench")
+    parser.add_argument(
+        "--bench",
+        type=Path,
+        help="folder with engine.json / kernel.json from python -m paged bench",
+    )
     args = parser.parse_args(argv)
     measured = measure_all()
     for name in ("engine", "kernel"):

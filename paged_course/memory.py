@@ -21,10 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 _DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "float16": 2, "fp16": 2, "half": 2,
-    "bfloat16": 2, "bf16": 2,
-    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float8": 1,
+    "fp8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
     "int8": 1,
 }
 
@@ -43,8 +51,10 @@ def dtype_bytes(dtype: Any) -> int:
         itemsize = getattr(dtype, "itemsize", None)  # torch.dtype and numpy dtypes carry their size
         if isinstance(itemsize, int) and itemsize > 0:
             return itemsize
-    raise ValueError(f"dtype: unknown dtype {dtype!r}; valid names: {', '.join(sorted(_DTYPE_BYTES))} "
-                     f"(or a torch.dtype)")
+    raise ValueError(
+        f"dtype: unknown dtype {dtype!r}; valid names: {', '.join(sorted(_DTYPE_BYTES))} "
+        f"(or a torch.dtype)"
+    )
 
 
 def _positive(name: str, value: Any) -> int:
@@ -115,13 +125,22 @@ def _spec(name: str, layers: int, kv_heads: int, head_dim: int) -> KVSpec:
 
 # From each model's public config.json (num_hidden_layers, num_key_value_heads, hidden_size / heads).
 _HUB = {
-    "meta-llama/Llama-2-7b-hf": (_spec("Llama-2-7B", 32, 32, 128), "llama-2-7b"),      # MHA, 32 heads
-    "meta-llama/Llama-2-13b-hf": (_spec("Llama-2-13B", 40, 40, 128), "llama-2-13b"),   # MHA, 40 heads
-    "meta-llama/Llama-2-70b-hf": (_spec("Llama-2-70B", 80, 8, 128), "llama-2-70b"),    # GQA 64 q / 8 kv
-    "meta-llama/Meta-Llama-3-8B": (_spec("Llama-3-8B", 32, 8, 128), "llama-3-8b"),     # GQA 32 q / 8 kv
-    "mistralai/Mistral-7B-v0.1": (_spec("Mistral-7B", 32, 8, 128), "mistral-7b"),      # GQA 32 q / 8 kv
-    "Qwen/Qwen2.5-7B": (_spec("Qwen2.5-7B", 28, 4, 128), "qwen2.5-7b"),                # GQA 28 q / 4 kv
-    "facebook/opt-13b": (_spec("OPT-13B", 40, 40, 128), "opt-13b"),                    # MHA, 40 heads
+    "meta-llama/Llama-2-7b-hf": (_spec("Llama-2-7B", 32, 32, 128), "llama-2-7b"),  # MHA, 32 heads
+    "meta-llama/Llama-2-13b-hf": (
+        _spec("Llama-2-13B", 40, 40, 128),
+        "llama-2-13b",
+    ),  # MHA, 40 heads
+    "meta-llama/Llama-2-70b-hf": (
+        _spec("Llama-2-70B", 80, 8, 128),
+        "llama-2-70b",
+    ),  # GQA 64 q / 8 kv
+    "meta-llama/Meta-Llama-3-8B": (
+        _spec("Llama-3-8B", 32, 8, 128),
+        "llama-3-8b",
+    ),  # GQA 32 q / 8 kv
+    "mistralai/Mistral-7B-v0.1": (_spec("Mistral-7B", 32, 8, 128), "mistral-7b"),  # GQA 32 q / 8 kv
+    "Qwen/Qwen2.5-7B": (_spec("Qwen2.5-7B", 28, 4, 128), "qwen2.5-7b"),  # GQA 28 q / 4 kv
+    "facebook/opt-13b": (_spec("OPT-13B", 40, 40, 128), "opt-13b"),  # MHA, 40 heads
 }
 
 KNOWN_MODELS: dict[str, KVSpec] = {}
@@ -164,11 +183,15 @@ def spec_from_config(config: Any, dtype: Any = "float16", name: str = "") -> KVS
     if head_dim is None:
         hidden = _first(config, "hidden_size", "n_embd", "d_model")
         if hidden is None or not heads:
-            raise ValueError(f"config {type(config).__name__}: cannot find hidden_size/num_attention_heads "
-                             "to derive head_dim")
+            raise ValueError(
+                f"config {type(config).__name__}: cannot find hidden_size/num_attention_heads "
+                "to derive head_dim"
+            )
         head_dim = hidden // heads
     if layers is None or kv_heads is None:
-        raise ValueError(f"config {type(config).__name__}: cannot find num_hidden_layers / num_attention_heads")
+        raise ValueError(
+            f"config {type(config).__name__}: cannot find num_hidden_layers / num_attention_heads"
+        )
     label = name or getattr(config, "_name_or_path", "") or getattr(config, "model_type", "")
     return KVSpec(int(layers), int(kv_heads), int(head_dim), dtype, str(label))
 
@@ -198,9 +221,11 @@ def kv_spec(model_or_config: Any, dtype: Any = "float16") -> KVSpec:
             last = model_or_config.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
             close = difflib.get_close_matches(last, [k.lower() for k in KNOWN_MODELS], n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"model_or_config: {model_or_config!r} is not a built-in name and could not be "
-                             f"loaded with AutoConfig ({type(err).__name__}).{hint} Built-in names: "
-                             f"{', '.join(KNOWN_MODELS)}") from err
+            raise ValueError(
+                f"model_or_config: {model_or_config!r} is not a built-in name and could not be "
+                f"loaded with AutoConfig ({type(err).__name__}).{hint} Built-in names: "
+                f"{', '.join(KNOWN_MODELS)}"
+            ) from err
         return spec_from_config(config, dtype, name=model_or_config)
     return spec_from_config(model_or_config, dtype)
 

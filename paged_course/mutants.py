@@ -81,7 +81,9 @@ def run(chapters: list[str] | None = None) -> tuple[int, int, list[str]]:
     for ex_id, name in sorted(graded.items()):
         count = len(mutants.get(name, {}).get(ex_id, {}))
         if wanted(ex_id) and count < MIN_MUTANTS:
-            problems.append(f"{ex_id}: {count} mutants in tests/mutants/{name}, at least {MIN_MUTANTS} needed")
+            problems.append(
+                f"{ex_id}: {count} mutants in tests/mutants/{name}, at least {MIN_MUTANTS} needed"
+            )
     killed = total = 0
     with tempfile.TemporaryDirectory() as tmp:
         for file_name, by_region in mutants.items():
@@ -97,17 +99,23 @@ def run(chapters: list[str] | None = None) -> tuple[int, int, list[str]]:
                     total += 1
                     killed += not result.ok
                     verdict = "killed" if not result.ok else "SURVIVED"
-                    print(f"  {ex_id:<9} {verdict:<8} {label} ({result.passed}/{result.total} checks pass)")
+                    print(
+                        f"  {ex_id:<9} {verdict:<8} {label} ({result.passed}/{result.total} checks pass)"
+                    )
                     if result.ok:
                         problems.append(f"{ex_id}: the mutant '{label}' passes every graded test")
     return killed, total, problems
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paged course mutants", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m paged course mutants", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("chapters", nargs="*", help="chapters to check, e.g. ch02 (default: all)")
     args = parser.parse_args(argv)
-    killed, total, problems = run([c if c.startswith("ch") else f"ch{int(c):02d}" for c in args.chapters])
+    killed, total, problems = run(
+        [c if c.startswith("ch") else f"ch{int(c):02d}" for c in args.chapters]
+    )
     for line in problems:
         print("problem:", line)
     print(f"mutants: {killed} of {total} killed")

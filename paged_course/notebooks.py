@@ -27,7 +27,11 @@ def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
 def chapter_sources(names: list[str] | None = None) -> list[Path]:
     paths = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
     if names:
-        paths = [p for p in paths if any(p.stem.startswith(n) or p.name == n or str(p) == n for n in names)]
+        paths = [
+            p
+            for p in paths
+            if any(p.stem.startswith(n) or p.name == n or str(p) == n for n in names)
+        ]
     return paths
 
 
@@ -36,7 +40,9 @@ def notebook_path(source: Path) -> Path:
     return CHAPTERS / (source.stem + ".ipynb")
 
 
-def execute(paths: list[Path], timeout: int = 600, impl: str = "solutions", write: bool = True) -> dict[str, float]:
+def execute(
+    paths: list[Path], timeout: int = 600, impl: str = "solutions", write: bool = True
+) -> dict[str, float]:
     """Run each chapter and write ``NN_slug.ipynb`` with outputs; return seconds per chapter.
 
     ``impl``: the parts the chapters build on (``PAGED_IMPL``): the committed notebooks are executed on the
@@ -56,16 +62,26 @@ def execute(paths: list[Path], timeout: int = 600, impl: str = "solutions", writ
     seconds = {}
     for path in paths:
         nb = jupytext.read(path)
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nb.metadata["kernelspec"] = {
+            "name": "python3",
+            "display_name": "Python 3",
+            "language": "python",
+        }
         nb.metadata.setdefault("jupytext", {})["formats"] = FORMATS
         start = time.perf_counter()
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(CHAPTERS)}}).execute()
+        NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(CHAPTERS)}},
+        ).execute()
         seconds[path.stem] = time.perf_counter() - start
         if not write:
             print(f"{path.stem}: ran on {impl}/ in {seconds[path.stem]:.1f} s (not written)")
             continue
-        for i, cell in enumerate(nb.cells):  # keep diffs small: stable cell ids, no per-run timestamps
+        for i, cell in enumerate(
+            nb.cells
+        ):  # keep diffs small: stable cell ids, no per-run timestamps
             cell["id"] = f"cell-{i:03d}"
             cell.metadata.pop("execution", None)
         jupytext.write(nb, notebook_path(path), fmt="ipynb")
@@ -84,8 +100,13 @@ def check(paths: list[Path]) -> list[str]:
         executed = nbformat.read(ipynb, as_version=4) if ipynb.exists() else None
         if executed is None or _cells(jupytext.read(path)) != _cells(executed):
             bad.append(path.stem)
-        elif any(c.cell_type == "code" and c.source.strip() and not c.get("outputs") and c.execution_count
-                 is None for c in executed.cells):
+        elif any(
+            c.cell_type == "code"
+            and c.source.strip()
+            and not c.get("outputs")
+            and c.execution_count is None
+            for c in executed.cells
+        ):
             bad.append(path.stem + " (not executed)")
     return bad
 
@@ -96,9 +117,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m paged course notebooks")
     parser.add_argument("action", choices=["execute", "check"])
     parser.add_argument("chapters", nargs="*", help="chapter numbers or names (default: all)")
-    parser.add_argument("--impl", choices=["solutions", "exercises"], default="solutions",
-                        help="parts the chapters build on (default: the reference, as committed)")
-    parser.add_argument("--no-write", action="store_true", help="run only (CI: every chapter on the stubs)")
+    parser.add_argument(
+        "--impl",
+        choices=["solutions", "exercises"],
+        default="solutions",
+        help="parts the chapters build on (default: the reference, as committed)",
+    )
+    parser.add_argument(
+        "--no-write", action="store_true", help="run only (CI: every chapter on the stubs)"
+    )
     args = parser.parse_args(argv)
     paths = chapter_sources(args.chapters)
     if not paths:
@@ -109,8 +136,10 @@ def main(argv: list[str]) -> int:
         return 0
     bad = check(paths)
     if bad:
-        print("notebooks out of sync with their .py source (run `python -m paged course notebooks "
-              "execute NN`): " + ", ".join(bad))
+        print(
+            "notebooks out of sync with their .py source (run `python -m paged course notebooks "
+            "execute NN`): " + ", ".join(bad)
+        )
         return 1
     print(f"{len(paths)} notebooks in sync")
     return 0

@@ -51,15 +51,24 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 def _check_gqa(num_heads: int, num_kv_heads: int) -> int:
     if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
-        raise ValueError(f"GQA needs num_heads % num_kv_heads == 0, got num_heads={num_heads}, "
-                         f"num_kv_heads={num_kv_heads}")
+        raise ValueError(
+            f"GQA needs num_heads % num_kv_heads == 0, got num_heads={num_heads}, "
+            f"num_kv_heads={num_kv_heads}"
+        )
     return num_heads // num_kv_heads
 
 
-def _check_context_lens(context_lens: torch.Tensor, num_seqs: int, device: torch.device, capacity: int,
-                        capacity_what: str) -> None:
+def _check_context_lens(
+    context_lens: torch.Tensor,
+    num_seqs: int,
+    device: torch.device,
+    capacity: int,
+    capacity_what: str,
+) -> None:
     if context_lens.dim() != 1 or context_lens.shape[0] != num_seqs:
-        raise ValueError(f"context_lens must have shape [num_seqs]=[{num_seqs}], got {list(context_lens.shape)}")
+        raise ValueError(
+            f"context_lens must have shape [num_seqs]=[{num_seqs}], got {list(context_lens.shape)}"
+        )
     if context_lens.dtype not in _INDEX_DTYPES:
         raise ValueError(f"context_lens must be int32 or int64, got {context_lens.dtype}")
     if context_lens.device != device:
@@ -68,27 +77,43 @@ def _check_context_lens(context_lens: torch.Tensor, num_seqs: int, device: torch
         return
     lo, hi = int(context_lens.min()), int(context_lens.max())
     if lo < 0:
-        raise ValueError(f"context_lens must be >= 0, got {lo} at sequence {int(context_lens.argmin())}")
+        raise ValueError(
+            f"context_lens must be >= 0, got {lo} at sequence {int(context_lens.argmin())}"
+        )
     if hi > capacity:
-        raise ValueError(f"context_len {hi} (sequence {int(context_lens.argmax())}) exceeds {capacity_what} "
-                         f"= {capacity} tokens")
+        raise ValueError(
+            f"context_len {hi} (sequence {int(context_lens.argmax())}) exceeds {capacity_what} "
+            f"= {capacity} tokens"
+        )
 
 
 def _check_paged(query, key_cache, value_cache, block_tables, context_lens) -> int:
     """Validate the shared paged signature; return the GQA group size."""
     if query.dim() != 3:
-        raise ValueError(f"query must be [num_seqs, num_heads, head_dim], got shape {list(query.shape)}")
+        raise ValueError(
+            f"query must be [num_seqs, num_heads, head_dim], got shape {list(query.shape)}"
+        )
     if key_cache.dim() != 4:
-        raise ValueError(f"key_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
-                         f"got shape {list(key_cache.shape)}")
+        raise ValueError(
+            f"key_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got shape {list(key_cache.shape)}"
+        )
     if value_cache.shape != key_cache.shape:
-        raise ValueError(f"value_cache shape {list(value_cache.shape)} != key_cache shape {list(key_cache.shape)}")
+        raise ValueError(
+            f"value_cache shape {list(value_cache.shape)} != key_cache shape {list(key_cache.shape)}"
+        )
     if query.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"query must be a floating dtype, got {query.dtype}")
     if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
-        raise ValueError(f"dtype mismatch: query {query.dtype}, key_cache {key_cache.dtype}, "
-                         f"value_cache {value_cache.dtype}")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables)):
+        raise ValueError(
+            f"dtype mismatch: query {query.dtype}, key_cache {key_cache.dtype}, "
+            f"value_cache {value_cache.dtype}"
+        )
+    for name, t in (
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+        ("block_tables", block_tables),
+    ):
         if t.device != query.device:
             raise ValueError(f"{name} is on {t.device}, query on {query.device}")
     num_seqs, num_heads, head_dim = query.shape
@@ -97,30 +122,42 @@ def _check_paged(query, key_cache, value_cache, block_tables, context_lens) -> i
         raise ValueError(f"head_dim mismatch: query {head_dim}, key_cache {kv_dim}")
     group = _check_gqa(num_heads, num_kv_heads)
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables must be [num_seqs={num_seqs}, max_blocks_per_seq], "
-                         f"got shape {list(block_tables.shape)}")
+        raise ValueError(
+            f"block_tables must be [num_seqs={num_seqs}, max_blocks_per_seq], "
+            f"got shape {list(block_tables.shape)}"
+        )
     if block_tables.dtype not in _INDEX_DTYPES:
         raise ValueError(f"block_tables must be int32 or int64, got {block_tables.dtype}")
     width = block_tables.shape[1]
-    _check_context_lens(context_lens, num_seqs, query.device, width * block_size,
-                        f"block_tables width x block_size = {width} x {block_size}")
+    _check_context_lens(
+        context_lens,
+        num_seqs,
+        query.device,
+        width * block_size,
+        f"block_tables width x block_size = {width} x {block_size}",
+    )
     used = _used_blocks(block_tables, context_lens, block_size)
     if used.any():
         ids = block_tables[used]
         if int(ids.min()) < 0 or int(ids.max()) >= num_blocks:
             bad = ids[(ids < 0) | (ids >= num_blocks)][0]
-            raise ValueError(f"block id {int(bad)} in a used block_tables entry is outside [0, {num_blocks})")
+            raise ValueError(
+                f"block id {int(bad)} in a used block_tables entry is outside [0, {num_blocks})"
+            )
     return group
 
 
-def _used_blocks(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+def _used_blocks(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int
+) -> torch.Tensor:
     """Bool ``[num_seqs, width]``: True where the entry holds one of the ``ceil(len / bs)`` used blocks."""
     blocks_needed = (context_lens.long() + block_size - 1) // block_size
     return torch.arange(block_tables.shape[1], device=block_tables.device) < blocks_needed[:, None]
 
 
-def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, valid: torch.Tensor,
-                      scale: float) -> torch.Tensor:
+def _masked_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, valid: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Softmax attention of one query per sequence over padded K/V, in float32.
 
     query ``[S, H, D]``, key/value ``[S, L, KVH, D]``, valid bool ``[S, L]``; returns fp32 ``[S, H, D]``.
@@ -135,14 +172,18 @@ def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     scores = torch.einsum("skgd,slkd->skgl", q, k) * scale  # [S, KVH, G, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, 0.0)  # an empty context: every score -inf, keep exp() at 0
+    m = torch.where(
+        torch.isfinite(m), m, 0.0
+    )  # an empty context: every score -inf, keep exp() at 0
     p = torch.exp(scores - m)
     denom = p.sum(dim=-1, keepdim=True)
     out = torch.einsum("skgl,slkd->skgd", p, v) / torch.where(denom > 0, denom, 1.0)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
-def write_kv_checked(cache, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv_checked(
+    cache, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Store ``key[i]`` and ``value[i]`` of layer ``layer`` of ``cache`` (a ``KVCache``) at slot ``slot_mapping[i]``,
     checked: the teaching version of the engine's unchecked ``paged.worker.attention.write_kv``.
 
@@ -165,7 +206,9 @@ def write_kv_checked(cache, layer: int, key: torch.Tensor, value: torch.Tensor, 
     want = (cache.num_kv_heads, cache.head_dim)
     for name, t in (("key", key), ("value", value)):
         if t.dim() != 3 or tuple(t.shape[1:]) != want:
-            raise ValueError(f"{name} must be [num_tokens, {want[0]}, {want[1]}], got {list(t.shape)}")
+            raise ValueError(
+                f"{name} must be [num_tokens, {want[0]}, {want[1]}], got {list(t.shape)}"
+            )
         if t.dtype != cache.dtype:
             raise ValueError(f"{name} dtype {t.dtype} != pool dtype {cache.dtype}")
         if t.device != cache.device:
@@ -174,7 +217,9 @@ def write_kv_checked(cache, layer: int, key: torch.Tensor, value: torch.Tensor, 
     if value.shape[0] != num_tokens:
         raise ValueError(f"key has {num_tokens} tokens, value {value.shape[0]}")
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != num_tokens:
-        raise ValueError(f"slot_mapping must be [num_tokens={num_tokens}], got {list(slot_mapping.shape)}")
+        raise ValueError(
+            f"slot_mapping must be [num_tokens={num_tokens}], got {list(slot_mapping.shape)}"
+        )
     if slot_mapping.dtype not in _INDEX_DTYPES:
         raise ValueError(f"slot_mapping must be int64 or int32, got {slot_mapping.dtype}")
     if slot_mapping.device != cache.device:
@@ -184,8 +229,10 @@ def write_kv_checked(cache, layer: int, key: torch.Tensor, value: torch.Tensor, 
     lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
     if lo < -1 or hi >= cache.num_slots:
         bad = lo if lo < -1 else hi
-        raise ValueError(f"slot {bad} outside [-1, {cache.num_slots}) (num_blocks {cache.num_blocks} x "
-                         f"block_size {cache.block_size})")
+        raise ValueError(
+            f"slot {bad} outside [-1, {cache.num_slots}) (num_blocks {cache.num_blocks} x "
+            f"block_size {cache.block_size})"
+        )
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     if slots.unique().numel() != slots.numel():
@@ -196,9 +243,16 @@ def write_kv_checked(cache, layer: int, key: torch.Tensor, value: torch.Tensor, 
     flat_v.index_copy_(0, slots, value[keep])
 
 
-def kv_cache_from_budget(budget_bytes: int, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                         dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                         cpu_budget_bytes: int = 0):
+def kv_cache_from_budget(
+    budget_bytes: int,
+    num_layers: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    cpu_budget_bytes: int = 0,
+):
     """A ``KVCache`` with as many whole blocks as fit in ``budget_bytes`` (and ``cpu_budget_bytes`` for swap):
     ``budget // block_bytes(...)``, as vLLM sizes its pool.
 
@@ -210,11 +264,21 @@ def kv_cache_from_budget(budget_bytes: int, num_layers: int, block_size: int, nu
         raise ValueError(f"budgets must be >= 0 bytes, got {budget_bytes} and {cpu_budget_bytes}")
     if budget_bytes < per_block:
         raise ValueError(f"budget_bytes={budget_bytes} holds no block of {per_block} bytes")
-    return KVCache(num_layers, budget_bytes // per_block, block_size, num_kv_heads, head_dim, dtype, device,
-                   cpu_budget_bytes // per_block)
+    return KVCache(
+        num_layers,
+        budget_bytes // per_block,
+        block_size,
+        num_kv_heads,
+        head_dim,
+        dtype,
+        device,
+        cpu_budget_bytes // per_block,
+    )
 
 
-def pad_block_tables(tables: list[list[int]], max_blocks: int | None = None, pad: int = 0) -> torch.Tensor:
+def pad_block_tables(
+    tables: list[list[int]], max_blocks: int | None = None, pad: int = 0
+) -> torch.Tensor:
     """Stack block tables into an int32 tensor ``[num_seqs, max_blocks]`` for the attention kernels.
 
     Rows shorter than ``max_blocks`` are padded with ``pad`` (default 0, as vLLM v0's
@@ -233,8 +297,13 @@ def pad_block_tables(tables: list[list[int]], max_blocks: int | None = None, pad
     return torch.tensor(rows, dtype=torch.int32).reshape(len(tables), max_blocks)
 
 
-def contiguous_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         context_lens: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def contiguous_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Decode attention over per-sequence contiguous (padded) K/V: the layout before paging.
 
     Args:
@@ -252,28 +321,40 @@ def contiguous_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
             not 0, or a context length outside ``[0, max_len]`` (numbers in the message).
     """
     if query.dim() != 3 or key.dim() != 4:
-        raise ValueError(f"query must be [S, H, D] and key [S, L, KVH, D], got {list(query.shape)} and "
-                         f"{list(key.shape)}")
+        raise ValueError(
+            f"query must be [S, H, D] and key [S, L, KVH, D], got {list(query.shape)} and "
+            f"{list(key.shape)}"
+        )
     if value.shape != key.shape:
         raise ValueError(f"value shape {list(value.shape)} != key shape {list(key.shape)}")
     if query.dtype not in _FLOAT_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        raise ValueError(f"dtype mismatch: query {query.dtype}, key {key.dtype}, value {value.dtype}")
+        raise ValueError(
+            f"dtype mismatch: query {query.dtype}, key {key.dtype}, value {value.dtype}"
+        )
     if key.device != query.device or value.device != query.device:
-        raise ValueError(f"device mismatch: query {query.device}, key {key.device}, value {value.device}")
+        raise ValueError(
+            f"device mismatch: query {query.device}, key {key.device}, value {value.device}"
+        )
     num_seqs, num_heads, head_dim = query.shape
     if key.shape[0] != num_seqs or key.shape[3] != head_dim:
-        raise ValueError(f"key must be [num_seqs={num_seqs}, max_len, num_kv_heads, head_dim={head_dim}], "
-                         f"got {list(key.shape)}")
+        raise ValueError(
+            f"key must be [num_seqs={num_seqs}, max_len, num_kv_heads, head_dim={head_dim}], "
+            f"got {list(key.shape)}"
+        )
     _check_gqa(num_heads, key.shape[2])
     max_len = key.shape[1]
     _check_context_lens(context_lens, num_seqs, query.device, max_len, "key max_len")
-    scale = head_dim ** -0.5 if scale is None else float(scale)
+    scale = head_dim**-0.5 if scale is None else float(scale)
     valid = torch.arange(max_len, device=query.device) < context_lens[:, None]
     return _masked_attention(query, key, value, valid, scale).to(query.dtype)
 
 
-def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-              context_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gather_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gather each sequence's K/V through its block table into padded ``[S, L, KVH, D]`` tensors.
 
     ``L = ceil(max(context_lens) / block_size) * block_size``. Unused block-table entries are replaced
@@ -294,9 +375,14 @@ def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: 
     return key, value, valid
 
 
-def paged_attention_gather(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float | None = None) -> torch.Tensor:
+def paged_attention_gather(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Decode attention over the paged pool: gather K/V through the block tables, then attend.
 
     The shapes, dtypes and errors are the module's shared contract (see the module docstring).
@@ -311,9 +397,14 @@ def paged_attention_gather(query: torch.Tensor, key_cache: torch.Tensor, value_c
     return _masked_attention(query, key, value, valid, scale).to(query.dtype)
 
 
-def paged_attention_blockwise(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                              block_tables: torch.Tensor, context_lens: torch.Tensor,
-                              scale: float | None = None) -> torch.Tensor:
+def paged_attention_blockwise(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Decode attention with an online softmax over KV blocks: the Triton kernel's math in PyTorch.
 
     For each block column ``j`` of the block tables (all sequences at once), with scores ``x`` of the
@@ -332,7 +423,7 @@ def paged_attention_blockwise(query: torch.Tensor, key_cache: torch.Tensor, valu
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
-    scale = head_dim ** -0.5 if scale is None else float(scale)
+    scale = head_dim**-0.5 if scale is None else float(scale)
     if num_seqs == 0:
         return torch.empty_like(query)
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
@@ -344,14 +435,18 @@ def paged_attention_blockwise(query: torch.Tensor, key_cache: torch.Tensor, valu
     offsets = torch.arange(block_size, device=query.device)
     for j in range(num_block_cols):  # the kernel's loop over KV blocks; sequences stay vectorized
         valid = j * block_size + offsets < lens[:, None]  # [S, bs]
-        ids = torch.where(valid[:, 0], block_tables[:, j], 0).long()  # a finished sequence reads block 0
+        ids = torch.where(
+            valid[:, 0], block_tables[:, j], 0
+        ).long()  # a finished sequence reads block 0
         keep = valid[:, :, None, None]
         k = torch.where(keep, key_cache[ids].float(), 0.0)  # [S, bs, KVH, D]
         v = torch.where(keep, value_cache[ids].float(), 0.0)
         x = torch.einsum("skgd,sbkd->skgb", q, k) * scale
         x = x.masked_fill(~valid[:, None, None, :], float("-inf"))
         m_new = torch.maximum(m, x.amax(dim=-1))
-        m_safe = torch.where(torch.isfinite(m_new), m_new, 0.0)  # nothing valid yet: keep exp() finite
+        m_safe = torch.where(
+            torch.isfinite(m_new), m_new, 0.0
+        )  # nothing valid yet: keep exp() finite
         alpha = torch.exp(m - m_safe)  # exp(-inf) = 0 on the first valid block
         p = torch.exp(x - m_safe[..., None])
         l = l * alpha + p.sum(dim=-1)  # noqa: E741
@@ -361,9 +456,15 @@ def paged_attention_blockwise(query: torch.Tensor, key_cache: torch.Tensor, valu
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
-                    backend: str | None = None) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
     """Decode attention through the backend ``select_backend(query.device)`` picks (or ``backend``).
 
     Raises:
@@ -371,7 +472,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     """
     backend = backend or select_backend(query.device)
     if backend == "torch":
-        return paged_attention_gather(query, key_cache, value_cache, block_tables, context_lens, scale)
+        return paged_attention_gather(
+            query, key_cache, value_cache, block_tables, context_lens, scale
+        )
     if backend == "triton":
         from paged.kernels import paged_attention_decode as triton_decode
 
@@ -379,6 +482,14 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
 
 
-__all__ = ["kv_cache_from_budget", "pad_block_tables", "write_kv_checked", "contiguous_attention", "gather_kv",
-           "paged_attention", "paged_attention_blockwise",
-           "paged_attention_gather", "select_backend"]
+__all__ = [
+    "kv_cache_from_budget",
+    "pad_block_tables",
+    "write_kv_checked",
+    "contiguous_attention",
+    "gather_kv",
+    "paged_attention",
+    "paged_attention_blockwise",
+    "paged_attention_gather",
+    "select_backend",
+]

@@ -39,17 +39,38 @@ from pathlib import Path
 from paged_course import classroom
 
 ROOT = Path(__file__).resolve().parents[1]
-INCLUDE = ("README.md", "LICENSE", "pyproject.toml", "environment.yml", ".gitignore", "chapters", "paged",
-           "paged_course", "kernels", "exercises", "tests", "scripts", "docs", ".ci", ".github/classroom")
+INCLUDE = (
+    "README.md",
+    "LICENSE",
+    "pyproject.toml",
+    "environment.yml",
+    ".gitignore",
+    "chapters",
+    "paged",
+    "paged_course",
+    "kernels",
+    "exercises",
+    "tests",
+    "scripts",
+    "docs",
+    ".ci",
+    ".github/classroom",
+)
 INSTRUCTOR_ONLY = ("docs/instructor.md",)
 # never shipped: the tools that build releases and autograders, and their tests
-INSTRUCTOR_TOOLS = ("paged_course/release.py", "paged_course/classroom.py", "paged_course/autograder.py",
-                    "tests/unit/test_release.py", "tests/unit/test_autograder.py")
+INSTRUCTOR_TOOLS = (
+    "paged_course/release.py",
+    "paged_course/classroom.py",
+    "paged_course/autograder.py",
+    "tests/unit/test_release.py",
+    "tests/unit/test_autograder.py",
+)
 SKIP_DIRS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".hypothesis", ".ruff_cache"}
 MARKER_FILE = ".paged-release"
 SOLUTION_READERS = {"sync"}  # functions that read solutions/ themselves (paged_course/sync.py)
-_SOLUTIONS_IMPORT = re.compile(r"^\s*(?:from\s+solutions\b|import\s+solutions\b)|import_module\(\s*['\"]solutions\b",
-                               re.M)
+_SOLUTIONS_IMPORT = re.compile(
+    r"^\s*(?:from\s+solutions\b|import\s+solutions\b)|import_module\(\s*['\"]solutions\b", re.M
+)
 
 HIDDEN_CONFTEST = '''"""Hidden graded tests, copied in by `python -m paged course release --hidden-tests`.
 
@@ -75,7 +96,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.hidden)
 '''
 
-STUDENT_CI = '''#!/usr/bin/env bash
+STUDENT_CI = """#!/usr/bin/env bash
 # CI of a student release (written by `python -m paged course release --without-solutions`): install
 # from scratch, run every test that is not graded (package + chapter notebooks), then grade exercises/.
 # The score is printed and saved in grading/; it never fails the build.
@@ -88,7 +109,7 @@ pip install -q torch==2.13.0
 pip install -q -e ".[notebooks,dev]"
 pytest -m "not exercise and not gpu and not slow and not browser"
 python -m paged grade --report grading
-'''
+"""
 
 README_STUDENT = """> **Student release.** This copy of the course has no `solutions/` folder. Here the graded tests in
 > `tests/exercises/` import *your* files in `exercises/` by default (`--impl exercises`), so they fail
@@ -101,8 +122,10 @@ README_WITH_SOLUTIONS = """> **Release with solutions.** `pytest` checks the ref
 > `python -m paged grade` grades your own `exercises/`.{hidden}
 
 """
-README_HIDDEN = ("\n> `tests/exercises/hidden/` holds extra graded tests, skipped unless `PAGED_HIDDEN=1` is set "
-                 "(`PAGED_HIDDEN=1 python -m paged grade`).")
+README_HIDDEN = (
+    "\n> `tests/exercises/hidden/` holds extra graded tests, skipped unless `PAGED_HIDDEN=1` is set "
+    "(`PAGED_HIDDEN=1 python -m paged grade`)."
+)
 
 
 class ReleaseError(ValueError):
@@ -133,19 +156,31 @@ def references_solutions(source: str, path_strings: bool = False) -> bool:
     except SyntaxError:
         return bool(_SOLUTIONS_IMPORT.search(source))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "solutions" for a in node.names):
+        if isinstance(node, ast.Import) and any(
+            a.name.split(".")[0] == "solutions" for a in node.names
+        ):
             return True
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "solutions" and not node.level:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[0] == "solutions"
+            and not node.level
+        ):
             return True
         if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             name = getattr(node.func, "attr", getattr(node.func, "id", ""))
-            if name in ("import_module", "__import__") and str(node.args[0].value).split(".")[0] == "solutions":
+            if (
+                name in ("import_module", "__import__")
+                and str(node.args[0].value).split(".")[0] == "solutions"
+            ):
                 return True
         if path_strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
             if re.fullmatch(r"solutions(?:[./].*)?", node.value):
                 return True
-        if path_strings and isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) \
-                in SOLUTION_READERS:
+        if (
+            path_strings
+            and isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in SOLUTION_READERS
+        ):
             return True
     return False
 
@@ -161,9 +196,13 @@ def without_solution_tests(source: str) -> tuple[str | None, list[str]]:
     cut, names, tests_left = [], [], 0
     for node in tree.body:
         start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
-        segment = "".join(lines[start - 1:node.end_lineno])
-        is_test = (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
-                   or isinstance(node, ast.ClassDef) and node.name.startswith("Test"))
+        segment = "".join(lines[start - 1 : node.end_lineno])
+        is_test = (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name.startswith("test")
+            or isinstance(node, ast.ClassDef)
+            and node.name.startswith("Test")
+        )
         if not references_solutions(segment, path_strings=True):
             tests_left += is_test
         elif is_test:
@@ -174,15 +213,18 @@ def without_solution_tests(source: str) -> tuple[str | None, list[str]]:
     if not tests_left:
         return None, []
     for start, end in reversed(cut):
-        del lines[start - 1:end]
+        del lines[start - 1 : end]
     return re.sub(r"\n{4,}", "\n\n\n", "".join(lines)).rstrip("\n") + "\n", names
 
 
 def notebook_code(path: Path) -> str:
     """The code cells of an ``.ipynb``, joined, with IPython magics and shell lines blanked."""
     cells = json.loads(path.read_text()).get("cells", [])
-    code = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-            for c in cells if c.get("cell_type") == "code"]
+    code = [
+        "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+        for c in cells
+        if c.get("cell_type") == "code"
+    ]
     return "\n".join(re.sub(r"(?m)^\s*[%!].*$", "", c) for c in code)
 
 
@@ -192,18 +234,30 @@ def set_default_impl(conftest: str, impl: str = "exercises") -> str:
     Raises ReleaseError when there is no such call with a constant default.
     """
     for node in ast.walk(ast.parse(conftest)):
-        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "addoption" and node.args
-                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--impl"):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "addoption"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == "--impl"
+        ):
             default = next((k.value for k in node.keywords if k.arg == "default"), None)
             if isinstance(default, ast.Constant):
                 lines = conftest.splitlines(keepends=True)
-                start = sum(len(line) for line in lines[:default.lineno - 1]) + default.col_offset
-                end = sum(len(line) for line in lines[:default.end_lineno - 1]) + default.end_col_offset
+                start = sum(len(line) for line in lines[: default.lineno - 1]) + default.col_offset
+                end = (
+                    sum(len(line) for line in lines[: default.end_lineno - 1])
+                    + default.end_col_offset
+                )
                 old = default.value
-                call_end = sum(len(line) for line in lines[:node.end_lineno - 1]) + node.end_col_offset
+                call_end = (
+                    sum(len(line) for line in lines[: node.end_lineno - 1]) + node.end_col_offset
+                )
                 tail = conftest[end:call_end].replace(f"default: {old}", f"default: {impl}")
                 return conftest[:start] + repr(impl).replace("'", '"') + tail + conftest[call_end:]
-    raise ReleaseError("tests/conftest.py has no parser.addoption('--impl', default=...) to point at exercises/")
+    raise ReleaseError(
+        "tests/conftest.py has no parser.addoption('--impl', default=...) to point at exercises/"
+    )
 
 
 def _copy(src: Path, dst: Path) -> int:
@@ -214,8 +268,12 @@ def _copy(src: Path, dst: Path) -> int:
     count = 0
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
-        if path.is_dir() or SKIP_DIRS & set(rel.parts) or path.suffix == ".pyc" or any(
-                p.endswith(".egg-info") for p in rel.parts):
+        if (
+            path.is_dir()
+            or SKIP_DIRS & set(rel.parts)
+            or path.suffix == ".pyc"
+            or any(p.endswith(".egg-info") for p in rel.parts)
+        ):
             continue
         count += _copy(path, dst / rel)
     return count
@@ -234,7 +292,9 @@ def _write_stubs(root: Path, out: Path) -> None:
 
 def _git_commit(root: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
@@ -244,8 +304,10 @@ def _add_hidden(hidden_dir: Path, out: Path, release: Release) -> None:
     if not hidden_dir.is_dir():
         raise ReleaseError(f"--hidden-tests: {hidden_dir} is not a folder")
     if (hidden_dir / "conftest.py").exists():
-        raise ReleaseError(f"--hidden-tests: {hidden_dir}/conftest.py would replace the hidden folder's "
-                           "conftest; move its fixtures into the test files")
+        raise ReleaseError(
+            f"--hidden-tests: {hidden_dir}/conftest.py would replace the hidden folder's "
+            "conftest; move its fixtures into the test files"
+        )
     target = out / "tests" / "exercises" / "hidden"
     _copy(hidden_dir, target)
     for path in sorted(target.rglob("test_*.py")):
@@ -274,19 +336,30 @@ def _strip_solutions(out: Path, release: Release) -> None:
             path.write_text(kept)
             release.dropped += [f"{rel}::{name}" for name in dropped]
     folders = ("paged", "paged_course", "kernels", "exercises", "chapters", "tests", "scripts")
-    needs = [str(p.relative_to(out)) for folder in folders
-             for p in sorted((out / folder).rglob("*.py")) if references_solutions(p.read_text())]
-    needs += [str(p.relative_to(out)) for p in sorted((out / "chapters").rglob("*.ipynb"))
-              if references_solutions(notebook_code(p))]
+    needs = [
+        str(p.relative_to(out))
+        for folder in folders
+        for p in sorted((out / folder).rglob("*.py"))
+        if references_solutions(p.read_text())
+    ]
+    needs += [
+        str(p.relative_to(out))
+        for p in sorted((out / "chapters").rglob("*.ipynb"))
+        if references_solutions(notebook_code(p))
+    ]
     if needs:
-        raise ReleaseError("these files import solutions/ and would fail in a release without it: " + ", ".join(needs))
+        raise ReleaseError(
+            "these files import solutions/ and would fail in a release without it: "
+            + ", ".join(needs)
+        )
     (out / ".ci").mkdir(exist_ok=True)
     (out / ".ci" / "run").write_text(STUDENT_CI)
     (out / ".ci" / "run").chmod(0o755)
 
 
-def build_release(out: Path, root: Path = ROOT, with_solutions: bool = True,
-                  hidden_tests: Path | None = None) -> Release:
+def build_release(
+    out: Path, root: Path = ROOT, with_solutions: bool = True, hidden_tests: Path | None = None
+) -> Release:
     """Write the student tree of the course at ``root`` into ``out`` (which must be absent or empty).
 
     Raises ReleaseError when ``out`` is not empty or lies inside ``root``, when the hidden tests folder
@@ -321,33 +394,57 @@ def build_release(out: Path, root: Path = ROOT, with_solutions: bool = True,
 
 def _write_readme_and_classroom(out: Path, release: Release, commit: str | None) -> None:
     note = (README_WITH_SOLUTIONS if release.with_solutions else README_STUDENT).format(
-        hidden=README_HIDDEN if release.hidden else "")
+        hidden=README_HIDDEN if release.hidden else ""
+    )
     readme = out / "README.md"
     readme.write_text(note + (readme.read_text() if readme.exists() else "# paged\n"))
     # recount the points from the tree's own graded tests (hidden ones included): never a stale copy
     classroom.write(out, hidden=bool(release.hidden), workflow=True)
-    (out / MARKER_FILE).write_text(json.dumps({
-        "solutions": release.with_solutions, "default_impl": "solutions" if release.with_solutions else "exercises",
-        "hidden_tests": release.hidden, "dropped_tests": release.dropped, "source_commit": commit,
-    }, indent=2) + "\n")
+    (out / MARKER_FILE).write_text(
+        json.dumps(
+            {
+                "solutions": release.with_solutions,
+                "default_impl": "solutions" if release.with_solutions else "exercises",
+                "hidden_tests": release.hidden,
+                "dropped_tests": release.dropped,
+                "source_commit": commit,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m paged course release", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m paged course release", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("out", type=Path, metavar="OUT_DIR", help="new folder for the student tree")
-    parser.add_argument("--without-solutions", action="store_true", help="leave solutions/ out; grade exercises/")
-    parser.add_argument("--hidden-tests", type=Path, metavar="DIR", help="extra graded tests, hidden by default")
-    parser.add_argument("--root", type=Path, default=ROOT, help="the course to release (default: this one)")
+    parser.add_argument(
+        "--without-solutions", action="store_true", help="leave solutions/ out; grade exercises/"
+    )
+    parser.add_argument(
+        "--hidden-tests", type=Path, metavar="DIR", help="extra graded tests, hidden by default"
+    )
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the course to release (default: this one)"
+    )
     args = parser.parse_args(argv)
     try:
         release = build_release(args.out, args.root, not args.without_solutions, args.hidden_tests)
     except ReleaseError as err:
         parser.error(str(err))
-    print(f"wrote {release.files} files to {release.out} ("
-          + ("with solutions" if release.with_solutions else "without solutions; --impl defaults to exercises")
-          + ")")
+    print(
+        f"wrote {release.files} files to {release.out} ("
+        + (
+            "with solutions"
+            if release.with_solutions
+            else "without solutions; --impl defaults to exercises"
+        )
+        + ")"
+    )
     for rel in release.dropped:
         print(f"  dropped {rel} (uses solutions/)")
     for rel in release.hidden:

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
-BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<id>ch\d\d\.ex\d+[a-z]?)(?:\s+--\s+(?P<hint>.*))?\s*$")
+BEGIN = re.compile(
+    r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<id>ch\d\d\.ex\d+[a-z]?)(?:\s+--\s+(?P<hint>.*))?\s*$"
+)
 END = re.compile(r"^\s*# END SOLUTION\s*$")
 STUB = re.compile(r"^(?P<indent>\s*)# STUB: ?(?P<code>.*)$")
-HEADER = ('# Generated from {name} by `python -m paged course sync`. Edit only the marked regions;\n'
-          '# grade with `python -m paged grade`.\n')
+HEADER = (
+    "# Generated from {name} by `python -m paged course sync`. Edit only the marked regions;\n"
+    "# grade with `python -m paged grade`.\n"
+)
 
 
 class MarkerError(ValueError):
@@ -45,13 +50,20 @@ def make_stub(source: str, name: str = "<solutions>") -> str:
         begin, end = BEGIN.match(line), END.match(line)
         if begin:
             if region is not None:
-                raise MarkerError(f"{name}:{lineno}: BEGIN SOLUTION {begin['id']} inside region "
-                                  f"{region['id']} opened at line {region['line']}")
+                raise MarkerError(
+                    f"{name}:{lineno}: BEGIN SOLUTION {begin['id']} inside region "
+                    f"{region['id']} opened at line {region['line']}"
+                )
             if begin["id"] in seen:
                 raise MarkerError(f"{name}:{lineno}: duplicate exercise id {begin['id']}")
             seen.add(begin["id"])
-            region = {"id": begin["id"], "line": lineno, "indent": begin["indent"],
-                      "hint": (begin["hint"] or "implement this part").strip(), "stub": []}
+            region = {
+                "id": begin["id"],
+                "line": lineno,
+                "indent": begin["indent"],
+                "hint": (begin["hint"] or "implement this part").strip(),
+                "stub": [],
+            }
         elif end:
             if region is None:
                 raise MarkerError(f"{name}:{lineno}: END SOLUTION without a BEGIN")
@@ -70,24 +82,45 @@ def make_stub(source: str, name: str = "<solutions>") -> str:
         else:
             out.append(line)
     if region is not None:
-        raise MarkerError(f"{name}: region {region['id']} opened at line {region['line']} is never closed")
+        raise MarkerError(
+            f"{name}: region {region['id']} opened at line {region['line']} is never closed"
+        )
     text = "\n".join(out).rstrip("\n") + "\n"
     try:
         ast.parse(text)
     except SyntaxError as err:
         raise MarkerError(f"{name}: the generated stub does not parse: {err}") from err
-    return text
+    return formatted(text)
+
+
+def formatted(text: str) -> str:
+    """``text`` as ``ruff format`` lays it out (line length 100, as the whole repository): a stub's
+    ``raise`` line and starter code are laid out like the rest of the tree. Without ruff (it comes with
+    the ``dev`` extra) the text is returned as it is."""
+    try:
+        from ruff.__main__ import find_ruff_bin
+    except ImportError:
+        return text
+    command = [find_ruff_bin(), "format", "--isolated", "--line-length", "100", "-"]
+    done = subprocess.run(command, input=text, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise MarkerError(f"ruff format failed on a generated stub: {done.stderr.strip()}")
+    return done.stdout
 
 
 def sync(root: Path, check: bool = False) -> list[str]:
     """Write (or with ``check`` only compare) every ``exercises/exNN_*.py``; return the stale names."""
     solutions, exercises = root / "solutions", root / "exercises"
     if not solutions.is_dir():
-        raise FileNotFoundError(f"{solutions} not found: exercises/ is generated from solutions/, which a student "
-                                "release does not have; nothing was changed")
+        raise FileNotFoundError(
+            f"{solutions} not found: exercises/ is generated from solutions/, which a student "
+            "release does not have; nothing was changed"
+        )
     exercises.mkdir(exist_ok=True)
     stale = []
-    wanted = {"__init__.py": '"""Learner stubs (generated from solutions/; edit the marked regions)."""\n'}
+    wanted = {
+        "__init__.py": '"""Learner stubs (generated from solutions/; edit the marked regions)."""\n'
+    }
     for path in sorted(solutions.glob("ex*.py")):
         wanted[path.name] = make_stub(path.read_text(), f"solutions/{path.name}")
     for name, text in wanted.items():
@@ -107,8 +140,12 @@ def sync(root: Path, check: bool = False) -> list[str]:
 def main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m paged course sync", description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="only report stale files; exit 1 if any")
+    parser = argparse.ArgumentParser(
+        prog="python -m paged course sync", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only report stale files; exit 1 if any"
+    )
     parser.add_argument("--root", type=Path, default=Path.cwd())
     args = parser.parse_args(argv)
     try:

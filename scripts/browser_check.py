@@ -82,8 +82,10 @@ def find_notebooks(names: list[str]) -> list[Path]:
             continue
         hits = [p for p in chapters if p.stem.startswith(name) or p.name == name]
         if not hits:
-            raise SystemExit(f"no notebook matches {name!r} (chapters present: "
-                             f"{', '.join(p.stem for p in chapters) or 'none'})")
+            raise SystemExit(
+                f"no notebook matches {name!r} (chapters present: "
+                f"{', '.join(p.stem for p in chapters) or 'none'})"
+            )
         found.extend(hits)
     return found
 
@@ -99,9 +101,18 @@ def serving_root(notebooks: list[Path]) -> Path:
 # The page side lives in scripts/browser_check.js
 
 # First interactive control inside a rendered widget, in document order.
-CONTROLS = ", ".join(".jp-OutputArea-output " + sel for sel in (
-    ".widget-slider .noUi-handle", ".widget-dropdown select", ".widget-toggle-buttons button",
-    ".widget-checkbox input", "button.widget-button", ".widget-text input", ".widget-radio-box input"))
+CONTROLS = ", ".join(
+    ".jp-OutputArea-output " + sel
+    for sel in (
+        ".widget-slider .noUi-handle",
+        ".widget-dropdown select",
+        ".widget-toggle-buttons button",
+        ".widget-checkbox input",
+        "button.widget-button",
+        ".widget-text input",
+        ".widget-radio-box input",
+    )
+)
 
 
 def js(driver, name: str, *args):
@@ -114,7 +125,9 @@ def js_async(driver, name: str, *args):
     return driver.execute_async_script(
         f"{JS}\nconst done = arguments[arguments.length - 1];\n"
         f"window.__browserCheck.{name}(...Array.from(arguments).slice(0, -1))"
-        ".then(done, (e) => done({ok: false, error: String(e)}));", *args)
+        ".then(done, (e) => done({ok: false, error: String(e)}));",
+        *args,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -142,21 +155,31 @@ def _inspect(driver, rel: str, result: Result, timed_out: bool = False) -> dict:
     report = js(driver, "inspect", rel)
     not_run = [c for c in report["cells"] if not c["executed"] and not c["empty"]]
     if not_run and not timed_out:  # after a timeout the pending cells are already reported
-        result.failures.append(f"{len(not_run)} code cell(s) never ran, first: cell {not_run[0]['index']} "
-                               f"`{not_run[0]['head']}`")
+        result.failures.append(
+            f"{len(not_run)} code cell(s) never ran, first: cell {not_run[0]['index']} "
+            f"`{not_run[0]['head']}`"
+        )
     for c in report["cells"]:
         where = f"cell {c['index']} `{c['head']}`"
         for err in c["errors"]:
-            last = [line for line in _strip_ansi(err["traceback"]).splitlines() if line.strip()][-3:]
-            result.failures.append(f"{where}: {err['ename']}: {err['evalue']}\n      " + "\n      ".join(last))
+            last = [line for line in _strip_ansi(err["traceback"]).splitlines() if line.strip()][
+                -3:
+            ]
+            result.failures.append(
+                f"{where}: {err['ename']}: {err['evalue']}\n      " + "\n      ".join(last)
+            )
         if c["domErrors"] and not c["errors"]:
             result.failures.append(f"{where}: error output shown: {c['domErrors'][0][:200]}")
         for text in c["figureText"]:
-            result.failures.append(f"{where}: a figure shown as text instead of an image: {text[:120]!r}")
+            result.failures.append(
+                f"{where}: a figure shown as text instead of an image: {text[:120]!r}"
+            )
         dead = [w for w in c["widgets"] if not w["live"]]
         for w in dead:
-            result.failures.append(f"{where}: widget output is not a live widget (is "
-                                   f"@jupyter-widgets/jupyterlab-manager installed?), it shows: {w['text'][:160]!r}")
+            result.failures.append(
+                f"{where}: widget output is not a live widget (is "
+                f"@jupyter-widgets/jupyterlab-manager installed?), it shows: {w['text'][:160]!r}"
+            )
         for text in c["badWidgetText"]:
             if not any(text == w["text"] for w in dead):
                 result.failures.append(f"{where}: widget error text: {text[:160]!r}")
@@ -207,7 +230,9 @@ def _poke_first_widget(driver, rel: str, deadline: float, result: Result) -> Non
         options = [o.text for o in select.options]
         target = next((i for i, o in enumerate(options) if o != current), None)
         if target is None:
-            result.notes.append("first widget is a dropdown with a single option (nothing to change)")
+            result.notes.append(
+                "first widget is a dropdown with a single option (nothing to change)"
+            )
             return
         select.select_by_index(target)
         action = f"dropdown {current!r} -> {options[target]!r}"
@@ -224,8 +249,10 @@ def _poke_first_widget(driver, rel: str, deadline: float, result: Result) -> Non
         if now["sig"] != before and now["status"] == "idle":
             result.notes.append(f"first widget answered: {action}")
             return
-    result.failures.append(f"first widget did not change any output within {ANSWER_TIMEOUT:.0f} s of a real input "
-                           f"({action})")
+    result.failures.append(
+        f"first widget did not change any output within {ANSWER_TIMEOUT:.0f} s of a real input "
+        f"({action})"
+    )
 
 
 def _screenshot(driver, rel: str, path: Path) -> Path | None:
@@ -233,7 +260,9 @@ def _screenshot(driver, rel: str, path: Path) -> Path | None:
         # off-screen cells have estimated heights (content-visibility) until shown: grow until it settles
         size = WINDOW[1]
         for _ in range(6):
-            want = min(MAX_SCREENSHOT_HEIGHT, max(WINDOW[1], int(js(driver, "fullHeight", rel) or 0)))
+            want = min(
+                MAX_SCREENSHOT_HEIGHT, max(WINDOW[1], int(js(driver, "fullHeight", rel) or 0))
+            )
             if abs(want - size) < 20:
                 break
             size = want
@@ -258,7 +287,9 @@ def _fingerprint(paths: list[Path]) -> dict[Path, tuple[int, int]]:
     return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in paths if p.exists()}
 
 
-def check_notebook(driver, lab: Lab, notebook: Path, root: Path, out: Path, timeout: float) -> Result:
+def check_notebook(
+    driver, lab: Lab, notebook: Path, root: Path, out: Path, timeout: float
+) -> Result:
     """Open ``notebook`` in JupyterLab, run all cells, check the outputs, poke the first widget, screenshot."""
     rel = notebook.relative_to(root).as_posix()
     out.mkdir(parents=True, exist_ok=True)
@@ -276,9 +307,11 @@ def check_notebook(driver, lab: Lab, notebook: Path, root: Path, out: Path, time
             return result
         state = _wait_for_run(driver, rel, deadline)
         if state.get("timed_out"):
-            result.failures.append(f"run-all did not finish in {timeout:.0f} s (kernel {state.get('status')}, "
-                                   f"{state.get('pending')} cell(s) pending, {state.get('executed')}/"
-                                   f"{state.get('code')} executed)")
+            result.failures.append(
+                f"run-all did not finish in {timeout:.0f} s (kernel {state.get('status')}, "
+                f"{state.get('pending')} cell(s) pending, {state.get('executed')}/"
+                f"{state.get('code')} executed)"
+            )
         elif state.get("error"):
             result.failures.append(state["error"])
         elif state["run"].get("error"):
@@ -290,7 +323,9 @@ def check_notebook(driver, lab: Lab, notebook: Path, root: Path, out: Path, time
         result.failures.append("overall timeout reached during this notebook")
         raise
     except Exception as exc:  # noqa: BLE001 - report, keep checking the other notebooks
-        result.failures.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        result.failures.append(
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
     finally:
         result.seconds = time.monotonic() - start
         result.screenshot = _screenshot(driver, rel, out / f"{notebook.stem}.png")
@@ -304,8 +339,10 @@ def check_notebook(driver, lab: Lab, notebook: Path, root: Path, out: Path, time
             result.failures.append(f"JupyterLab saved {rel} during the check (restore it with git)")
         changed = [p.name for p, stamp in _fingerprint(files).items() if before.get(p) != stamp]
         if changed and not saved:
-            result.notes.append(f"{', '.join(changed)} changed on disk during the check (not saved by JupyterLab: "
-                                "someone edited or re-executed it; the check ran the version it opened)")
+            result.notes.append(
+                f"{', '.join(changed)} changed on disk during the check (not saved by JupyterLab: "
+                "someone edited or re-executed it; the check ran the version it opened)"
+            )
     if result.seconds > timeout:
         result.failures.append(f"took {result.seconds:.0f} s, over the {timeout:.0f} s budget")
     return result
@@ -315,8 +352,13 @@ def check_notebook(driver, lab: Lab, notebook: Path, root: Path, out: Path, time
 # Driver
 
 
-def run_checks(notebooks: list[Path], out: Path, chapter_timeout: float = 60.0,
-               overall_timeout: float | None = None, echo=print) -> list[Result]:
+def run_checks(
+    notebooks: list[Path],
+    out: Path,
+    chapter_timeout: float = 60.0,
+    overall_timeout: float | None = None,
+    echo=print,
+) -> list[Result]:
     """Check ``notebooks`` in one JupyterLab + one browser; both stopped on every path."""
     out.mkdir(parents=True, exist_ok=True)
     root = serving_root(notebooks)
@@ -333,7 +375,9 @@ def run_checks(notebooks: list[Path], out: Path, chapter_timeout: float = 60.0,
             for notebook in notebooks:
                 result = check_notebook(driver, lab, notebook, root, out, chapter_timeout)
                 results.append(result)
-                echo(f"{'PASS' if result.ok else 'FAIL'} {result.notebook} ({result.seconds:.1f} s)")
+                echo(
+                    f"{'PASS' if result.ok else 'FAIL'} {result.notebook} ({result.seconds:.1f} s)"
+                )
                 for note in result.notes:
                     echo(f"    note: {note}")
                 for failure in result.failures:
@@ -346,11 +390,21 @@ def run_checks(notebooks: list[Path], out: Path, chapter_timeout: float = 60.0,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("chapters", nargs="*", help="chapter numbers, names or .ipynb paths (default: all)")
-    parser.add_argument("--out", type=Path, default=REPO / "out" / "browser", help="folder for the PNG screenshots")
-    parser.add_argument("--chapter-timeout", type=float, default=60.0, help="seconds per notebook (default 60)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="overall seconds (default: 120 + (chapter timeout + 30) per notebook)")
+    parser.add_argument(
+        "chapters", nargs="*", help="chapter numbers, names or .ipynb paths (default: all)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "out" / "browser", help="folder for the PNG screenshots"
+    )
+    parser.add_argument(
+        "--chapter-timeout", type=float, default=60.0, help="seconds per notebook (default 60)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="overall seconds (default: 120 + (chapter timeout + 30) per notebook)",
+    )
     args = parser.parse_args(argv)
     notebooks = find_notebooks(args.chapters)
     if not notebooks:
@@ -363,10 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"browser check aborted: {exc}")
         return 1
     failed = [r for r in results if not r.ok]
-    print(f"\nbrowser check: {len(results) - len(failed)}/{len(results)} notebooks passed in "
-          f"{time.monotonic() - t0:.0f} s; screenshots in {args.out}")
+    print(
+        f"\nbrowser check: {len(results) - len(failed)}/{len(results)} notebooks passed in "
+        f"{time.monotonic() - t0:.0f} s; screenshots in {args.out}"
+    )
     for r in failed:
-        print(f"  {r.notebook}: {len(r.failures)} failure(s); first: {r.failures[0].splitlines()[0]}")
+        print(
+            f"  {r.notebook}: {len(r.failures)} failure(s); first: {r.failures[0].splitlines()[0]}"
+        )
     return 1 if failed else 0
 
 

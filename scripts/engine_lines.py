@@ -15,20 +15,35 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOTAL_LIMIT = 2300
-MODULE_LIMIT = 300
-_SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
-         tokenize.ENDMARKER}
+# Counted on the formatted tree (`ruff format`, line length 100; CI checks the format). The budget
+# is a ceiling for the design, met by removing duplication, never by folding lines.
+TOTAL_LIMIT = 3400
+MODULE_LIMIT = 430
+_SKIP = {
+    tokenize.COMMENT,
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENCODING,
+    tokenize.ENDMARKER,
+}
 
 
 def code_lines(source: str) -> int:
     """Code lines of one module (see the module docstring)."""
     docstrings = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+        ):
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
-                    first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 docstrings.update(range(first.lineno, first.end_lineno + 1))
     lines = set()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -47,7 +62,9 @@ def count(root: Path = ROOT) -> dict[str, int]:
 
 
 def problems(counts: dict[str, int]) -> list[str]:
-    found = [f"{path}: {n} code lines > {MODULE_LIMIT}" for path, n in counts.items() if n > MODULE_LIMIT]
+    found = [
+        f"{path}: {n} code lines > {MODULE_LIMIT}" for path, n in counts.items() if n > MODULE_LIMIT
+    ]
     if sum(counts.values()) > TOTAL_LIMIT:
         found.append(f"the engine has {sum(counts.values())} code lines > {TOTAL_LIMIT}")
     return found
@@ -58,7 +75,9 @@ def main() -> int:
     width = max(map(len, counts))
     for path, n in counts.items():
         print(f"{path:<{width}}  {n:4d}")
-    print(f"{'total':<{width}}  {sum(counts.values()):4d}  (limit {TOTAL_LIMIT}; {MODULE_LIMIT} per module)")
+    print(
+        f"{'total':<{width}}  {sum(counts.values()):4d}  (limit {TOTAL_LIMIT}; {MODULE_LIMIT} per module)"
+    )
     bad = problems(counts)
     for line in bad:
         print("over the limit:", line)

@@ -28,9 +28,17 @@ from pathlib import Path
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
 CHROME_FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-    "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1280,900", "--hide-scrollbars",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,900",
+    "--hide-scrollbars",
 ]
 WINDOW = (1280, 900)
 
@@ -40,7 +48,9 @@ LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"autoStartDefaultKernel": True},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
-        "fetchNews": "false", "checkForUpdates": False},
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
 }
 
 
@@ -87,7 +97,12 @@ def kill_kernels_of(tmp: Path) -> None:
 def server_env(tmp: Path) -> dict[str, str]:
     """The server's (and so the kernels') environment: throwaway Jupyter folders, CPU-friendly defaults."""
     env = dict(os.environ)
-    for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR"):
+    for var in (
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_RUNTIME_DIR",
+        "JUPYTERLAB_SETTINGS_DIR",
+        "JUPYTERLAB_WORKSPACES_DIR",
+    ):
         folder = tmp / var.lower()
         folder.mkdir()
         env[var] = str(folder)
@@ -97,7 +112,8 @@ def server_env(tmp: Path) -> dict[str, str]:
         path.write_text(json.dumps(settings))
     # no language-server extension: it would write .virtual_documents/ into the served folder
     (Path(env["JUPYTER_CONFIG_DIR"]) / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_lsp": False}}}))
+        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_lsp": False}}})
+    )
     env.pop("MPLBACKEND", None)  # the learner's default (inline), whatever the CI shell sets
     env["TQDM_DISABLE"] = "1"
     env.setdefault("PYTHONHASHSEED", "0")
@@ -113,8 +129,9 @@ class Lab:
     log: Path
 
     def api(self, method: str, path: str) -> object:
-        req = urllib.request.Request(self.url + path, method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(
+            self.url + path, method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             body = resp.read()
         return json.loads(body) if body else None
@@ -138,30 +155,49 @@ def jupyter_lab(root: Path, tmp: Path, start_timeout: float = 90.0):
     token = secrets.token_hex(24)
     port = free_port()
     log = tmp / "jupyter-lab.log"
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}",
-           f"--IdentityProvider.token={token}", "--LabApp.expose_app_in_browser=True",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           # JupyterLab makes a checkpoint copy when it opens a notebook: keep it out of the repository
-           f"--FileCheckpoints.checkpoint_dir={tmp / 'checkpoints'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={root}",
+        f"--IdentityProvider.token={token}",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        # JupyterLab makes a checkpoint copy when it opens a notebook: keep it out of the repository
+        f"--FileCheckpoints.checkpoint_dir={tmp / 'checkpoints'}",
+    ]
     if os.geteuid() == 0:  # CI containers run as root
         cmd.append("--allow-root")
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=root, env=server_env(tmp), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=server_env(tmp),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     lab = Lab(f"http://127.0.0.1:{port}", token, log)
     try:
         deadline = time.monotonic() + start_timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited with code {proc.returncode}:\n{lab.log_tail()}")
+                raise RuntimeError(
+                    f"jupyter lab exited with code {proc.returncode}:\n{lab.log_tail()}"
+                )
             try:
                 lab.api("GET", "/api/status")
                 break
             except (urllib.error.URLError, OSError):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"jupyter lab did not answer in {start_timeout:.0f} s:\n"
-                                       f"{lab.log_tail()}") from None
+                    raise RuntimeError(
+                        f"jupyter lab did not answer in {start_timeout:.0f} s:\n{lab.log_tail()}"
+                    ) from None
                 time.sleep(0.3)
         yield lab
     finally:
@@ -181,15 +217,18 @@ def chromium(tmp: Path):
 
     for exe in (CHROMIUM, CHROMEDRIVER):
         if not Path(exe).exists():
-            raise RuntimeError(f"{exe} not found: install it with `apt-get install chromium chromium-driver`")
+            raise RuntimeError(
+                f"{exe} not found: install it with `apt-get install chromium chromium-driver`"
+            )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in CHROME_FLAGS:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={tmp / 'chromium-profile'}")
     options.unhandled_prompt_behavior = "accept"  # a "leave page?" prompt must never block the run
-    service = Service(CHROMEDRIVER, log_output=str(tmp / "chromedriver.log"),
-                      popen_kw={"start_new_session": True})
+    service = Service(
+        CHROMEDRIVER, log_output=str(tmp / "chromedriver.log"), popen_kw={"start_new_session": True}
+    )
     driver = webdriver.Chrome(service=service, options=options)
     try:
         yield driver

@@ -60,9 +60,18 @@ def build(req: dict):
     if block_size and current_platform.is_cpu() and block_size % 32:
         block_size = -(-block_size // 32) * 32
     kwargs = {"block_size": block_size} if block_size else {}
-    llm = LLM(model=req["model_dir"], skip_tokenizer_init=True, dtype="float32", enforce_eager=True, seed=0,
-              max_model_len=max(len(p) + m for p, m in zip(req["prompts"], req["max_tokens"])) + 16, **kwargs)
-    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in req["max_tokens"]]
+    llm = LLM(
+        model=req["model_dir"],
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=max(len(p) + m for p, m in zip(req["prompts"], req["max_tokens"])) + 16,
+        **kwargs,
+    )
+    params = [
+        SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in req["max_tokens"]
+    ]
     prompts = [{"prompt_token_ids": p} for p in req["prompts"]]
     warm = max(1, int(req.get("warmup", 4)))
     llm.generate(prompts[:warm], params[:warm], use_tqdm=False)
@@ -74,7 +83,11 @@ def build(req: dict):
         seconds, cpu = time.perf_counter() - start, (None if cpu is None else cpu_seconds() - cpu)
         return seconds, [list(o.outputs[0].token_ids) for o in outs], cpu
 
-    info = {"vllm": vllm.__version__, "block_size": block_size, "startup_seconds": time.perf_counter() - begin}
+    info = {
+        "vllm": vllm.__version__,
+        "block_size": block_size,
+        "startup_seconds": time.perf_counter() - begin,
+    }
     return llm, run_once, info
 
 
@@ -87,7 +100,10 @@ def main(argv: list[str]) -> int:
             if line.strip() != "run":
                 break
             seconds, tokens, cpu = run_once()
-            print(MARK + json.dumps({"seconds": seconds, "cpu_seconds": cpu, "tokens": tokens}), flush=True)
+            print(
+                MARK + json.dumps({"seconds": seconds, "cpu_seconds": cpu, "tokens": tokens}),
+                flush=True,
+            )
         return 0
     if len(argv) != 2:
         sys.exit(__doc__)
@@ -100,7 +116,10 @@ def main(argv: list[str]) -> int:
         runs.append(seconds)
         cpu_runs.append(cpu)
     with open(argv[1], "w") as f:
-        json.dump({**info, "seconds": min(runs), "runs": runs, "cpu_seconds": cpu_runs, "tokens": tokens}, f)
+        json.dump(
+            {**info, "seconds": min(runs), "runs": runs, "cpu_seconds": cpu_runs, "tokens": tokens},
+            f,
+        )
     return 0
 
 

@@ -42,7 +42,9 @@ def slot_kinds(tokens, final, held) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """
     tokens, final, held = (np.asarray(a, dtype=np.int64) for a in (tokens, final, held))
     # BEGIN SOLUTION ch01.ex1 -- number the held slots 0, 1, 2, ...: compare each index with tokens and final
-    filled = np.minimum(held, final)  # the held slots some token of this request fills before it ends
+    filled = np.minimum(
+        held, final
+    )  # the held slots some token of this request fills before it ends
     return tokens, filled - tokens, held - filled
     # END SOLUTION
 
@@ -69,8 +71,10 @@ class PagedManager:
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01):
         if num_blocks < 0 or block_size <= 0 or not 0 <= watermark < 1:
-            raise ValueError(f"need num_blocks >= 0, block_size > 0 and watermark in [0, 1), got {num_blocks}, "
-                             f"{block_size}, {watermark}")
+            raise ValueError(
+                f"need num_blocks >= 0, block_size > 0 and watermark in [0, 1), got {num_blocks}, "
+                f"{block_size}, {watermark}"
+            )
         self.num_blocks, self.block_size = num_blocks, block_size
         self.watermark_blocks = int(watermark * num_blocks)
         self.held: dict[int, int] = {}
@@ -100,8 +104,10 @@ class PagedManager:
         """Admit ``req`` holding ``num_tokens`` tokens (its prompt, or all it held when it was preempted)."""
         need = self.blocks_for(num_tokens)
         if req in self.held or need > self.num_free_blocks:
-            raise ValueError(f"allocate: request {req} is running already, or needs {need} blocks with "
-                             f"{self.num_free_blocks} free")
+            raise ValueError(
+                f"allocate: request {req} is running already, or needs {need} blocks with "
+                f"{self.num_free_blocks} free"
+            )
         self.held[req] = need
         self.num_free_blocks -= need
 

@@ -98,6 +98,7 @@ class FreeBlockQueue:
         while block_id != self._end:
             yield block_id
             block_id = self._next[block_id]
+
     # END SOLUTION
 
 
@@ -191,7 +192,9 @@ class BlockAllocator:
             count = self._check(block_id, "free")
             listed[block_id] = listed.get(block_id, 0) + 1
             if listed[block_id] > count:
-                raise ValueError(f"free: block {block_id} is listed {listed[block_id]} times but has {count} holders")
+                raise ValueError(
+                    f"free: block {block_id} is listed {listed[block_id]} times but has {count} holders"
+                )
         for block_id in block_ids:
             self._ref_counts[block_id] -= 1
             if not self._ref_counts[block_id]:

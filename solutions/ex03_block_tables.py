@@ -32,8 +32,12 @@ PART_REGIONS = {
 }
 
 
-def slot_mapping(block_tables: list[list[int]], start_positions: list[int], num_tokens: list[int],
-                 block_size: int) -> list[int]:
+def slot_mapping(
+    block_tables: list[list[int]],
+    start_positions: list[int],
+    num_tokens: list[int],
+    block_size: int,
+) -> list[int]:
     """Slots of the tokens one engine step computes, for a packed batch.
 
     Sequence ``s`` computes the ``num_tokens[s]`` tokens at positions ``start_positions[s]``,
@@ -56,12 +60,16 @@ def slot_mapping(block_tables: list[list[int]], start_positions: list[int], num_
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
     if not len(block_tables) == len(start_positions) == len(num_tokens):
-        raise ValueError(f"one entry per sequence: {len(block_tables)} tables, {len(start_positions)} starts, "
-                         f"{len(num_tokens)} token counts")
+        raise ValueError(
+            f"one entry per sequence: {len(block_tables)} tables, {len(start_positions)} starts, "
+            f"{len(num_tokens)} token counts"
+        )
     for s, (table, start, n) in enumerate(zip(block_tables, start_positions, num_tokens)):
         if start < 0 or n < 0 or start + n > len(table) * block_size:
-            raise ValueError(f"sequence {s}: positions {start}..{start + n - 1} do not fit its table of "
-                             f"{len(table)} blocks x {block_size} tokens")
+            raise ValueError(
+                f"sequence {s}: positions {start}..{start + n - 1} do not fit its table of "
+                f"{len(table)} blocks x {block_size} tokens"
+            )
     # BEGIN SOLUTION ch03.ex1 -- per sequence, per new position: logical block -> physical block -> slot
     slots = []
     for table, start, n in zip(block_tables, start_positions, num_tokens):
@@ -71,8 +79,13 @@ def slot_mapping(block_tables: list[list[int]], start_positions: list[int], num_
     # END SOLUTION
 
 
-def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Store token ``i``'s key and value at slot ``slot_mapping[i]`` of one layer's caches, in place.
 
     Args:
@@ -91,28 +104,49 @@ def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tens
     """
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     if value_cache.shape != key_cache.shape:
-        raise ValueError(f"value_cache {list(value_cache.shape)} != key_cache {list(key_cache.shape)}")
+        raise ValueError(
+            f"value_cache {list(value_cache.shape)} != key_cache {list(key_cache.shape)}"
+        )
     for name, t in (("key", key), ("value", value)):
-        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_dim) or t.shape[0] != slot_mapping.shape[0]:
-            raise ValueError(f"{name} must be [T={slot_mapping.shape[0]}, {num_kv_heads}, {head_dim}], "
-                             f"got {list(t.shape)}")
+        if (
+            t.dim() != 3
+            or tuple(t.shape[1:]) != (num_kv_heads, head_dim)
+            or t.shape[0] != slot_mapping.shape[0]
+        ):
+            raise ValueError(
+                f"{name} must be [T={slot_mapping.shape[0]}, {num_kv_heads}, {head_dim}], "
+                f"got {list(t.shape)}"
+            )
     if slot_mapping.dim() != 1 or slot_mapping.dtype != torch.int64:
-        raise ValueError(f"slot_mapping must be int64 [T], got {slot_mapping.dtype} {list(slot_mapping.shape)}")
-    if slot_mapping.numel() and not -1 <= int(slot_mapping.min()) <= int(slot_mapping.max()) < num_blocks * block_size:
-        raise ValueError(f"slots {int(slot_mapping.min())}..{int(slot_mapping.max())} outside [-1, "
-                         f"{num_blocks * block_size}) ({num_blocks} blocks x {block_size} slots)")
+        raise ValueError(
+            f"slot_mapping must be int64 [T], got {slot_mapping.dtype} {list(slot_mapping.shape)}"
+        )
+    if (
+        slot_mapping.numel()
+        and not -1 <= int(slot_mapping.min()) <= int(slot_mapping.max()) < num_blocks * block_size
+    ):
+        raise ValueError(
+            f"slots {int(slot_mapping.min())}..{int(slot_mapping.max())} outside [-1, "
+            f"{num_blocks * block_size}) ({num_blocks} blocks x {block_size} slots)"
+        )
     # BEGIN SOLUTION ch03.ex2 -- a view with one row per slot; skip slot -1; one in-place copy per cache
     keep = slot_mapping >= 0  # -1: padding, store nothing
     slots = slot_mapping[keep]
-    flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)  # row = slot; shares memory
+    flat_k = key_cache.view(
+        num_blocks * block_size, num_kv_heads, head_dim
+    )  # row = slot; shares memory
     flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
     flat_k.index_copy_(0, slots, key[keep].to(key_cache.dtype))
     flat_v.index_copy_(0, slots, value[keep].to(value_cache.dtype))
     # END SOLUTION
 
 
-def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-              context_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gather_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gather each sequence's K/V through its block table (vectorized: no Python loop over sequences).
 
     Args:
@@ -133,7 +167,9 @@ def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: 
     # BEGIN SOLUTION ch03.ex3 -- unused entries: swap in an id that exists, then index; blocks -> positions
     width = block_tables.shape[1]
     lens = context_lens.long()
-    used = torch.arange(width, device=lens.device) < ((lens + block_size - 1) // block_size)[:, None]
+    used = (
+        torch.arange(width, device=lens.device) < ((lens + block_size - 1) // block_size)[:, None]
+    )
     table = torch.where(used, block_tables.long(), 0)
     key = key_cache[table].flatten(1, 2)  # [S, W, bs, KVH, D] -> [S, W * bs, KVH, D]
     value = value_cache[table].flatten(1, 2)
@@ -142,8 +178,14 @@ def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: 
     # END SOLUTION
 
 
-def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One decode step of attention over the paged pool (the engine's ``decode_attention`` part).
 
     Args:
@@ -165,17 +207,27 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, kv_dim = key_cache.shape
     if value_cache.shape != key_cache.shape or kv_dim != head_dim:
-        raise ValueError(f"query {list(query.shape)}, key_cache {list(key_cache.shape)}, value_cache "
-                         f"{list(value_cache.shape)}: head_dim and cache shapes must agree")
+        raise ValueError(
+            f"query {list(query.shape)}, key_cache {list(key_cache.shape)}, value_cache "
+            f"{list(value_cache.shape)}: head_dim and cache shapes must agree"
+        )
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or tuple(context_lens.shape) != (num_seqs,):
-        raise ValueError(f"{num_seqs} queries need block_tables [{num_seqs}, W] and context_lens [{num_seqs}], got "
-                         f"{list(block_tables.shape)} and {list(context_lens.shape)}")
+    if (
+        block_tables.dim() != 2
+        or block_tables.shape[0] != num_seqs
+        or tuple(context_lens.shape) != (num_seqs,)
+    ):
+        raise ValueError(
+            f"{num_seqs} queries need block_tables [{num_seqs}, W] and context_lens [{num_seqs}], got "
+            f"{list(block_tables.shape)} and {list(context_lens.shape)}"
+        )
     capacity = block_tables.shape[1] * block_size
     if num_seqs and not 1 <= int(context_lens.min()) <= int(context_lens.max()) <= capacity:
-        raise ValueError(f"context lengths {int(context_lens.min())}..{int(context_lens.max())} outside [1, "
-                         f"{capacity}] (a table of {block_tables.shape[1]} blocks x {block_size} tokens)")
+        raise ValueError(
+            f"context lengths {int(context_lens.min())}..{int(context_lens.max())} outside [1, "
+            f"{capacity}] (a table of {block_tables.shape[1]} blocks x {block_size} tokens)"
+        )
     key, value, valid = gather_kv(key_cache, value_cache, block_tables, context_lens)
     # BEGIN SOLUTION ch03.ex4 -- heads grouped by KV head; fp32; padding harmless in both products (0*NaN=NaN)
     group = num_heads // num_kv_heads

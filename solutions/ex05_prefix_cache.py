@@ -60,7 +60,13 @@ class Entry:
     __slots__ = ("block_id", "key", "uid", "parent_uid", "token_ids")
 
     def __init__(self, block_id: int, key: int, uid: int, parent_uid: int, token_ids: tuple):
-        self.block_id, self.key, self.uid, self.parent_uid, self.token_ids = block_id, key, uid, parent_uid, token_ids
+        self.block_id, self.key, self.uid, self.parent_uid, self.token_ids = (
+            block_id,
+            key,
+            uid,
+            parent_uid,
+            token_ids,
+        )
 
     def __repr__(self) -> str:
         return f"Entry(block {self.block_id}, uid {self.uid}, parent {self.parent_uid}, tokens {self.token_ids})"
@@ -99,7 +105,7 @@ class PrefixCache:
         # BEGIN SOLUTION ch05.ex1 -- go on after the keys already there; chain each key to the previous one
         parent = keys[-1] if keys else ROOT_KEY
         for start in range(len(keys) * bs, len(tokens) - bs + 1, bs):
-            parent = self.hash_fn(parent, tuple(tokens[start:start + bs]))
+            parent = self.hash_fn(parent, tuple(tokens[start : start + bs]))
             keys.append(parent)
         # END SOLUTION
         return keys
@@ -110,10 +116,16 @@ class PrefixCache:
         hits: list[int] = []
         # BEGIN SOLUTION ch05.ex2 -- at most max_blocks; tokens and parent_uid must match; a miss ends it
         parent_uid = 0
-        for i, key in enumerate(keys[:max(max_blocks, 0)]):
-            block = tuple(tokens[i * bs:(i + 1) * bs])
-            entry = next((e for e in self._by_key.get(key, ())
-                          if e.token_ids == block and e.parent_uid == parent_uid), None)
+        for i, key in enumerate(keys[: max(max_blocks, 0)]):
+            block = tuple(tokens[i * bs : (i + 1) * bs])
+            entry = next(
+                (
+                    e
+                    for e in self._by_key.get(key, ())
+                    if e.token_ids == block and e.parent_uid == parent_uid
+                ),
+                None,
+            )
             if entry is None:
                 break
             hits.append(entry.block_id)
@@ -135,8 +147,13 @@ class PrefixCache:
             if entry is None:
                 if i and parent is None:
                     break
-                entry = Entry(block_ids[i], keys[i], self._next_uid, parent.uid if i else 0,
-                              tuple(tokens[i * bs:(i + 1) * bs]))
+                entry = Entry(
+                    block_ids[i],
+                    keys[i],
+                    self._next_uid,
+                    parent.uid if i else 0,
+                    tuple(tokens[i * bs : (i + 1) * bs]),
+                )
                 self._next_uid += 1
                 self._by_block[entry.block_id] = entry
                 self._by_key.setdefault(entry.key, []).append(entry)
@@ -173,8 +190,9 @@ class PrefixCache:
         self._by_block.clear()
 
 
-def eviction_order(free_queue: list[int], ref_counts: list[int], finishing: list[list[int]],
-                   cached: set[int]) -> list[int]:
+def eviction_order(
+    free_queue: list[int], ref_counts: list[int], finishing: list[list[int]], cached: set[int]
+) -> list[int]:
     """The cached blocks in the order later allocations will evict them, once the sequences whose block
     tables are ``finishing`` have finished, in that order.
 

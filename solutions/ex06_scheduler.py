@@ -64,7 +64,10 @@ class Scheduler(ReferenceScheduler):
 
     def _chunk(self, remaining: int, budget: int) -> int:
         """Tokens of a sequence with ``remaining`` uncomputed tokens that run now (0: not this step)."""
-        threshold, chunked = self.config.long_prefill_token_threshold, self.config.enable_chunked_prefill
+        threshold, chunked = (
+            self.config.long_prefill_token_threshold,
+            self.config.enable_chunked_prefill,
+        )
         # BEGIN SOLUTION ch06.ex1 -- cap by the threshold if set; over budget: cut when chunked, else wait
         n = min(remaining, threshold) if threshold else remaining
         if n <= budget:

@@ -16,8 +16,10 @@ import pytest
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in test output or nbval kernels
 os.environ.setdefault("PYTHONHASHSEED", "0")
-os.environ.setdefault("PAGED_IMPL", "solutions" if (Path(__file__).resolve().parents[1] / "solutions").is_dir()
-                      else "exercises")
+os.environ.setdefault(
+    "PAGED_IMPL",
+    "solutions" if (Path(__file__).resolve().parents[1] / "solutions").is_dir() else "exercises",
+)
 
 try:
     import torch
@@ -30,15 +32,20 @@ if not HAS_CUDA:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--impl", default="solutions",
-                     help="which exercise implementation the graded tests import: solutions (default), "
-                          "exercises, or a folder of exNN_*.py files")
+    parser.addoption(
+        "--impl",
+        default="solutions",
+        help="which exercise implementation the graded tests import: solutions (default), "
+        "exercises, or a folder of exNN_*.py files",
+    )
 
 
 def pytest_configure(config):
     impl = config.getoption("--impl")
     if impl not in ("solutions", "exercises") and not Path(impl).is_dir():
-        raise pytest.UsageError(f"--impl must be solutions, exercises or a folder of exNN_*.py files, got {impl!r}")
+        raise pytest.UsageError(
+            f"--impl must be solutions, exercises or a folder of exNN_*.py files, got {impl!r}"
+        )
 
 
 def pytest_collection_modifyitems(config, items):

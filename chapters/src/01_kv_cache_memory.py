@@ -48,14 +48,28 @@ from IPython.display import display
 from paged_course.check import ROOT, check, exercise_module, learner_or_reference, solution
 
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # the notebook runs in chapters/; your exercise files live at the root
+    sys.path.insert(
+        0, str(ROOT)
+    )  # the notebook runs in chapters/; your exercise files live at the root
 
 from paged_course.memory import KNOWN_MODELS, KVSpec, format_bytes, kv_spec
-from paged_course.sim.fragmentation import (PagedManager, compare, max_concurrency, simulate, slot_kinds,
-                                            summary_table)
+from paged_course.sim.fragmentation import (
+    PagedManager,
+    compare,
+    max_concurrency,
+    simulate,
+    slot_kinds,
+    summary_table,
+)
 from paged_course.sim.workload import chat_trace
-from paged_course.viz.fragmentation import (fragmentation_widget, plot_held_slots, plot_pool_strip, plot_shares,
-                                            plot_utilization, small_comparison)
+from paged_course.viz.fragmentation import (
+    fragmentation_widget,
+    plot_held_slots,
+    plot_pool_strip,
+    plot_shares,
+    plot_utilization,
+    small_comparison,
+)
 
 
 def yours(name: str):
@@ -81,11 +95,23 @@ chapter_start = time.perf_counter()
 # few well-known models; `kv_spec` reads any other config through `transformers.AutoConfig`.
 
 # %% tags=["nbval-check-output"]
-print(f"{'model':<12} {'layers':>6} {'kv_heads':>8} {'head_dim':>8} {'KiB/token':>10} {'GB per 2048':>12}")
-for name in ["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "mistral-7b", "qwen2.5-7b", "opt-13b"]:
+print(
+    f"{'model':<12} {'layers':>6} {'kv_heads':>8} {'head_dim':>8} {'KiB/token':>10} {'GB per 2048':>12}"
+)
+for name in [
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "opt-13b",
+]:
     s = KNOWN_MODELS[name]
-    print(f"{s.name:<12} {s.num_layers:>6} {s.num_kv_heads:>8} {s.head_dim:>8} {s.bytes_per_token / 1024:>10.0f} "
-          f"{s.bytes_per_sequence(2048) / 1e9:>12.3f}")
+    print(
+        f"{s.name:<12} {s.num_layers:>6} {s.num_kv_heads:>8} {s.head_dim:>8} {s.bytes_per_token / 1024:>10.0f} "
+        f"{s.bytes_per_sequence(2048) / 1e9:>12.3f}"
+    )
 
 # %% [markdown]
 # OPT-13B's 800 KiB per token is the figure the PagedAttention paper uses in §3 (2 × 5120 hidden × 40 layers ×
@@ -97,20 +123,46 @@ for name in ["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "mistral-
 # %%
 from transformers import LlamaConfig
 
-config = LlamaConfig(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, hidden_size=256,
-                     head_dim=48)
+config = LlamaConfig(
+    num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, hidden_size=256, head_dim=48
+)
 print(kv_spec(config), "->", kv_spec(config).bytes_per_token, "bytes per token in fp16")
-print(kv_spec("llama-2-7b", dtype="fp8").bytes_per_token, "bytes per token for Llama-2-7B with an fp8 cache")
+print(
+    kv_spec("llama-2-7b", dtype="fp8").bytes_per_token,
+    "bytes per token for Llama-2-7B with an fp8 cache",
+)
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 2.8))
-names = ["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "mistral-7b", "qwen2.5-7b", "opt-13b"]
+names = [
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "opt-13b",
+]
 specs = [KNOWN_MODELS[n] for n in names]
-mha = [replace(s, num_kv_heads={"Llama-2-70B": 64, "Llama-3-8B": 32, "Mistral-7B": 32, "Qwen2.5-7B": 28}
-               .get(s.name, s.num_kv_heads)) for s in specs]
+mha = [
+    replace(
+        s,
+        num_kv_heads={"Llama-2-70B": 64, "Llama-3-8B": 32, "Mistral-7B": 32, "Qwen2.5-7B": 28}.get(
+            s.name, s.num_kv_heads
+        ),
+    )
+    for s in specs
+]
 x = np.arange(len(specs))
-ax.bar(x, [m.bytes_per_token / 1024 for m in mha], color="#dddddd", label="if every query head had its own KV head")
-ax.bar(x, [s.bytes_per_token / 1024 for s in specs], color="#2a9d8f", label="actual (GQA where used)")
+ax.bar(
+    x,
+    [m.bytes_per_token / 1024 for m in mha],
+    color="#dddddd",
+    label="if every query head had its own KV head",
+)
+ax.bar(
+    x, [s.bytes_per_token / 1024 for s in specs], color="#2a9d8f", label="actual (GQA where used)"
+)
 ax.set_xticks(x, [s.name for s in specs], fontsize=8)
 ax.set_ylabel("KiB per token (fp16)")
 ax.legend(fontsize=8)
@@ -124,14 +176,22 @@ plt.show()
 # where PagedAttention "actually uses" memory for an average of 512 tokens per sequence. Recomputing each row:
 
 # %% tags=["nbval-check-output"]
-seed_rows = {"llama-2-7b": (1.1, 35.2, 8.5), "llama-2-13b": (1.7, 54.4, 12.3), "llama-2-70b": (5.2, 166.0, 31.2)}
-print(f"{'model':<12} {'per seq (seed)':>15} {'per seq':>8} {'32 x 2048 (seed)':>17} {'32 x 2048':>10} "
-      f"{'32 x 512 (seed)':>16} {'32 x 512':>9}")
+seed_rows = {
+    "llama-2-7b": (1.1, 35.2, 8.5),
+    "llama-2-13b": (1.7, 54.4, 12.3),
+    "llama-2-70b": (5.2, 166.0, 31.2),
+}
+print(
+    f"{'model':<12} {'per seq (seed)':>15} {'per seq':>8} {'32 x 2048 (seed)':>17} {'32 x 2048':>10} "
+    f"{'32 x 512 (seed)':>16} {'32 x 512':>9}"
+)
 for name, (seq, batch, paged) in seed_rows.items():
     s = KNOWN_MODELS[name]
-    print(f"{s.name:<12} {seq:>12.1f} GB {s.bytes_per_sequence(2048) / 1e9:>5.2f} GB {batch:>14.1f} GB "
-          f"{32 * s.bytes_per_sequence(2048) / 1e9:>7.1f} GB {paged:>13.1f} GB "
-          f"{32 * s.bytes_per_sequence(512) / 1e9:>6.1f} GB")
+    print(
+        f"{s.name:<12} {seq:>12.1f} GB {s.bytes_per_sequence(2048) / 1e9:>5.2f} GB {batch:>14.1f} GB "
+        f"{32 * s.bytes_per_sequence(2048) / 1e9:>7.1f} GB {paged:>13.1f} GB "
+        f"{32 * s.bytes_per_sequence(512) / 1e9:>6.1f} GB"
+    )
 mha_70b = KVSpec(80, 64, 128, name="70B without GQA")
 print(f"\n{mha_70b.name}: {mha_70b.bytes_per_sequence(2048) / 1e9:.2f} GB per 2048-token sequence")
 
@@ -155,7 +215,9 @@ spec = KNOWN_MODELS["llama-2-7b"]
 seed_formula = 16 * 2 * 4096 * 32 * 128 * 2
 per_block = spec.bytes_per_block(16)
 print(f"bytes per block of 16, Llama-2-7B fp16: {per_block:,} ({format_bytes(per_block)})")
-print(f"the seed's formula:                    {seed_formula:,} ({seed_formula // spec.bytes_per_block(16)}x too much)")
+print(
+    f"the seed's formula:                    {seed_formula:,} ({seed_formula // spec.bytes_per_block(16)}x too much)"
+)
 budget = 60 * 2**30  # e.g. 60 GiB of an 80 GB card left for the KV cache after 13.5 GB of weights
 blocks = spec.num_blocks_for_budget(budget, 16)
 print(f"a 60 GiB budget holds {blocks:,} blocks = {blocks * 16:,} token slots")
@@ -168,9 +230,11 @@ print(f"a 60 GiB budget holds {blocks:,} blocks = {blocks * 16:,} token slots")
 # %% tags=["nbval-check-output"]
 slots = blocks * 16
 for length in (512, 1024, 2048):
-    print(f"sequences of {length:>4} tokens: static max_seq_len 2048 -> "
-          f"{max_concurrency(slots, length, 'static', max_seq_len=2048):>3}, "
-          f"paged -> {max_concurrency(slots, length, 'paged', block_size=16):>3}")
+    print(
+        f"sequences of {length:>4} tokens: static max_seq_len 2048 -> "
+        f"{max_concurrency(slots, length, 'static', max_seq_len=2048):>3}, "
+        f"paged -> {max_concurrency(slots, length, 'paged', block_size=16):>3}"
+    )
 
 # %% [markdown]
 # ## 3. Three ways to hand out KV memory
@@ -206,8 +270,15 @@ for length in (512, 1024, 2048):
 # paged request near its end:
 
 # %%
-plot_held_slots([("static (max_seq_len 128)", 40, 70, 128), ("contiguous (20 + 80)", 40, 70, 100),
-                 ("paged, block size 16", 40, 70, 48), ("paged, 66 of 70 tokens", 66, 70, 80)], block_size=16)
+plot_held_slots(
+    [
+        ("static (max_seq_len 128)", 40, 70, 128),
+        ("contiguous (20 + 80)", 40, 70, 100),
+        ("paged, block size 16", 40, 70, 48),
+        ("paged, 66 of 70 tokens", 66, 70, 80),
+    ],
+    block_size=16,
+)
 plt.show()
 
 # %% [markdown]
@@ -249,8 +320,10 @@ ax.legend()
 plt.show()
 
 # %% tags=["nbval-check-output"]
-print(f"mean prompt {trace.prompt_len.mean():.1f}, mean output {trace.output_len.mean():.1f}, "
-      f"median output {np.median(trace.output_len):.0f}, mean final {trace.final_len.mean():.1f} tokens")
+print(
+    f"mean prompt {trace.prompt_len.mean():.1f}, mean output {trace.output_len.mean():.1f}, "
+    f"median output {np.median(trace.output_len):.0f}, mean final {trace.final_len.mean():.1f} tokens"
+)
 start = time.perf_counter()
 results = compare(trace, pool_slots=32768, block_size=16)
 sim_seconds = time.perf_counter() - start
@@ -276,10 +349,12 @@ plt.show()
 
 # %% tags=["nbval-check-output"]
 paged_summary = results["paged"].summary()
-print(f"paged: {paged_summary['preemptions']} preemptions for {trace.n:,} requests; "
-      f"{paged_summary['recomputed_tokens']:,} tokens prefilled again, "
-      f"{paged_summary['recomputed_tokens'] / trace.prompt_len.sum():.0%} on top of the trace's "
-      f"{trace.prompt_len.sum():,} prompt tokens, at no cost in the simulator")
+print(
+    f"paged: {paged_summary['preemptions']} preemptions for {trace.n:,} requests; "
+    f"{paged_summary['recomputed_tokens']:,} tokens prefilled again, "
+    f"{paged_summary['recomputed_tokens'] / trace.prompt_len.sum():.0%} on top of the trace's "
+    f"{trace.prompt_len.sum():,} prompt tokens, at no cost in the simulator"
+)
 
 # %% [markdown]
 # Chapter 06 puts a price on recomputation with a cost model and sets it against swapping.
@@ -339,18 +414,26 @@ _ = check("ch01.ex3")
 your_kinds = learner_or_reference("ch01.ex1", yours("slot_kinds"), slot_kinds)
 your_manager = learner_or_reference(["ch01.ex2", "ch01.ex3"], yours("PagedManager"), PagedManager)
 start = time.perf_counter()
-your_results = compare(trace, pool_slots=32768, block_size=16, paged_manager=your_manager, slot_kinds=your_kinds)
-print(f"ran in {time.perf_counter() - start:.2f} s on {'your' if your_kinds is not slot_kinds else 'the reference'} "
-      f"slot_kinds and {'your' if your_manager is not PagedManager else 'the reference'} PagedManager "
-      "(the simulator's own run in brackets):")
+your_results = compare(
+    trace, pool_slots=32768, block_size=16, paged_manager=your_manager, slot_kinds=your_kinds
+)
+print(
+    f"ran in {time.perf_counter() - start:.2f} s on {'your' if your_kinds is not slot_kinds else 'the reference'} "
+    f"slot_kinds and {'your' if your_manager is not PagedManager else 'the reference'} PagedManager "
+    "(the simulator's own run in brackets):"
+)
 for name, res in your_results.items():
     a, b = res.summary(), results[name].summary()
-    same = all(np.array_equal(getattr(res, k), getattr(results[name], k))
-               for k in ("real", "reserved", "internal", "external", "running", "waiting"))
-    print(f"{name:<11} utilization {a['utilization']:.1%} ({b['utilization']:.1%}), reserved {a['reserved_share']:.1%} "
-          f"({b['reserved_share']:.1%}), internal {a['internal_share']:.1%} ({b['internal_share']:.1%}) of the pool, "
-          f"{a['preemptions']} ({b['preemptions']}) preemptions: "
-          f"{'the same counts at every step' if same else 'the per-step counts differ'}")
+    same = all(
+        np.array_equal(getattr(res, k), getattr(results[name], k))
+        for k in ("real", "reserved", "internal", "external", "running", "waiting")
+    )
+    print(
+        f"{name:<11} utilization {a['utilization']:.1%} ({b['utilization']:.1%}), reserved {a['reserved_share']:.1%} "
+        f"({b['reserved_share']:.1%}), internal {a['internal_share']:.1%} ({b['internal_share']:.1%}) of the pool, "
+        f"{a['preemptions']} ({b['preemptions']}) preemptions: "
+        f"{'the same counts at every step' if same else 'the per-step counts differ'}"
+    )
 
 # %% [markdown]
 # When your three pieces pass their checks, every column agrees with the reference and the per-step counts are
@@ -367,8 +450,10 @@ for name, res in your_results.items():
 # %% tags=["nbval-check-output"]
 for name, res in results.items():
     s = res.summary()
-    print(f"{name:<11} real-token share {s['token_share']:.1%}  "
-          f"(utilization of allocated slots {s['utilization']:.1%})")
+    print(
+        f"{name:<11} real-token share {s['token_share']:.1%}  "
+        f"(utilization of allocated slots {s['utilization']:.1%})"
+    )
 
 # %% [markdown]
 # Static reservation lands at the bottom of the paper's range, contiguous reservation by output cap inside it,
@@ -390,8 +475,10 @@ for name, res in results.items():
 for name, res in results.items():
     s = res.summary()
     split = ", ".join(f"{k} {v:.0%}" for k, v in s["waste_split"].items())
-    print(f"{name:<11} of the pool: reserved {s['reserved_share']:.1%}, internal {s['internal_share']:.1%}, "
-          f"external {s['external_share']:.1%}  |  of the waste: {split}")
+    print(
+        f"{name:<11} of the pool: reserved {s['reserved_share']:.1%}, internal {s['internal_share']:.1%}, "
+        f"external {s['external_share']:.1%}  |  of the waste: {split}"
+    )
 
 # %% [markdown]
 # Then the same runs under the seed's definitions (its internal waste = reserved + internal here):
@@ -400,11 +487,16 @@ for name, res in results.items():
 seed_ranges = {"internal": (0.40, 0.60), "external": (0.10, 0.20)}
 for name, res in results.items():
     s = res.summary()
-    as_seed = {"internal": s["reserved_share"] + s["internal_share"], "external": s["external_share"]}
+    as_seed = {
+        "internal": s["reserved_share"] + s["internal_share"],
+        "external": s["external_share"],
+    }
     inside = all(lo <= as_seed[k] <= hi for k, (lo, hi) in seed_ranges.items())
-    print(f"{name:<11} seed's kinds, of the pool: internal {as_seed['internal']:.1%}, external "
-          f"{as_seed['external']:.1%}, beam-search copies 0 (none in the trace)  |  inside the seed's "
-          f"40-60% and 10-20%: {inside}")
+    print(
+        f"{name:<11} seed's kinds, of the pool: internal {as_seed['internal']:.1%}, external "
+        f"{as_seed['external']:.1%}, beam-search copies 0 (none in the trace)  |  inside the seed's "
+        f"40-60% and 10-20%: {inside}"
+    )
 
 # %% [markdown]
 # With the seed's definitions, contiguous reservation by output cap lands inside both of the seed's ranges: about
@@ -423,8 +515,10 @@ paged = results["paged"]
 slack = paged.allocated - paged.real
 per_step = slack / np.maximum(paged.running, 1)
 at_end = -trace.final_len % 16  # empty slots of each request's final block
-print(f"slack <= 15 x running requests at every one of {paged.num_steps} steps: "
-      f"{bool((slack <= 15 * paged.running).all())}; mean per running request {per_step[paged.running > 0].mean():.2f}")
+print(
+    f"slack <= 15 x running requests at every one of {paged.num_steps} steps: "
+    f"{bool((slack <= 15 * paged.running).all())}; mean per running request {per_step[paged.running > 0].mean():.2f}"
+)
 print(f"per request at its end: max {at_end.max()}, mean {at_end.mean():.2f} (block_size - 1 = 15)")
 fig, ax = plt.subplots(figsize=(7, 2.4))
 ax.hist(at_end, bins=np.arange(17) - 0.5, color="#8d99ae")
@@ -443,7 +537,9 @@ plt.show()
 # the default setting, for readers without a live kernel.
 
 # %%
-_, small = small_comparison(block_size=16, max_seq_len=2048, load=1.0)  # the widget's default setting
+_, small = small_comparison(
+    block_size=16, max_seq_len=2048, load=1.0
+)  # the widget's default setting
 plot_shares(small)
 plt.show()
 display(fragmentation_widget())
@@ -454,7 +550,9 @@ display(fragmentation_widget())
 # %% tags=["nbval-check-output"]
 for bs in (1, 4, 16, 64, 256):
     s = simulate(trace, 32768, "paged", block_size=bs).summary()
-    print(f"block_size {bs:>3}: utilization {s['utilization']:.1%}, mean running {s['mean_running']:.1f}")
+    print(
+        f"block_size {bs:>3}: utilization {s['utilization']:.1%}, mean running {s['mean_running']:.1f}"
+    )
 
 # %% [markdown]
 # ## Summary

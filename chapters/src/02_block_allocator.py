@@ -45,15 +45,24 @@ from IPython.display import display
 from paged_course.check import ROOT, check, exercise_module, learner_or_reference, solution
 
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # the notebook runs in chapters/; your exercise files live at the root
+    sys.path.insert(
+        0, str(ROOT)
+    )  # the notebook runs in chapters/; your exercise files live at the root
 
 from paged.core.allocator import BlockAllocator, NoFreeBlocksError
 from paged.core.block_manager import AllocStatus, BlockSpaceManager
 from paged.core.block_table import BlockTable, blocks_needed
 from paged.core.sequence import Sequence
 from paged_course.bench.allocator import allocator_vs_deque, manager_allocate_free
-from paged_course.viz.blocks import (allocator_stepper, allocator_trace, draw_block_table, draw_pool, draw_trace,
-                                     rows_for, trace_table)
+from paged_course.viz.blocks import (
+    allocator_stepper,
+    allocator_trace,
+    draw_block_table,
+    draw_pool,
+    draw_trace,
+    rows_for,
+    trace_table,
+)
 
 STEPS = ["ch02.ex1", "ch02.ex2", "ch02.ex3", "ch02.ex4", "ch02.ex5"]
 
@@ -112,8 +121,23 @@ chapter_start = time.perf_counter()
 # Watch block 1: after `incref 1` it has two holders, so the first `free 1` does not free it.
 
 # %%
-OPS = ["allocate", "allocate", "allocate", "incref 1", "free 1", "free 0", "allocate", "free 1",
-       "allocate", "allocate", "allocate", "allocate", "allocate", "free 9", "free 0"]
+OPS = [
+    "allocate",
+    "allocate",
+    "allocate",
+    "incref 1",
+    "free 1",
+    "free 0",
+    "allocate",
+    "free 1",
+    "allocate",
+    "allocate",
+    "allocate",
+    "allocate",
+    "allocate",
+    "free 9",
+    "free 0",
+]
 display(allocator_stepper(6, OPS))
 print(trace_table(allocator_trace(6, OPS)))
 
@@ -147,8 +171,14 @@ for bad in (held[0], 7):
         alloc.free(bad)
     except ValueError as err:
         print("ValueError:", err)
-print("free blocks:", alloc.num_free_blocks, "| queue:", alloc.free_queue(),
-      "| ref counts:", [alloc.ref_count(b) for b in range(4)])
+print(
+    "free blocks:",
+    alloc.num_free_blocks,
+    "| queue:",
+    alloc.free_queue(),
+    "| ref counts:",
+    [alloc.ref_count(b) for b in range(4)],
+)
 
 # %% [markdown]
 # ## 3. Build the allocator
@@ -232,8 +262,10 @@ _ = check("ch02.ex5")
 # %%
 Allocator = learner_or_reference(STEPS, yours("BlockAllocator"), BlockAllocator)
 same = trace_table(allocator_trace(6, OPS, Allocator)) == trace_table(allocator_trace(6, OPS))
-print(f"{Allocator.__module__}.{Allocator.__name__}: the same {len(OPS)} steps as the reference, every result, "
-      f"count and queue: {same}")
+print(
+    f"{Allocator.__module__}.{Allocator.__name__}: the same {len(OPS)} steps as the reference, every result, "
+    f"count and queue: {same}"
+)
 
 # %% [markdown]
 # Then the real test: the engine itself, on a small model, with the allocator as its `allocator` part. The
@@ -269,30 +301,58 @@ def counted(cls):
                 return method(self, *args)
             finally:
                 inside.pop()
+
         return call
+
     names = ("allocate", "allocate_many", "free", "free_many", "incref", "take")
     return type(cls.__name__, (cls,), {name: wrap(name) for name in names})
 
 
 def generate_with(allocator_cls):
-    llm = LLM(model, block_size=4, num_gpu_blocks=12, max_num_batched_tokens=16, max_num_seqs=8,
-              parts=Parts(allocator=allocator_cls), verbose=False)
+    llm = LLM(
+        model,
+        block_size=4,
+        num_gpu_blocks=12,
+        max_num_batched_tokens=16,
+        max_num_seqs=8,
+        parts=Parts(allocator=allocator_cls),
+        verbose=False,
+    )
     shared = [3, 1, 4, 1, 5, 9, 2, 6]
-    prompts = [shared + [7, 7], shared + [8], [50 + i for i in range(13)], [90, 91], shared + [5, 3, 5]]
-    params = [SamplingParams(max_tokens=8, ignore_eos=True, n=2 if i == 1 else 1) for i in range(len(prompts))]
+    prompts = [
+        shared + [7, 7],
+        shared + [8],
+        [50 + i for i in range(13)],
+        [90, 91],
+        shared + [5, 3, 5],
+    ]
+    params = [
+        SamplingParams(max_tokens=8, ignore_eos=True, n=2 if i == 1 else 1)
+        for i in range(len(prompts))
+    ]
     first = llm.generate(prompts, params, use_tqdm=False)
-    later = llm.generate([shared + [7, 7, 1], shared + [11]], SamplingParams(max_tokens=3, ignore_eos=True),
-                         use_tqdm=False)  # arrive after the first five finished: hits on freed blocks
+    later = llm.generate(
+        [shared + [7, 7, 1], shared + [11]],
+        SamplingParams(max_tokens=3, ignore_eos=True),
+        use_tqdm=False,
+    )  # arrive after the first five finished: hits on freed blocks
     return [[c.token_ids for c in out.outputs] for out in first + later], llm.stats()
 
 
 reference_tokens, reference_stats = generate_with(BlockAllocator)
 tokens, stats = generate_with(counted(Allocator))
-print(f"engine with {Allocator.__module__}.{Allocator.__name__}: tokens equal to the reference engine's: "
-      f"{tokens == reference_tokens}")
-print("calls:", ", ".join(f"{name} {calls[name]}" for name in ("allocate_many", "free_many", "incref", "take", "free")),
-      f"| preemptions {stats['preemptions']}, copy-on-write {stats['cow_copies']}, "
-      f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.0%}")
+print(
+    f"engine with {Allocator.__module__}.{Allocator.__name__}: tokens equal to the reference engine's: "
+    f"{tokens == reference_tokens}"
+)
+print(
+    "calls:",
+    ", ".join(
+        f"{name} {calls[name]}" for name in ("allocate_many", "free_many", "incref", "take", "free")
+    ),
+    f"| preemptions {stats['preemptions']}, copy-on-write {stats['cow_copies']}, "
+    f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.0%}",
+)
 
 # %% [markdown]
 # ## 4. The block table
@@ -309,14 +369,25 @@ print("calls:", ", ".join(f"{name} {calls[name]}" for name in ("allocate_many", 
 
 # %%
 table = BlockTable(4, [7, 2, 5], num_tokens=10)
-draw_block_table(table.block_ids, 10, 4, num_blocks=8, title="logical blocks -> physical blocks (block size 4)")
+draw_block_table(
+    table.block_ids, 10, 4, num_blocks=8, title="logical blocks -> physical blocks (block size 4)"
+)
 plt.show()
 
 # %% tags=["nbval-check-output"]
 print("slots of positions 0..9:", table.slot_mapping(0, 10))
-print("blocks for 10 tokens:", blocks_needed(10, 4), "| table width for max_model_len 10:", blocks_needed(10, 4))
+print(
+    "blocks for 10 tokens:",
+    blocks_needed(10, 4),
+    "| table width for max_model_len 10:",
+    blocks_needed(10, 4),
+)
 boundary = BlockTable(4, [10, 11, 12])
-print("last slot at L = 8 (exact block boundary):", boundary.slot(8 - 1), "(block 11, offset 3; not 43)")
+print(
+    "last slot at L = 8 (exact block boundary):",
+    boundary.slot(8 - 1),
+    "(block 11, offset 3; not 43)",
+)
 
 # %% [markdown]
 # ## 5. What the scheduler sees: the block space manager
@@ -341,9 +412,11 @@ running = Sequence(0, list(range(1, 50)), 4)  # 49 tokens -> 13 blocks
 manager.allocate(running)
 for n_tokens in (8, 20, 21, 72, 73):
     seq = Sequence(1, [1] * n_tokens, 4)
-    print(f"prompt of {n_tokens:2d} tokens ({blocks_needed(n_tokens, 4):2d} blocks) with "
-          f"{manager.get_num_free_gpu_blocks()} free, watermark {manager.watermark_blocks}: "
-          f"{manager.can_allocate(seq).name}")
+    print(
+        f"prompt of {n_tokens:2d} tokens ({blocks_needed(n_tokens, 4):2d} blocks) with "
+        f"{manager.get_num_free_gpu_blocks()} free, watermark {manager.watermark_blocks}: "
+        f"{manager.can_allocate(seq).name}"
+    )
 
 # %% [markdown]
 # The 20-token prompt (5 blocks) leaves exactly 2 free blocks: OK. One token more needs a sixth block
@@ -356,7 +429,11 @@ manager.allocate(other)
 for t in range(7):
     other.append_token_id(200 + t)
     manager.append_slots(other)
-draw_pool(manager, rows_for(manager, [running, other], ["seq 0", "seq 2"]), title="two block tables over one pool")
+draw_pool(
+    manager,
+    rows_for(manager, [running, other], ["seq 0", "seq 2"]),
+    title="two block tables over one pool",
+)
 plt.show()
 manager.free(running)
 manager.free(other)
@@ -372,14 +449,20 @@ print("free after both finish:", manager.get_num_free_gpu_blocks(), "of", manage
 
 # %%
 pair = allocator_vs_deque(num_ops=2048, repeats=30)
-print(f"one block at a time : BlockAllocator {pair['ours_single']:6.0f} ns  deque {pair['deque_single']:5.0f} ns"
-      f"  -> {pair['ratio_single']:.1f}x")
-print(f"64 blocks at a time : BlockAllocator {pair['ours_batch']:6.0f} ns  deque {pair['deque_batch']:5.0f} ns"
-      f"  -> {pair['ratio_batch']:.1f}x")
+print(
+    f"one block at a time : BlockAllocator {pair['ours_single']:6.0f} ns  deque {pair['deque_single']:5.0f} ns"
+    f"  -> {pair['ratio_single']:.1f}x"
+)
+print(
+    f"64 blocks at a time : BlockAllocator {pair['ours_batch']:6.0f} ns  deque {pair['deque_batch']:5.0f} ns"
+    f"  -> {pair['ratio_batch']:.1f}x"
+)
 for n in (64, 256, 1024):
     r = manager_allocate_free(n, repeats=3)
-    print(f"BlockSpaceManager: {n:4d} sequences x 64 blocks allocated + freed in {r['seconds'] * 1e3:6.1f} ms "
-          f"({r['us_per_block']:.2f} us per block)")
+    print(
+        f"BlockSpaceManager: {n:4d} sequences x 64 blocks allocated + freed in {r['seconds'] * 1e3:6.1f} ms "
+        f"({r['us_per_block']:.2f} us per block)"
+    )
 
 # %% [markdown]
 # Reading the numbers: one block at a time, the allocator costs several times the bare deque. In
@@ -409,21 +492,26 @@ def ns_per_block(cls, batch: int) -> float:
     """Nanoseconds per block allocated and freed, ``batch`` blocks per call (best of 15 runs)."""
     a = cls(1024)
     if batch == 1:
+
         def run():
             allocate, free = a.allocate, a.free
             for _ in range(2048):
                 free(allocate())
     else:
+
         def run():
             for _ in range(2048 // batch):
                 a.free_many(a.allocate_many(batch))
+
     return min(timeit.repeat(run, number=1, repeat=15)) / 2048 * 1e9
 
 
 for cls in dict.fromkeys((BlockAllocator, Allocator)):
     one, many = ns_per_block(cls, 1), ns_per_block(cls, 64)
-    print(f"{cls.__module__ + '.' + cls.__name__:<36} one at a time {one:6.0f} ns, 64 at a time {many:6.0f} ns "
-          f"per block")
+    print(
+        f"{cls.__module__ + '.' + cls.__name__:<36} one at a time {one:6.0f} ns, 64 at a time {many:6.0f} ns "
+        f"per block"
+    )
 
 # %% [markdown]
 # ## Summary

@@ -67,9 +67,15 @@ from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
 from paged_course.check import check, exercise_module, learner_or_reference, solution
 from paged_course.memory import KVSpec, kv_spec
-from paged_course.reference import (contiguous_attention, gather_kv, kv_cache_from_budget,
-                                    pad_block_tables, paged_attention_blockwise, paged_attention_gather,
-                                    select_backend)
+from paged_course.reference import (
+    contiguous_attention,
+    gather_kv,
+    kv_cache_from_budget,
+    pad_block_tables,
+    paged_attention_blockwise,
+    paged_attention_gather,
+    select_backend,
+)
 from paged_course.viz.kv_pool import plot_memory_order, plot_pool, plot_slot_mapping, slot_explorer
 
 
@@ -84,7 +90,10 @@ def yours(exercises, name, reference):
 
 torch.manual_seed(0)
 torch.set_num_threads(2)
-print("attention backend on this machine:", select_backend("cuda" if torch.cuda.is_available() else "cpu"))
+print(
+    "attention backend on this machine:",
+    select_backend("cuda" if torch.cuda.is_available() else "cpu"),
+)
 
 # %% [markdown]
 # ## 1. Logical blocks, physical blocks, slots
@@ -124,7 +133,9 @@ tables["D"] = BlockTable(BS, [allocator.allocate()], num_tokens=3)  # a newcomer
 for name, table in tables.items():
     print(f"{name}: {table.num_tokens:2d} tokens, block table {table.block_ids}")
 print("free blocks:", allocator.num_free_blocks)
-fig = plot_pool({n: (t.block_ids, t.num_tokens) for n, t in tables.items() if t.num_tokens}, NUM_BLOCKS, BS)
+fig = plot_pool(
+    {n: (t.block_ids, t.num_tokens) for n, t in tables.items() if t.num_tokens}, NUM_BLOCKS, BS
+)
 plt.show()
 
 # %% [markdown]
@@ -139,7 +150,9 @@ table_a = tables["A"]
 slot_explorer(table_a.block_ids, table_a.num_tokens, BS, NUM_BLOCKS)
 
 # %%
-fig = plot_slot_mapping(table_a.block_ids, table_a.num_tokens, BS, NUM_BLOCKS, highlight=table_a.num_tokens - 1)
+fig = plot_slot_mapping(
+    table_a.block_ids, table_a.num_tokens, BS, NUM_BLOCKS, highlight=table_a.num_tokens - 1
+)
 plt.show()
 
 # %% [markdown]
@@ -213,14 +226,23 @@ NUM_LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 8
 cache = KVCache(NUM_LAYERS, NUM_BLOCKS, BS, KV_HEADS, HEAD_DIM)
 print(cache)
 step = [("D", 0, 3), ("A", 9, 1), ("C", 8, 1)]  # (sequence, first position, new tokens)
-slots = torch.tensor(slot_mapping([tables[name].block_ids for name, _, _ in step], [start for _, start, _ in step],
-                                  [n for _, _, n in step], BS))
+slots = torch.tensor(
+    slot_mapping(
+        [tables[name].block_ids for name, _, _ in step],
+        [start for _, start, _ in step],
+        [n for _, _, n in step],
+        BS,
+    )
+)
 print("slot mapping of the step:", slots.tolist())
 new_k = torch.randn(len(slots), KV_HEADS, HEAD_DIM)
 new_v = torch.randn(len(slots), KV_HEADS, HEAD_DIM)
 write_kv(cache.key_cache[0], cache.value_cache[0], new_k, new_v, slots)
 # position 9 of A lands in physical block 9 (its logical block 2), offset 1:
-print("A's token 9 is stored:", torch.equal(cache.key_cache[0][tables["A"][9 // BS], 9 % BS], new_k[3]))
+print(
+    "A's token 9 is stored:",
+    torch.equal(cache.key_cache[0][tables["A"][9 // BS], 9 % BS], new_k[3]),
+)
 
 # %% [markdown]
 # Bad input is refused before anything is written: these checks sit outside your region, in the same file.
@@ -228,7 +250,10 @@ print("A's token 9 is stored:", torch.equal(cache.key_cache[0][tables["A"][9 // 
 # %%
 ex03 = exercise_module("ex03_block_tables")
 if ex03 is not None:
-    for bad_slots in (torch.tensor([1, 2, 3, 4, 48]), torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32)):
+    for bad_slots in (
+        torch.tensor([1, 2, 3, 4, 48]),
+        torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32),
+    ):
         try:
             ex03.write_kv(cache.key_cache[0], cache.value_cache[0], new_k, new_v, bad_slots)
         except ValueError as err:
@@ -256,7 +281,13 @@ if ex03 is not None:
 # %%
 k0 = cache.key_cache[0]
 print("key_cache[0] shape  :", tuple(k0.shape))
-print("strides (elements)  :", k0.stride(), " -> one token =", KV_HEADS * HEAD_DIM, "contiguous elements")
+print(
+    "strides (elements)  :",
+    k0.stride(),
+    " -> one token =",
+    KV_HEADS * HEAD_DIM,
+    "contiguous elements",
+)
 print("block 5 contiguous  :", k0[5].is_contiguous(), f"({k0[5].numel()} elements)")
 fig = plot_memory_order(block_size=4, num_kv_heads=2, head_dim=4)
 plt.show()
@@ -277,11 +308,17 @@ plt.show()
 llama7b = kv_spec("llama-2-7b")
 per_block = llama7b.bytes_per_block(16)
 seed_formula = 16 * 2 * 4096 * 32 * 128 * 2
-print(f"Llama-2-7B, block_size 16, fp16: {per_block:,} bytes per block ({per_block / 2**20:.1f} MiB)")
+print(
+    f"Llama-2-7B, block_size 16, fp16: {per_block:,} bytes per block ({per_block / 2**20:.1f} MiB)"
+)
 print(f"seed formula: {seed_formula:,} bytes, {seed_formula // per_block}x too large")
 tiny = KVCache(NUM_LAYERS, NUM_BLOCKS, BS, KV_HEADS, HEAD_DIM, dtype=torch.float16)
-print("tiny pool: tensor bytes / blocks =", tiny.bytes // tiny.num_blocks,
-      "| formula =", KVSpec(NUM_LAYERS, KV_HEADS, HEAD_DIM, torch.float16).bytes_per_block(BS))
+print(
+    "tiny pool: tensor bytes / blocks =",
+    tiny.bytes // tiny.num_blocks,
+    "| formula =",
+    KVSpec(NUM_LAYERS, KV_HEADS, HEAD_DIM, torch.float16).bytes_per_block(BS),
+)
 
 # %% [markdown]
 # `kv_cache_from_budget(budget_bytes, ...)` sizes the pool the way vLLM does: whole blocks that fit in the
@@ -349,6 +386,7 @@ _ = check("ch03.ex4")
 # then attend), `paged_attention_blockwise` (an online softmax block by block: the math of chapter 04's Triton
 # kernel) and, for the unpaged picture, `contiguous_attention` on padded per-sequence K/V.
 
+
 # %%
 def random_paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_size, seed=0):
     """Signed random K/V in a NaN-filled pool through shuffled block tables; also the clean K/V per sequence.
@@ -369,7 +407,9 @@ def random_paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_si
         clean.append((k, v))
     query = torch.randn(len(context_lens), num_heads, head_dim, generator=gen)
     block_tables = pad_block_tables(tables, max(need) + 1, pad=-1)
-    block_tables[1::2][block_tables[1::2] < 0] = num_blocks + 1000  # stale ids in every other row's padding
+    block_tables[1::2][block_tables[1::2] < 0] = (
+        num_blocks + 1000
+    )  # stale ids in every other row's padding
     return query, kv, block_tables, torch.tensor(context_lens, dtype=torch.int32), clean
 
 
@@ -378,23 +418,27 @@ def sdpa_per_sequence(query, clean, scale=None):
     rows = []
     for s, (k, v) in enumerate(clean):
         q = query[s][None, :, None]  # [1, heads, 1 query token, head_dim]
-        o = F.scaled_dot_product_attention(q, k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale=scale,
-                                           enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q, k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale=scale, enable_gqa=True
+        )
         rows.append(o[0, :, 0])
     return torch.stack(rows)
 
 
 decode = yours(["ch03.ex3", "ch03.ex4"], "decode_attention", paged_attention_gather)
 lens = [1, 16, 17, 100, 333, 64]  # one token, exactly a block, one past a block, ragged
-query, kv, block_tables, context_lens, clean = random_paged_batch(lens, num_heads=8, num_kv_heads=2,
-                                                                  head_dim=64, block_size=16)
+query, kv, block_tables, context_lens, clean = random_paged_batch(
+    lens, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16
+)
 SCALE = 0.1  # an explicit scale (head_dim ** -0.5 would be 0.125)
 print("block tables (padded with -1 and stale ids):", tuple(block_tables.shape))
 print(block_tables[:3])
 expected = sdpa_per_sequence(query, clean, scale=SCALE)
 args = (query, kv.key_cache[0], kv.value_cache[0], block_tables, context_lens)
 gathered_k, gathered_v, valid = gather_kv(*args[1:])
-who = "yours" if decode is not paged_attention_gather else "fallback"  # the reference, until yours passes
+who = (
+    "yours" if decode is not paged_attention_gather else "fallback"
+)  # the reference, until yours passes
 results = {
     who: decode(*args, SCALE),
     "gather": paged_attention_gather(*args, SCALE),
@@ -403,13 +447,17 @@ results = {
 }
 errors = {name: (out - expected).abs().max().item() for name, out in results.items()}
 for name, err in errors.items():
-    print(f"{name:10s} max |out - SDPA| = {err:.2e}, NaN-free: {bool(torch.isfinite(results[name]).all())}")
+    print(
+        f"{name:10s} max |out - SDPA| = {err:.2e}, NaN-free: {bool(torch.isfinite(results[name]).all())}"
+    )
 
 # %% tags=["nbval-check-output"]
 for name in ("gather", "blockwise", "contiguous"):  # the references (yours is above)
     err = errors[name]
-    print(f"{name:10s} max abs error vs SDPA = {err:.5f}  (< 1e-5: {err < 1e-5}, NaN-free: "
-          f"{bool(torch.isfinite(results[name]).all())})")
+    print(
+        f"{name:10s} max abs error vs SDPA = {err:.5f}  (< 1e-5: {err < 1e-5}, NaN-free: "
+        f"{bool(torch.isfinite(results[name]).all())})"
+    )
 
 # %% [markdown]
 # They agree with SDPA to float32 rounding (a few 1e-7 here), although every slot that no sequence uses
@@ -418,8 +466,14 @@ for name in ("gather", "blockwise", "contiguous"):  # the references (yours is a
 # replaced by block 0), and the mask keeps all of it out:
 
 # %%
-print("gathered keys:", tuple(gathered_k.shape), "| padding slots holding NaN:",
-      int(torch.isnan(gathered_k[~valid]).any(-1).any(-1).sum()), "of", int((~valid).sum()))
+print(
+    "gathered keys:",
+    tuple(gathered_k.shape),
+    "| padding slots holding NaN:",
+    int(torch.isnan(gathered_k[~valid]).any(-1).any(-1).sum()),
+    "of",
+    int((~valid).sum()),
+)
 
 # %% [markdown]
 # **fp16 and GQA edge cases**, on your decode. Queries and keys of 32.0 in fp16 with head_dim 64 give
@@ -433,14 +487,33 @@ v16 = torch.zeros((1, 4, 1, 64), dtype=torch.float16)
 for p in range(3):
     v16[0, p] = p + 1.0
 q16 = torch.full((1, 1, 64), 32.0, dtype=torch.float16)
-out16 = decode(q16, k16, v16, torch.tensor([[0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), 0.125)
+out16 = decode(
+    q16,
+    k16,
+    v16,
+    torch.tensor([[0]], dtype=torch.int32),
+    torch.tensor([3], dtype=torch.int32),
+    0.125,
+)
 print("fp16 overflow case:", out16.dtype, "values", sorted(set(out16.flatten().tolist())))
-print("the same in fp16 arithmetic (no fp32): scores are", (q16[0] @ k16[0, :3, 0].T).flatten().tolist())
+print(
+    "the same in fp16 arithmetic (no fp32): scores are",
+    (q16[0] @ k16[0, :3, 0].T).flatten().tolist(),
+)
 
 kc = torch.randn(6, 4, 4, 16, generator=torch.Generator().manual_seed(13))
-vc = torch.arange(1.0, 5.0)[None, None, :, None].expand(6, 4, 4, 16).contiguous()  # KV head g holds g + 1
+vc = (
+    torch.arange(1.0, 5.0)[None, None, :, None].expand(6, 4, 4, 16).contiguous()
+)  # KV head g holds g + 1
 q28 = torch.randn(1, 28, 16)
-out28 = decode(q28, kc, vc, torch.tensor([[2, 0, 5]], dtype=torch.int32), torch.tensor([9], dtype=torch.int32), 0.25)
+out28 = decode(
+    q28,
+    kc,
+    vc,
+    torch.tensor([[2, 0, 5]], dtype=torch.int32),
+    torch.tensor([9], dtype=torch.int32),
+    0.25,
+)
 print("GQA 28/4, output per query head:", [round(x) for x in out28[0, :, 0].tolist()])
 
 # %% [markdown]
@@ -456,13 +529,17 @@ print("GQA 28/4, output per query head:", [round(x) for x in out28[0, :, 0].toli
 
 # %%
 lens_big = torch.randint(64, 513, (32,), generator=torch.Generator().manual_seed(1)).tolist()
-qb, kvb, btb, clb, _ = random_paged_batch(lens_big, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16)
+qb, kvb, btb, clb, _ = random_paged_batch(
+    lens_big, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16
+)
 argsb = (qb, kvb.key_cache[0], kvb.value_cache[0], btb, clb)
 kb, vb, _ = gather_kv(*argsb[1:])
 
-candidates = {"gather alone": lambda: gather_kv(*argsb[1:]),
-              "paged (gather + attend)": lambda: paged_attention_gather(*argsb),
-              "contiguous (attend only)": lambda: contiguous_attention(qb, kb, vb, clb)}
+candidates = {
+    "gather alone": lambda: gather_kv(*argsb[1:]),
+    "paged (gather + attend)": lambda: paged_attention_gather(*argsb),
+    "contiguous (attend only)": lambda: contiguous_attention(qb, kb, vb, clb),
+}
 best = dict.fromkeys(candidates, float("inf"))
 for _ in range(15):  # interleaved rounds, best of each: this CPU may be shared with other work
     for name, fn in candidates.items():
@@ -470,11 +547,15 @@ for _ in range(15):  # interleaved rounds, best of each: this CPU may be shared 
         fn()
         best[name] = min(best[name], time.perf_counter() - start)
 print(" | ".join(f"{name} {t * 1e3:.1f} ms" for name, t in best.items()))
-print(f"paged / contiguous: {best['paged (gather + attend)'] / best['contiguous (attend only)']:.2f}x")
+print(
+    f"paged / contiguous: {best['paged (gather + attend)'] / best['contiguous (attend only)']:.2f}x"
+)
 copied = 2 * kb.numel() * kb.element_size()
 needed = 2 * sum(lens_big) * kb.shape[2] * kb.shape[3] * kb.element_size()
-print(f"the gather copies {copied / 2**20:.1f} MiB of K/V (padded to the longest context) to read "
-      f"{needed / 2**20:.1f} MiB of real context: {copied / needed:.2f}x")
+print(
+    f"the gather copies {copied / 2**20:.1f} MiB of K/V (padded to the longest context) to read "
+    f"{needed / 2**20:.1f} MiB of real context: {copied / needed:.2f}x"
+)
 
 # %% [markdown]
 # The ratio is a CPU measurement of *this* reference, not of vLLM's kernel: the paper measured its fused CUDA
@@ -506,8 +587,10 @@ for layer in range(layers):
     out = decode(q4, kv4.key_cache[layer], kv4.value_cache[layer], bt, cl, 0.25)  # same table
     worst = max(worst, (out - sdpa_per_sequence(q4, [(k, v)])).abs().max().item())
 print(f"{layers} layers, 1 block table {table.block_ids}: max abs error vs SDPA = {worst:.5f}")
-print(f"block-table bytes per step: {bt.numel() * bt.element_size()} (one table), "
-      f"not {layers * bt.numel() * bt.element_size()} (one per layer)")
+print(
+    f"block-table bytes per step: {bt.numel() * bt.element_size()} (one table), "
+    f"not {layers * bt.numel() * bt.element_size()} (one per layer)"
+)
 
 # %% [markdown]
 # ## 6. Your parts inside the engine
@@ -529,8 +612,15 @@ from paged_course.models import tiny_model
 
 
 def engine_tokens(parts=None):
-    llm = LLM(tiny_model("llama", vocab_size=128), block_size=4, num_gpu_blocks=32, max_num_batched_tokens=8,
-              max_num_seqs=4, parts=parts, verbose=False)
+    llm = LLM(
+        tiny_model("llama", vocab_size=128),
+        block_size=4,
+        num_gpu_blocks=32,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        parts=parts,
+        verbose=False,
+    )
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [50 + i for i in range(13)], [90, 91]]
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], llm.stats()

@@ -62,8 +62,15 @@ from paged_course.check import check, exercise_module, impl_package, learner_or_
 from paged_course.kernel_lab.softmax_state import merge_splits as reference_merge
 from paged_course.kernel_lab.softmax_state import online_softmax_update as reference_update
 from paged_course.reference import paged_attention_blockwise, paged_attention_gather
-from paged_course.viz.kernels import (online_softmax_trace, plot_lab_steps, plot_online_softmax, plot_program_reads,
-                                     plot_split_weights, plot_tile_gather, program_reads_explorer)
+from paged_course.viz.kernels import (
+    online_softmax_trace,
+    plot_lab_steps,
+    plot_online_softmax,
+    plot_program_reads,
+    plot_split_weights,
+    plot_tile_gather,
+    program_reads_explorer,
+)
 
 torch.manual_seed(0)
 torch.set_num_threads(2)
@@ -74,7 +81,9 @@ def show_source(fn, first: str | None = None, last: str | None = None) -> None:
     """Print a function's source with line numbers, optionally only from line `first` to line `last`."""
     lines = inspect.getsource(getattr(fn, "fn", fn)).splitlines()
     start = next((i for i, line in enumerate(lines) if first and first in line), 0)
-    stop = next((i for i, line in enumerate(lines) if last and last in line and i >= start), len(lines) - 1)
+    stop = next(
+        (i for i, line in enumerate(lines) if last and last in line and i >= start), len(lines) - 1
+    )
     for i in range(start, stop + 1):
         print(f"{i + 1:3d}  {lines[i]}")
 
@@ -176,6 +185,7 @@ print(f"direct: m = {row.max().item():.6f}, l = {(row - row.max()).exp().sum().i
 #
 # **Before you read on**, compare it with the derivation above. What is wrong? Run it:
 
+
 # %%
 def seed_sketch(query, key_cache, value_cache, block_table, seq_len, fix_name_error=False):
     """The seed's loop, kept as written (plus an optional one-line fix of the first bug)."""
@@ -185,7 +195,7 @@ def seed_sketch(query, key_cache, value_cache, block_table, seq_len, fix_name_er
     for block_idx in range(-(-seq_len // block_size)):
         keys, values = key_cache[block_table[block_idx]], value_cache[block_table[block_idx]]
         scores = keys @ query / math.sqrt(head_dim)
-        scores[min(block_size, seq_len - block_idx * block_size):] = float("-inf")
+        scores[min(block_size, seq_len - block_idx * block_size) :] = float("-inf")
         if fix_name_error:
             prev_max = max_score
         max_score = torch.maximum(max_score, scores.max())
@@ -196,7 +206,10 @@ def seed_sketch(query, key_cache, value_cache, block_table, seq_len, fix_name_er
 
 
 gen = torch.Generator().manual_seed(2)
-k_pool, v_pool = torch.randn(6, 4, 8, generator=gen), torch.randn(6, 4, 8, generator=gen)  # 6 blocks of 4 tokens
+k_pool, v_pool = (
+    torch.randn(6, 4, 8, generator=gen),
+    torch.randn(6, 4, 8, generator=gen),
+)  # 6 blocks of 4 tokens
 q1 = torch.randn(8, generator=gen)
 table1, n1 = [4, 1, 3], 10
 try:
@@ -216,8 +229,10 @@ reference = torch.softmax(k_seq @ q1 / math.sqrt(8), 0) @ v_seq
 patched = seed_sketch(q1, k_pool, v_pool, table1, n1, fix_name_error=True)
 print("reference      :", [round(v, 3) for v in reference.tolist()[:4]], "...")
 print("sketch, patched:", [round(v, 3) for v in patched.tolist()[:4]], "...")
-print(f"patched output sums to {patched.sum().item():.3f}; "
-      f"max |error| = {(patched - reference).abs().max().item():.3f}")
+print(
+    f"patched output sums to {patched.sum().item():.3f}; "
+    f"max |error| = {(patched - reference).abs().max().item():.3f}"
+)
 
 # %% [markdown]
 # Still wrong. The second bug is the last line: dividing the output vector by the sum of *its own entries*
@@ -260,20 +275,25 @@ def seed_loop_with_state(query, key_cache, value_cache, block_table, seq_len):
     for block_idx in range(-(-seq_len // block_size)):
         keys, values = key_cache[block_table[block_idx]], value_cache[block_table[block_idx]]
         scores = keys @ query / math.sqrt(head_dim)
-        scores[min(block_size, seq_len - block_idx * block_size):] = float("-inf")
+        scores[min(block_size, seq_len - block_idx * block_size) :] = float("-inf")
         m, l, acc = update(m, l, acc, scores[None], values)  # noqa: E741
     return acc[0] / l[0]
 
 
 fixed = seed_loop_with_state(q1, k_pool, v_pool, table1, n1)
-print(f"the seed's loop with the state carried: max |error| = {(fixed - reference).abs().max().item():.6f}")
+print(
+    f"the seed's loop with the state carried: max |error| = {(fixed - reference).abs().max().item():.6f}"
+)
 
 # %% [markdown]
 # `paged_course.reference.paged_attention_blockwise` is this loop for a whole batch at once (all sequences, all heads,
 # GQA), in PyTorch; it agrees with chapter 03's gather reference:
 
+
 # %% tags=["nbval-check-output"]
-def paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype=torch.float32, seed=0):
+def paged_batch(
+    context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype=torch.float32, seed=0
+):
     """Random q/K/V in a pool with shuffled block tables; NaN in every slot past a context."""
     gen = torch.Generator().manual_seed(seed)
     need = [-(-n // block_size) for n in context_lens]
@@ -283,14 +303,23 @@ def paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_size, dty
     key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
     value_cache = key_cache.clone()
     for s, n in enumerate(context_lens):
-        tables[s, :need[s]] = torch.tensor(perm[:need[s]], dtype=torch.int32)
-        perm = perm[need[s]:]
+        tables[s, : need[s]] = torch.tensor(perm[: need[s]], dtype=torch.int32)
+        perm = perm[need[s] :]
         for p in range(n):
-            key_cache[tables[s, p // block_size], p % block_size] = torch.randn(num_kv_heads, head_dim, generator=gen)
-            value_cache[tables[s, p // block_size], p % block_size] = torch.randn(num_kv_heads, head_dim, generator=gen)
+            key_cache[tables[s, p // block_size], p % block_size] = torch.randn(
+                num_kv_heads, head_dim, generator=gen
+            )
+            value_cache[tables[s, p // block_size], p % block_size] = torch.randn(
+                num_kv_heads, head_dim, generator=gen
+            )
     query = torch.randn(len(context_lens), num_heads, head_dim, generator=gen)
-    return (query.to(dtype), key_cache.to(dtype), value_cache.to(dtype), tables,
-            torch.tensor(context_lens, dtype=torch.int32))
+    return (
+        query.to(dtype),
+        key_cache.to(dtype),
+        value_cache.to(dtype),
+        tables,
+        torch.tensor(context_lens, dtype=torch.int32),
+    )
 
 
 batch = paged_batch([1, 8, 9, 21], num_heads=6, num_kv_heads=2, head_dim=16, block_size=8)
@@ -321,8 +350,10 @@ else:
 # %% tags=["nbval-check-output"]
 if HAS_TRITON:
     rows = torch.randn(3, 300, generator=torch.Generator().manual_seed(3)) * 40
-    for name, fn in (("softmax (row in one tile)", softmax_kernels.softmax),
-                     ("online_softmax (tiles of 64)", lambda t: softmax_kernels.online_softmax(t, block=64))):
+    for name, fn in (
+        ("softmax (row in one tile)", softmax_kernels.softmax),
+        ("online_softmax (tiles of 64)", lambda t: softmax_kernels.online_softmax(t, block=64)),
+    ):
         err = (fn(rows) - torch.softmax(rows, -1)).abs().max().item()
         print(f"{name:30s} max |error| vs torch.softmax = {err:.6f}")
 else:
@@ -440,23 +471,35 @@ if HAS_TRITON:
     decode_kernel = yours("ch04.ex2", "ex04_online_softmax", "paged_decode", teaching_decode)
     report = []  # printed at the end, in one piece
     for dtype, heads, kv_heads, head_dim, bs in cases:
-        inputs = paged_batch([1, bs, bs + 1, 2 * bs + 3], heads, kv_heads, head_dim, bs, dtype=dtype, seed=heads)
+        inputs = paged_batch(
+            [1, bs, bs + 1, 2 * bs + 3], heads, kv_heads, head_dim, bs, dtype=dtype, seed=heads
+        )
         start = time.perf_counter()
         out = decode_kernel(*inputs)
         interp_seconds.append(time.perf_counter() - start)
-        exact = paged_attention_gather(*(t.float() if t.is_floating_point() else t for t in inputs))  # fp32 math
+        exact = paged_attention_gather(
+            *(t.float() if t.is_floating_point() else t for t in inputs)
+        )  # fp32 math
         err = (out.float() - exact).abs().max().item()  # fp16/bf16: the output's own rounding
-        tol, digits = {torch.float32: (1e-5, 5), torch.float16: (2e-3, 2), torch.bfloat16: (2e-2, 2)}[dtype]
-        report.append(f"{str(dtype):15s} heads {heads:2d}/{kv_heads} dim {head_dim:2d} bs {bs:2d}: finite "
-                      f"{bool(torch.isfinite(out).all())}, max |error| = {err:.{digits}f} (< {tol:g}: {err < tol})")
+        tol, digits = {
+            torch.float32: (1e-5, 5),
+            torch.float16: (2e-3, 2),
+            torch.bfloat16: (2e-2, 2),
+        }[dtype]
+        report.append(
+            f"{str(dtype):15s} heads {heads:2d}/{kv_heads} dim {head_dim:2d} bs {bs:2d}: finite "
+            f"{bool(torch.isfinite(out).all())}, max |error| = {err:.{digits}f} (< {tol:g}: {err < tol})"
+        )
     print("\n".join(report))
 else:
     print("skipped:", REASON)
 
 # %%
 if interp_seconds:
-    print(f"{MODE}: {', '.join(f'{s:.2f} s' for s in interp_seconds)} per call (in the interpreter, Python "
-          "executes every program one after another; a GPU runs them in parallel, in microseconds)")
+    print(
+        f"{MODE}: {', '.join(f'{s:.2f} s' for s in interp_seconds)} per call (in the interpreter, Python "
+        "executes every program one after another; a GPU runs them in parallel, in microseconds)"
+    )
 
 # %% [markdown]
 # **fp16 scores must not overflow.** With `q` and every key all 32.0 and head dim 64, the raw dot
@@ -471,7 +514,9 @@ if HAS_TRITON:
     vc[0, :3] = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)[:, None, None]
     q16 = torch.full((1, 1, 64), 32.0, dtype=torch.float16)
     print("fp16 dot product in fp16:", (q16[0, 0] * kc[0, 0, 0]).sum(dtype=torch.float16).item())
-    out16 = decode_kernel(q16, kc, vc, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32))
+    out16 = decode_kernel(
+        q16, kc, vc, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    )
     print("kernel output (all 64 lanes):", sorted(set(out16.flatten().tolist())))
 else:
     print("skipped:", REASON)
@@ -522,14 +567,20 @@ lse, parts = [], []
 for a, b in ranges:
     if a == b:
         lse.append(float("-inf"))
-        parts.append(torch.full((3,), float("nan"), dtype=torch.float64))  # whatever an empty split left there
+        parts.append(
+            torch.full((3,), float("nan"), dtype=torch.float64)
+        )  # whatever an empty split left there
         continue
     lse.append(torch.logsumexp(x_row[a:b], 0).item())
     parts.append(torch.softmax(x_row[a:b], 0) @ v_rows[a:b])
 merged, lse_all = merge(torch.stack(parts), torch.tensor(lse, dtype=torch.float64))
 print("lse per split:", [f"{v:.4f}" for v in lse])
-print(f"merged vs one softmax over all 40: max |error| = {(merged - torch.softmax(x_row, 0) @ v_rows).abs().max():.2e}")
-print(f"merged lse {float(lse_all):.4f}, log-sum-exp of all 40 scores {torch.logsumexp(x_row, 0).item():.4f}")
+print(
+    f"merged vs one softmax over all 40: max |error| = {(merged - torch.softmax(x_row, 0) @ v_rows).abs().max():.2e}"
+)
+print(
+    f"merged lse {float(lse_all):.4f}, log-sum-exp of all 40 scores {torch.logsumexp(x_row, 0).item():.4f}"
+)
 
 # %%
 fig = plot_split_weights(lse)
@@ -550,12 +601,22 @@ plt.show()
 
 # %%
 if HAS_TRITON:
-    split_decode = yours(["ch04.ex2", "ch04.ex4"], "ex04_online_softmax", "paged_decode", teaching_decode)
-    inputs = paged_batch([3, 16, 29], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, seed=7)
+    split_decode = yours(
+        ["ch04.ex2", "ch04.ex4"], "ex04_online_softmax", "paged_decode", teaching_decode
+    )
+    inputs = paged_batch(
+        [3, 16, 29], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, seed=7
+    )
     single = split_decode(*inputs)
-    diffs = {s: (split_decode(*inputs, num_splits=s) - single).abs().max().item() for s in (2, 3, 8)}
+    diffs = {
+        s: (split_decode(*inputs, num_splits=s) - single).abs().max().item() for s in (2, 3, 8)
+    }
     empty = split_decode(*inputs[:4], torch.tensor([0, 16, 29], dtype=torch.int32), num_splits=4)
-    print("\n".join(f"num_splits={s}: max |split - single| < 1e-6: {d < 1e-6}" for s, d in diffs.items()))
+    print(
+        "\n".join(
+            f"num_splits={s}: max |split - single| < 1e-6: {d < 1e-6}" for s, d in diffs.items()
+        )
+    )
     print("context 0 with 4 empty splits -> output all zero:", bool((empty[0] == 0).all()))
 else:
     print("skipped:", REASON)
@@ -570,17 +631,23 @@ else:
 
 # %%
 if HAS_TRITON:
-    ch03_decode = yours(["ch03.ex3", "ch03.ex4"], "ex03_block_tables", "decode_attention", paged_attention_gather)
-    inputs = paged_batch([1, 8, 9, 30], num_heads=8, num_kv_heads=2, head_dim=16, block_size=8, seed=3)
+    ch03_decode = yours(
+        ["ch03.ex3", "ch03.ex4"], "ex03_block_tables", "decode_attention", paged_attention_gather
+    )
+    inputs = paged_batch(
+        [1, 8, 9, 30], num_heads=8, num_kv_heads=2, head_dim=16, block_size=8, seed=3
+    )
     scale = 0.2
     reference_out = paged_attention_gather(*inputs, scale)
     ch03_out = ch03_decode(*inputs, scale)
     lines = []
     for num_splits in (1, 3):
         out = split_decode(*inputs, scale, num_splits)
-        lines.append(f"kernel, {num_splits} split{'s' if num_splits > 1 else ' '}: max |kernel - reference| = "
-                     f"{(out - reference_out).abs().max().item():.1e}, max |kernel - chapter-03 decode| = "
-                     f"{(out - ch03_out).abs().max().item():.1e}")
+        lines.append(
+            f"kernel, {num_splits} split{'s' if num_splits > 1 else ' '}: max |kernel - reference| = "
+            f"{(out - reference_out).abs().max().item():.1e}, max |kernel - chapter-03 decode| = "
+            f"{(out - ch03_out).abs().max().item():.1e}"
+        )
     print("\n".join(lines))
 else:
     print("skipped:", REASON)
@@ -636,8 +703,10 @@ peak_h200 = kbench.peak_bandwidth_gbps("NVIDIA H200")
 print(kbench.BYTE_FORMULA)
 for batch, context in kbench.TARGET_SHAPES:
     moved = kbench.bytes_moved(batch, context, 32, 8, 128, 2)
-    print(f"batch {batch:2d}, context {context:5d}: {moved / 1e9:5.3f} GB; at {peak_h200:.0f} GB/s at least "
-          f"{moved / peak_h200 / 1e3:5.1f} us; intensity {kbench.flops(batch, context, 32, 128) / moved:.2f} flops/byte")
+    print(
+        f"batch {batch:2d}, context {context:5d}: {moved / 1e9:5.3f} GB; at {peak_h200:.0f} GB/s at least "
+        f"{moved / peak_h200 / 1e3:5.1f} us; intensity {kbench.flops(batch, context, 32, 128) / moved:.2f} flops/byte"
+    )
 
 # %% [markdown]
 # What did the teaching kernel achieve? The newest committed GPU run (the cell prints its source):
@@ -662,16 +731,26 @@ def show_step(step: str) -> None:
 if lab_run is None:
     print("no GPU run is committed under docs/gpu/: run scripts/gpu_check.sh on a GPU")
 else:
-    print(f"{lab_run['device']}, {lab_run['time']} ({lab_run['path']}); peak {lab_run['peak_hbm_gbps']:.0f} GB/s")
+    print(
+        f"{lab_run['device']}, {lab_run['time']} ({lab_run['path']}); peak {lab_run['peak_hbm_gbps']:.0f} GB/s"
+    )
     print("teaching kernel:")
     show_step("teaching")
     for (batch, context), sdpa in sorted(lab_run["sdpa"].items()):
         if (batch, context) in kbench.TARGET_SHAPES:
-            print(f"SDPA on contiguous K/V, batch {batch:2d}, context {context:5d}: {sdpa['us']:7.1f} us, "
-                  f"{sdpa['pct_peak']:.1f}% of peak")
-    sizes = {bs: us for (b, c, bs), us in lab_run["teaching_by_block_size"].items() if (b, c) == (64, 4096)}
-    print("teaching kernel at batch 64, context 4096 by block size:",
-          ", ".join(f"{bs}: {us:.0f} us" for bs, us in sorted(sizes.items())))
+            print(
+                f"SDPA on contiguous K/V, batch {batch:2d}, context {context:5d}: {sdpa['us']:7.1f} us, "
+                f"{sdpa['pct_peak']:.1f}% of peak"
+            )
+    sizes = {
+        bs: us
+        for (b, c, bs), us in lab_run["teaching_by_block_size"].items()
+        if (b, c) == (64, 4096)
+    }
+    print(
+        "teaching kernel at batch 64, context 4096 by block size:",
+        ", ".join(f"{bs}: {us:.0f} us" for bs, us in sorted(sizes.items())),
+    )
 
 # %% [markdown]
 # In the first committed run (H200, 2026-11-30) the teaching kernel took 1,948 µs at batch 64, context 4,096,
@@ -704,6 +783,7 @@ else:
 # accumulates in fp32, so fp16 scores cannot overflow: the all-32.0 case of section 6), and $P$ is rounded to the values'
 # dtype for the second product, as FlashAttention does. In the tuned kernel:
 
+
 # %%
 def show_lines(fn, *needles: str) -> None:
     """Print the lines of a function's source that contain any of `needles`, with their line numbers."""
@@ -716,8 +796,16 @@ def show_lines(fn, *needles: str) -> None:
 if HAS_TRITON:
     from paged.kernels import paged_attention as tuned
 
-    show_lines(tuned._decode_kernel, "offs_m =", "m_mask, d_mask", "heads =", "q = tl.load", "mask=m_mask[:, None]",
-               "s = tl.dot", "acc = acc * alpha")
+    show_lines(
+        tuned._decode_kernel,
+        "offs_m =",
+        "m_mask, d_mask",
+        "heads =",
+        "q = tl.load",
+        "mask=m_mask[:, None]",
+        "s = tl.dot",
+        "acc = acc * alpha",
+    )
     print("\nmeasured (+ group in tl.dot, tile = one block of 16, no pipelining, one split):")
     show_step("dot")
 else:
@@ -747,8 +835,16 @@ plt.show()
 
 # %%
 if HAS_TRITON:
-    show_lines(tuned._decode_kernel, "for tile in", "tokens = tile", "t_mask = tokens", "physical = tl.load",
-               "slot = tokens", "k = tl.load", "v = tl.load")
+    show_lines(
+        tuned._decode_kernel,
+        "for tile in",
+        "tokens = tile",
+        "t_mask = tokens",
+        "physical = tl.load",
+        "slot = tokens",
+        "k = tl.load",
+        "v = tl.load",
+    )
     print("\nmeasured (+ tiles of 64 tokens across blocks, no pipelining, one split):")
     show_step("tiles")
 
@@ -772,7 +868,9 @@ if HAS_TRITON:
 for head_dim in (64, 128, 256):
     for name, elem in (("fp16/bf16", 2), ("fp32", 4)):
         n = max(16, min(64, 32768 // (2 * head_dim * elem)))
-        print(f"head dim {head_dim:3d} {name:9s}: BLOCK_N = {n:2d} tokens, one stage = {2 * n * head_dim * elem // 1024:2d} KB")
+        print(
+            f"head dim {head_dim:3d} {name:9s}: BLOCK_N = {n:2d} tokens, one stage = {2 * n * head_dim * elem // 1024:2d} KB"
+        )
 
 # %%
 if HAS_TRITON:
@@ -803,7 +901,10 @@ from paged.kernels import choose_num_splits
 
 print("batch \\ context " + "".join(f"{c:>8d}" for c in (1024, 8192, 32768)))
 for batch in (1, 4, 16, 64):
-    print(f"{batch:14d}  " + "".join(f"{choose_num_splits(batch * 8, c // 64, 264):8d}" for c in (1024, 8192, 32768)))
+    print(
+        f"{batch:14d}  "
+        + "".join(f"{choose_num_splits(batch * 8, c // 64, 264):8d}" for c in (1024, 8192, 32768))
+    )
 
 # %%
 if lab_run is not None and lab_run["split_k"]:
@@ -840,13 +941,22 @@ if HAS_TRITON:
 
     report = []
     for dtype, heads, kv_heads, head_dim, bs in cases[:3]:
-        inputs = paged_batch([1, bs, bs + 1, 2 * bs + 3, 70], heads, kv_heads, head_dim, bs, dtype=dtype, seed=heads)
+        inputs = paged_batch(
+            [1, bs, bs + 1, 2 * bs + 3, 70], heads, kv_heads, head_dim, bs, dtype=dtype, seed=heads
+        )
         exact = paged_attention_gather(*(t.float() if t.is_floating_point() else t for t in inputs))
         for num_splits in (1, 3, None):
-            err = (paged_attention_decode(*inputs, num_splits=num_splits).float() - exact).abs().max().item()
+            err = (
+                (paged_attention_decode(*inputs, num_splits=num_splits).float() - exact)
+                .abs()
+                .max()
+                .item()
+            )
             tol, digits = {torch.float32: (1e-5, 5), torch.float16: (2e-3, 2)}[dtype]
-            report.append(f"{str(dtype):13s} heads {heads:2d}/{kv_heads} dim {head_dim:2d} bs {bs:2d} splits "
-                          f"{str(num_splits):4s}: max |error| = {err:.{digits}f} (< {tol:g}: {err < tol})")
+            report.append(
+                f"{str(dtype):13s} heads {heads:2d}/{kv_heads} dim {head_dim:2d} bs {bs:2d} splits "
+                f"{str(num_splits):4s}: max |error| = {err:.{digits}f} (< {tol:g}: {err < tol})"
+            )
     print("\n".join(report))
 else:
     print("skipped:", REASON)
@@ -866,13 +976,19 @@ else:
 fig = plot_lab_steps(lab_run, lab_steps, kbench.TARGET_SHAPES)
 plt.show()
 if lab_run is not None:
-    print(f"goals as the run of {lab_run['time'][:10]} checked them, for the {lab_run['sweep_kernel']} kernel:")
-    for name, verdict in lab_run["targets"].items():  # the measured value, without the benchmark's verdict
+    print(
+        f"goals as the run of {lab_run['time'][:10]} checked them, for the {lab_run['sweep_kernel']} kernel:"
+    )
+    for name, verdict in lab_run[
+        "targets"
+    ].items():  # the measured value, without the benchmark's verdict
         print(f"  {name}: measured {verdict.rsplit(' (', 1)[0]}")
 if lab_run is None or lab_run["sweep_kernel"] == "teaching":
-    print("goals of the tuned kernel, where production decode kernels are (80% of peak or more at batch 64, "
-          "context 4096; 40% or more at batch 1, context 8192; never slower than SDPA at batch >= 8; paging within "
-          "5%): not measured yet: run scripts/gpu_check.sh on a GPU")
+    print(
+        "goals of the tuned kernel, where production decode kernels are (80% of peak or more at batch 64, "
+        "context 4096; 40% or more at batch 1, context 8192; never slower than SDPA at batch >= 8; paging within "
+        "5%): not measured yet: run scripts/gpu_check.sh on a GPU"
+    )
 
 # %% [markdown]
 # On this CPU the same benchmark runs the kernels in Triton's interpreter on tiny shapes: correctness columns,
@@ -881,10 +997,12 @@ if lab_run is None or lab_run["sweep_kernel"] == "teaching":
 # %%
 if HAS_TRITON:
     for r in kbench.cpu_check(shapes=[(2, 70, 8, None)]):
-        print(f"batch {r['batch']} context {r['context']} bs {r['block_size']} {r['dtype']}: max |error| tuned "
-              f"{r['tuned_max_err']:.1e}, teaching {r['teaching_max_err']:.1e}; paged == contiguous "
-              f"{r['paged_equals_contiguous']}; interpreter {r['tuned_interpreter_s']:.2f} s / "
-              f"{r['teaching_interpreter_s']:.2f} s per call (CPU, not kernel speed)")
+        print(
+            f"batch {r['batch']} context {r['context']} bs {r['block_size']} {r['dtype']}: max |error| tuned "
+            f"{r['tuned_max_err']:.1e}, teaching {r['teaching_max_err']:.1e}; paged == contiguous "
+            f"{r['paged_equals_contiguous']}; interpreter {r['tuned_interpreter_s']:.2f} s / "
+            f"{r['teaching_interpreter_s']:.2f} s per call (CPU, not kernel speed)"
+        )
 
 # %% [markdown]
 # ## 16. What paging costs at the roofline (seed claim E2)
@@ -914,9 +1032,11 @@ if lab_run is None:
     print("paged / contiguous: not measured yet: run scripts/gpu_check.sh on a GPU")
 else:
     at_roofline = {bs: r for (b, c, bs), r in lab_run["paging"].items() if (b, c) == (64, 4096)}
-    print(f"{lab_run['sweep_kernel']} kernel ({lab_run['device']}): paged / contiguous over the whole sweep "
-          f"{min(lab_run['paging'].values()):.3f}-{max(lab_run['paging'].values()):.3f}; at batch 64, context 4096: "
-          + ", ".join(f"block {bs}: {r:.3f}" for bs, r in sorted(at_roofline.items())))
+    print(
+        f"{lab_run['sweep_kernel']} kernel ({lab_run['device']}): paged / contiguous over the whole sweep "
+        f"{min(lab_run['paging'].values()):.3f}-{max(lab_run['paging'].values()):.3f}; at batch 64, context 4096: "
+        + ", ".join(f"block {bs}: {r:.3f}" for bs, r in sorted(at_roofline.items()))
+    )
     if lab_run["sweep_kernel"] == "teaching":
         print("tuned kernel at the roofline: not measured yet: run scripts/gpu_check.sh on a GPU")
 
@@ -943,7 +1063,9 @@ if HAS_TRITON and (ex04_fast := exercise_module("ex04_fast_decode")) is not None
     try:
         ex04_fast.self_check()
     except Exception as exc:  # a learner's work in progress must not stop the chapter
-        print(f"{impl_package()}/ex04_fast_decode.py does not pass yet: {type(exc).__name__}: {exc}")
+        print(
+            f"{impl_package()}/ex04_fast_decode.py does not pass yet: {type(exc).__name__}: {exc}"
+        )
 
 # %% [markdown]
 # ## Summary

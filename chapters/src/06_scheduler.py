@@ -63,14 +63,31 @@ from paged.engine.parts import Parts
 from paged.models import load_default
 from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
 from paged_course.sim.kv_check import CheckedEngine
-from paged_course.sim.scheduling import (CostModel, chunk_budget_sweep, make_workload, recompute_vs_swap, simulate,
-                                         simulate_static)
+from paged_course.sim.scheduling import (
+    CostModel,
+    chunk_budget_sweep,
+    make_workload,
+    recompute_vs_swap,
+    simulate,
+    simulate_static,
+)
 from paged_course.sim.step_order import ORDERS, TraceRequest, V0ChunkedScheduler, run_trace
 from paged_course.viz.chunked import engine_budget_sweep, plot_latency_vs_budget, plot_step_orders
-from paged_course.viz.scheduler import Stepper, plot_memory, plot_steps, plot_timelines, stepper_widget
+from paged_course.viz.scheduler import (
+    Stepper,
+    plot_memory,
+    plot_steps,
+    plot_timelines,
+    stepper_widget,
+)
 
-STEP_METHODS = {"ch06.ex1": "_chunk", "ch06.ex2": "_schedule_running", "ch06.ex3": "_preempt",
-                "ch06.ex4": "_schedule_swapped", "ch06.ex5": "_schedule_waiting"}
+STEP_METHODS = {
+    "ch06.ex1": "_chunk",
+    "ch06.ex2": "_schedule_running",
+    "ch06.ex3": "_preempt",
+    "ch06.ex4": "_schedule_swapped",
+    "ch06.ex5": "_schedule_waiting",
+}
 
 
 def your_scheduler(*steps):
@@ -83,7 +100,9 @@ def your_scheduler(*steps):
     return type("YourScheduler", (Scheduler,), methods)
 
 
-torch.set_num_threads(1)  # a tiny model: one thread is faster than several on a shared CPU, and steadier
+torch.set_num_threads(
+    1
+)  # a tiny model: one thread is faster than several on a shared CPU, and steadier
 chapter_start = time.perf_counter()
 
 # %% [markdown]
@@ -109,15 +128,21 @@ chapter_start = time.perf_counter()
 cost = CostModel()
 workload = make_workload(200, seed=0, mean_prompt=160, mean_output=200, max_len=1024)
 KV_SLOTS, MAX_LEN = 16_384, 1024
-continuous = simulate(workload, SchedulerConfig(max_num_seqs=256, max_model_len=MAX_LEN),
-                      CacheConfig(block_size=16, num_gpu_blocks=KV_SLOTS // 16), cost)
+continuous = simulate(
+    workload,
+    SchedulerConfig(max_num_seqs=256, max_model_len=MAX_LEN),
+    CacheConfig(block_size=16, num_gpu_blocks=KV_SLOTS // 16),
+    cost,
+)
 static = simulate_static(workload, batch_size=KV_SLOTS // MAX_LEN, cost=cost, max_model_len=MAX_LEN)
 
 # %% tags=["nbval-check-output"]
 print(f"{'':<12} {'seconds':>8} {'tokens/s':>9} {'mean latency s':>15} {'mean running':>13}")
 for res in (static, continuous):
     running = sum(s["running"] for s in res.steps) / len(res.steps)
-    print(f"{res.name:<12} {res.total_s:>8.1f} {res.throughput:>9.0f} {res.mean_latency_s:>15.1f} {running:>13.1f}")
+    print(
+        f"{res.name:<12} {res.total_s:>8.1f} {res.throughput:>9.0f} {res.mean_latency_s:>15.1f} {running:>13.1f}"
+    )
 print(f"continuous / static throughput: {continuous.throughput / static.throughput:.2f}x")
 
 # %%
@@ -165,17 +190,31 @@ plt.close(fig)
 # samples, and appends the sampled token.
 
 # %% tags=["nbval-check-output"]
-sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_model_len=32, max_num_batched_tokens=32),
-                  CacheConfig(block_size=4, num_gpu_blocks=8, watermark=0.0))
+sched = Scheduler(
+    SchedulerConfig(max_num_seqs=8, max_model_len=32, max_num_batched_tokens=32),
+    CacheConfig(block_size=4, num_gpu_blocks=8, watermark=0.0),
+)
 for i, (prompt_len, max_tokens) in enumerate([(6, 4), (3, 2), (40, 2)]):
-    sched.add_request(SequenceGroup(f"req{i}", [Sequence(i, list(range(1, prompt_len + 1)), 4)],
-                                    SamplingParams(max_tokens=max_tokens)))
+    sched.add_request(
+        SequenceGroup(
+            f"req{i}",
+            [Sequence(i, list(range(1, prompt_len + 1)), 4)],
+            SamplingParams(max_tokens=max_tokens),
+        )
+    )
 out = sched.schedule()
 for entry in out.scheduled:
-    print(f"seq {entry.seq.seq_id}: compute positions {entry.start}..{entry.start + entry.num_tokens - 1}, "
-          f"block table {entry.block_table}")
+    print(
+        f"seq {entry.seq.seq_id}: compute positions {entry.start}..{entry.start + entry.num_tokens - 1}, "
+        f"block table {entry.block_table}"
+    )
 print("ignored:", [(seq.group.request_id, seq.finish_message) for seq in out.ignored])
-print("tokens in the step:", out.num_batched_tokens, "| free blocks:", sched.block_manager.get_num_free_gpu_blocks())
+print(
+    "tokens in the step:",
+    out.num_batched_tokens,
+    "| free blocks:",
+    sched.block_manager.get_num_free_gpu_blocks(),
+)
 
 # %% [markdown]
 # ## 3. Build step 1: the chunked budget split
@@ -206,17 +245,32 @@ _ = check("ch06.ex1")
 # With your `_chunk`: a decoding request and a 40-token prompt under a 16-token budget, without and with a
 # threshold of 6. Each line is one step: `request:tokens`.
 
+
 # %%
 def chunk_steps(scheduler_cls, threshold):
-    s = scheduler_cls(SchedulerConfig(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=16,
-                                      long_prefill_token_threshold=threshold),
-                      CacheConfig(block_size=4, num_gpu_blocks=32, watermark=0.0))
+    s = scheduler_cls(
+        SchedulerConfig(
+            max_num_seqs=4,
+            max_model_len=64,
+            max_num_batched_tokens=16,
+            long_prefill_token_threshold=threshold,
+        ),
+        CacheConfig(block_size=4, num_gpu_blocks=32, watermark=0.0),
+    )
     for rid, p, m in (("chat", 3, 8), ("long", 40, 2)):
-        s.add_request(SequenceGroup(rid, [Sequence(len(s.waiting), list(range(1, p + 1)), 4)],
-                                    SamplingParams(max_tokens=m)))
+        s.add_request(
+            SequenceGroup(
+                rid,
+                [Sequence(len(s.waiting), list(range(1, p + 1)), 4)],
+                SamplingParams(max_tokens=m),
+            )
+        )
     engine = CheckedEngine(s)
     engine.run()
-    return [" ".join(f"{e.seq.group.request_id}:{e.num_tokens}" for e in out.scheduled) for out in engine.log]
+    return [
+        " ".join(f"{e.seq.group.request_id}:{e.num_tokens}" for e in out.scheduled)
+        for out in engine.log
+    ]
 
 
 YourChunk = your_scheduler("ch06.ex1")
@@ -287,8 +341,14 @@ Yours123 = your_scheduler("ch06.ex1", "ch06.ex2", "ch06.ex3")
 
 
 def tiny(mode="recompute", cpu=0):
-    return Stepper([("A", 6, 6, 0), ("B", 5, 6, 0), ("C", 3, 3, 1)], block_size=4, num_gpu_blocks=5,
-                   num_cpu_blocks=cpu, preemption_mode=mode, scheduler_cls=Yours123)
+    return Stepper(
+        [("A", 6, 6, 0), ("B", 5, 6, 0), ("C", 3, 3, 1)],
+        block_size=4,
+        num_gpu_blocks=5,
+        num_cpu_blocks=cpu,
+        preemption_mode=mode,
+        scheduler_cls=Yours123,
+    )
 
 
 stepper_widget(tiny)
@@ -319,11 +379,16 @@ for mode, cpu in (("recompute", 0), ("swap", 8)):
 # M new tokens needs P + M − 1 slots (the last sampled token is never written): on 16 slots, 16 + 1 fits,
 # 16 + 2 does not.
 
+
 # %%
 def run_alone(scheduler_cls, prompt_len, new_tokens, num_blocks):
-    s = scheduler_cls(SchedulerConfig(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=32),
-                      CacheConfig(block_size=4, num_gpu_blocks=num_blocks, watermark=0.0))
-    g = SequenceGroup("x", [Sequence(0, list(range(1, prompt_len + 1)), 4)], SamplingParams(max_tokens=new_tokens))
+    s = scheduler_cls(
+        SchedulerConfig(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=32),
+        CacheConfig(block_size=4, num_gpu_blocks=num_blocks, watermark=0.0),
+    )
+    g = SequenceGroup(
+        "x", [Sequence(0, list(range(1, prompt_len + 1)), 4)], SamplingParams(max_tokens=new_tokens)
+    )
     s.add_request(g)
     steps = 0
     while s.has_unfinished_requests():
@@ -340,8 +405,10 @@ def run_alone(scheduler_cls, prompt_len, new_tokens, num_blocks):
 
 for args in [(16, 1, 4), (15, 2, 4), (16, 2, 4), (6, 10, 2)]:
     steps, status, n, msg = run_alone(Yours123, *args)
-    print(f"prompt {args[0]:>2} + {args[1]:>2} new on {args[2]} blocks: {status:<18} after {steps} steps, "
-          f"{n} tokens{'  | ' + msg if msg else ''}")
+    print(
+        f"prompt {args[0]:>2} + {args[1]:>2} new on {args[2]} blocks: {status:<18} after {steps} steps, "
+        f"{n} tokens{'  | ' + msg if msg else ''}"
+    )
 
 # %% [markdown]
 # ## 6. Build step 4: swapped sequences come back
@@ -402,17 +469,28 @@ _ = check("ch06.ex5")
 # %%
 YourScheduler = your_scheduler(*STEP_METHODS)
 arrivals = make_workload(100, seed=5, mean_prompt=200, mean_output=200, max_len=1024, rate=8.0)
-by_watermark = {wm: simulate(arrivals, SchedulerConfig(max_num_seqs=64, max_model_len=1024),
-                             CacheConfig(block_size=16, num_gpu_blocks=256, watermark=wm), cost, name=f"wm {wm}",
-                             scheduler_cls=YourScheduler)
-                for wm in (0.0, 0.01, 0.05, 0.1)}
+by_watermark = {
+    wm: simulate(
+        arrivals,
+        SchedulerConfig(max_num_seqs=64, max_model_len=1024),
+        CacheConfig(block_size=16, num_gpu_blocks=256, watermark=wm),
+        cost,
+        name=f"wm {wm}",
+        scheduler_cls=YourScheduler,
+    )
+    for wm in (0.0, 0.01, 0.05, 0.1)
+}
 
 # %%
-print(f"{'watermark':>9} {'kept free':>9} {'preemptions':>12} {'recomputed tokens':>18} {'tokens/s':>9} "
-      f"{'latency s':>10}")
+print(
+    f"{'watermark':>9} {'kept free':>9} {'preemptions':>12} {'recomputed tokens':>18} {'tokens/s':>9} "
+    f"{'latency s':>10}"
+)
 for wm, res in by_watermark.items():
-    print(f"{wm:>9.2f} {int(wm * 256):>9} {res.num_preemptions:>12} {res.recomputed_tokens:>18} "
-          f"{res.throughput:>9.0f} {res.mean_latency_s:>10.2f}")
+    print(
+        f"{wm:>9.2f} {int(wm * 256):>9} {res.num_preemptions:>12} {res.recomputed_tokens:>18} "
+        f"{res.throughput:>9.0f} {res.mean_latency_s:>10.2f}"
+    )
 
 # %% [markdown]
 # Without a reserve the scheduler fills the pool at admission and then preempts (and recomputes) dozens of
@@ -440,11 +518,19 @@ for wm, res in by_watermark.items():
 # engine, recording what every request did in every step (`P6`: a prefill chunk of 6 tokens, `D`: a decode).
 
 # %%
-trace = [TraceRequest("A", 4, 8, 0), TraceRequest("B", 4, 8, 0), TraceRequest("C", 24, 3, 2),
-         TraceRequest("D", 3, 4, 3)]
+trace = [
+    TraceRequest("A", 4, 8, 0),
+    TraceRequest("B", 4, 8, 0),
+    TraceRequest("C", 24, 3, 2),
+    TraceRequest("D", 3, 4, 3),
+]
 settings = {"vLLM v0 default": dict(max_num_batched_tokens=32, enable_chunked_prefill=False)}
-traces = {name: run_trace(cls, trace, max_model_len=32, **settings.get(name, dict(max_num_batched_tokens=8)))
-          for name, cls in ORDERS.items()}
+traces = {
+    name: run_trace(
+        cls, trace, max_model_len=32, **settings.get(name, dict(max_num_batched_tokens=8))
+    )
+    for name, cls in ORDERS.items()
+}
 fig = plot_step_orders(traces, ["A", "B", "C", "D"])
 display(fig)
 plt.close(fig)
@@ -452,7 +538,9 @@ plt.close(fig)
 # %% tags=["nbval-check-output"]
 for name, steps in traces.items():
     stalls = sum(row.get(r) == "stall" for row in steps for r in "AB")
-    first = max(i for i, row in enumerate(steps) if row.get("C", "").startswith("P")) + 1  # its last chunk
+    first = (
+        max(i for i, row in enumerate(steps) if row.get("C", "").startswith("P")) + 1
+    )  # its last chunk
     print(f"{name:<26} decode steps A and B lost: {stalls} | C's first token after step {first}")
 
 # %% [markdown]
@@ -465,8 +553,13 @@ for name, steps in traces.items():
 # preempted again in the next step (`x 6`: preempted, then 6 prompt tokens computed again):
 
 # %%
-tight = {name: run_trace(cls, trace, max_model_len=32, num_gpu_blocks=7, max_num_batched_tokens=8)
-         for name, cls in (("vLLM v0, chunked prefill", V0ChunkedScheduler), ("vLLM v1 (this engine)", Scheduler))}
+tight = {
+    name: run_trace(cls, trace, max_model_len=32, num_gpu_blocks=7, max_num_batched_tokens=8)
+    for name, cls in (
+        ("vLLM v0, chunked prefill", V0ChunkedScheduler),
+        ("vLLM v1 (this engine)", Scheduler),
+    )
+}
 fig = plot_step_orders(tight, ["A", "B", "C", "D"])
 display(fig)
 plt.close(fig)
@@ -487,18 +580,30 @@ for name, steps in tight.items():
 # default order for comparison (`chunk_budget_sweep`, dotted lines).
 
 # %%
-latency_workload = make_workload(150, seed=3, mean_prompt=512, mean_output=128, max_len=2048, rate=3.0)
-sim_rows = chunk_budget_sweep(latency_workload, [128, 256, 512, 1024, 2048],
-                              CacheConfig(block_size=16, num_gpu_blocks=4096), cost)
-fig = plot_latency_vs_budget(sim_rows, "simulated (cost model): chunk budget against TTFT and ITL, p50 and p99")
+latency_workload = make_workload(
+    150, seed=3, mean_prompt=512, mean_output=128, max_len=2048, rate=3.0
+)
+sim_rows = chunk_budget_sweep(
+    latency_workload,
+    [128, 256, 512, 1024, 2048],
+    CacheConfig(block_size=16, num_gpu_blocks=4096),
+    cost,
+)
+fig = plot_latency_vs_budget(
+    sim_rows, "simulated (cost model): chunk budget against TTFT and ITL, p50 and p99"
+)
 display(fig)
 plt.close(fig)
 
 # %% tags=["nbval-check-output"]
-print(f"{'':<36} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'longest step':>13} {'tok/s':>6}")
+print(
+    f"{'':<36} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'longest step':>13} {'tok/s':>6}"
+)
 for r in sim_rows:
-    print(f"{r['name']:<36} {1e3 * r['ttft_p50']:>7.0f}ms {1e3 * r['ttft_p99']:>7.0f}ms {1e3 * r['itl_p50']:>6.0f}ms "
-          f"{1e3 * r['itl_p99']:>6.0f}ms {1e3 * r['max_step_s']:>11.0f}ms {r['tokens_per_s']:>6.0f}")
+    print(
+        f"{r['name']:<36} {1e3 * r['ttft_p50']:>7.0f}ms {1e3 * r['ttft_p99']:>7.0f}ms {1e3 * r['itl_p50']:>6.0f}ms "
+        f"{1e3 * r['itl_p99']:>6.0f}ms {1e3 * r['max_step_s']:>11.0f}ms {r['tokens_per_s']:>6.0f}"
+    )
 
 # %% [markdown]
 # The p50 ITL is the same everywhere: most steps carry only decodes. The p99 ITL grows with the budget up to
@@ -516,22 +621,43 @@ for r in sim_rows:
 # %%
 model, tokenizer = load_default()
 gen = torch.Generator().manual_seed(0)
-engine_prompts = [torch.randint(32, 127, ((384 if i % 3 == 1 else 12),), generator=gen).tolist() for i in range(9)]
+engine_prompts = [
+    torch.randint(32, 127, ((384 if i % 3 == 1 else 12),), generator=gen).tolist() for i in range(9)
+]
 engine_params = [SamplingParams(max_tokens=4 + (5 * i) % 13, ignore_eos=True) for i in range(9)]
-LLM(model, verbose=False).generate(engine_prompts[:2], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
-engine_rows = engine_budget_sweep(model, engine_prompts, engine_params, [32, 128, 512], repeats=3,
-                                  block_size=16, num_gpu_blocks=256, max_num_seqs=4, enable_prefix_caching=False)
-fig = plot_latency_vs_budget(engine_rows, "measured on the engine (this CPU, built-in model): TTFT and ITL, p50 and p99")
+LLM(model, verbose=False).generate(
+    engine_prompts[:2], SamplingParams(max_tokens=2), use_tqdm=False
+)  # warm-up
+engine_rows = engine_budget_sweep(
+    model,
+    engine_prompts,
+    engine_params,
+    [32, 128, 512],
+    repeats=3,
+    block_size=16,
+    num_gpu_blocks=256,
+    max_num_seqs=4,
+    enable_prefix_caching=False,
+)
+fig = plot_latency_vs_budget(
+    engine_rows, "measured on the engine (this CPU, built-in model): TTFT and ITL, p50 and p99"
+)
 display(fig)
 plt.close(fig)
-print(f"{'budget':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'prefill chunks':>15} "
-      f"{'steps':>6} {'largest step with decodes':>26}")
+print(
+    f"{'budget':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'prefill chunks':>15} "
+    f"{'steps':>6} {'largest step with decodes':>26}"
+)
 for r in engine_rows:
-    print(f"{r['budget']:>6} {1e3 * r['ttft_p50']:>7.0f}ms {1e3 * r['ttft_p99']:>7.0f}ms {1e3 * r['itl_p50']:>6.1f}ms "
-          f"{1e3 * r['itl_p99']:>6.1f}ms {r['prefill_chunks']:>15} {r['steps']:>6} {r['max_decode_step_tokens']:>19} tokens")
+    print(
+        f"{r['budget']:>6} {1e3 * r['ttft_p50']:>7.0f}ms {1e3 * r['ttft_p99']:>7.0f}ms {1e3 * r['itl_p50']:>6.1f}ms "
+        f"{1e3 * r['itl_p99']:>6.1f}ms {r['prefill_chunks']:>15} {r['steps']:>6} {r['max_decode_step_tokens']:>19} tokens"
+    )
 small, large = engine_rows[0], engine_rows[-1]
-print(f"budget {small['budget']} -> {large['budget']}: ITL p99 x{large['itl_p99'] / small['itl_p99']:.1f}, "
-      f"TTFT p50 x{large['ttft_p50'] / small['ttft_p50']:.2f}")
+print(
+    f"budget {small['budget']} -> {large['budget']}: ITL p99 x{large['itl_p99'] / small['itl_p99']:.1f}, "
+    f"TTFT p50 x{large['ttft_p50'] / small['ttft_p50']:.2f}"
+)
 
 # %% [markdown]
 # The engine shows the simulator's trade-off. The step counts are exact: a budget of 32 cuts each long prompt
@@ -555,13 +681,19 @@ print(f"budget {small['budget']} -> {large['budget']}: ITL p99 x{large['itl_p99'
 
 # %%
 pressure = make_workload(64, seed=1, mean_prompt=200, mean_output=300, max_len=1024)
-rows = recompute_vs_swap(pressure, [1, 4, 16, 64, 256], kv_slots=4096, max_model_len=1024, cost=cost)
+rows = recompute_vs_swap(
+    pressure, [1, 4, 16, 64, 256], kv_slots=4096, max_model_len=1024, cost=cost
+)
 
 # %% tags=["nbval-check-output"]
-print(f"{'block':>5} {'recompute s':>12} {'overhead s':>11} {'swap s':>8} {'overhead s':>11} {'preemptions':>12}")
+print(
+    f"{'block':>5} {'recompute s':>12} {'overhead s':>11} {'swap s':>8} {'overhead s':>11} {'preemptions':>12}"
+)
 for r in rows:
-    print(f"{r['block_size']:>5} {r['recompute_s']:>12.1f} {r['recompute_overhead_s']:>11.2f} {r['swap_s']:>8.1f} "
-          f"{r['swap_overhead_s']:>11.2f} {r['recompute_preemptions']:>12}")
+    print(
+        f"{r['block_size']:>5} {r['recompute_s']:>12.1f} {r['recompute_overhead_s']:>11.2f} {r['swap_s']:>8.1f} "
+        f"{r['swap_overhead_s']:>11.2f} {r['recompute_preemptions']:>12}"
+    )
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -593,7 +725,9 @@ from paged_course.bench.scheduler import _time_schedule
 
 for n in (64, 256):
     secs = _time_schedule(n, 16)
-    print(f"{n:>5} running requests: {min(secs) * 1e6:8.0f} us per schedule() call (fastest of 16, this CPU)")
+    print(
+        f"{n:>5} running requests: {min(secs) * 1e6:8.0f} us per schedule() call (fastest of 16, this CPU)"
+    )
 
 # %% [markdown]
 # The work per request is constant, so the cost grows linearly with the number of running requests. For a
@@ -608,14 +742,25 @@ for n in (64, 256):
 
 # %%
 your_part = exercise_module("ex06_scheduler")
-your_part = learner_or_reference(list(STEP_METHODS), your_part.Scheduler, Scheduler) if your_part else Scheduler
+your_part = (
+    learner_or_reference(list(STEP_METHODS), your_part.Scheduler, Scheduler)
+    if your_part
+    else Scheduler
+)
 demo_prompts = [list(range(40 + i, 58 + 4 * i)) for i in range(6)]
 demo_params = SamplingParams(max_tokens=24, ignore_eos=True)
 
 
 def run_engine(parts):
-    llm = LLM(model, block_size=8, num_gpu_blocks=14, max_num_batched_tokens=32, max_num_seqs=6, parts=parts,
-              verbose=False)
+    llm = LLM(
+        model,
+        block_size=8,
+        num_gpu_blocks=14,
+        max_num_batched_tokens=32,
+        max_num_seqs=6,
+        parts=parts,
+        verbose=False,
+    )
     outs = llm.generate(demo_prompts, demo_params, use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], llm.stats()
 

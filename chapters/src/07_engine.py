@@ -44,7 +44,12 @@ from paged.worker.attention import AttentionMetadata, use_attention
 from paged.engine.llm import LLM
 from paged_course.models import tiny_model
 from paged.core.sequence import SamplingParams
-from paged_course.viz.engine import batching_schedules, plot_batching, plot_block_tables, plot_timeline
+from paged_course.viz.engine import (
+    batching_schedules,
+    plot_batching,
+    plot_block_tables,
+    plot_timeline,
+)
 
 torch.manual_seed(0)
 chapter_start = time.perf_counter()
@@ -60,8 +65,12 @@ chapter_start = time.perf_counter()
 # %% tags=["nbval-check-output"]
 answer_lens = [5, 12, 3, 8, 9, 2, 7, 4]
 sched = batching_schedules(answer_lens, slots=4)
-print(f"static:     {sched['static_steps']} iterations, {sched['static_busy']:.1%} of slot-iterations busy")
-print(f"continuous: {sched['continuous_steps']} iterations, {sched['continuous_busy']:.1%} of slot-iterations busy")
+print(
+    f"static:     {sched['static_steps']} iterations, {sched['static_busy']:.1%} of slot-iterations busy"
+)
+print(
+    f"continuous: {sched['continuous_steps']} iterations, {sched['continuous_busy']:.1%} of slot-iterations busy"
+)
 
 # %%
 plot_batching(answer_lens, slots=4)
@@ -96,12 +105,18 @@ for name, prompt in prompts.items():
 out = engine.scheduler.schedule()
 entries = out.scheduled
 for s in entries:
-    print(f"request {s.seq.seq_id}: computes tokens {s.start}..{s.start + s.num_tokens - 1}, "
-          f"block table {s.block_table}")
+    print(
+        f"request {s.seq.seq_id}: computes tokens {s.start}..{s.start + s.num_tokens - 1}, "
+        f"block table {s.block_table}"
+    )
 
 # %%
-plot_block_tables({f"seq {s.seq.seq_id}": s.block_table for s in entries}, num_blocks=12, block_size=4,
-                  lengths={f"seq {s.seq.seq_id}": len(s.seq) for s in entries})
+plot_block_tables(
+    {f"seq {s.seq.seq_id}": s.block_table for s in entries},
+    num_blocks=12,
+    block_size=4,
+    lengths={f"seq {s.seq.seq_id}": len(s.seq) for s in entries},
+)
 plt.show()
 
 # %% [markdown]
@@ -141,21 +156,33 @@ print("logits", tuple(logits.shape), "(one row per sequence, vocabulary 128)")
 # finished sequences. From here we let `engine.step()` do all five parts until the requests finish.
 
 # %%
-for s, token in zip(batch.sampling, engine.sampler.sample(logits, [SamplingParams()] * len(batch.sampling))):
+for s, token in zip(
+    batch.sampling, engine.sampler.sample(logits, [SamplingParams()] * len(batch.sampling))
+):
     s.seq.append_token_id(token)
 finished = []
 while engine.has_unfinished_requests():
     finished += engine.step()
 
 # %% tags=["nbval-check-output"]
-reference = copy.deepcopy(model)  # a separate config object: the reference keeps transformers' attention
+reference = copy.deepcopy(
+    model
+)  # a separate config object: the reference keeps transformers' attention
 use_attention(reference, "sdpa")
 for o in sorted(finished, key=lambda o: o.request_id):
     ids = torch.tensor([o.prompt_token_ids])
-    want = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
-                              do_sample=False, eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
-    print(f"{o.request_id}: paged {o.outputs[0].token_ids}  transformers {want}  cached prompt tokens "
-          f"{o.num_cached_tokens}")
+    want = reference.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=4,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )[0, ids.shape[1] :].tolist()
+    print(
+        f"{o.request_id}: paged {o.outputs[0].token_ids}  transformers {want}  cached prompt tokens "
+        f"{o.num_cached_tokens}"
+    )
 print("blocks in use after the run:", llm.stats()["kv_blocks_used"])
 
 # %% [markdown]
@@ -180,19 +207,30 @@ print("blocks in use after the run:", llm.stats()["kv_blocks_used"])
 # %%
 llm = LLM(kv_cache_memory_bytes=8 * 2**20)
 system = "You are a tutor on LLM serving. Answer in one line.\n"
-questions = ["What is a block table?", "Why copy-on-write?", "What does the scheduler preempt first?",
-             "How big is one KV block?"] * 4
-outs = llm.generate([system + q + "\nA:" for q in questions],
-                    SamplingParams(max_tokens=24, temperature=0.8, top_k=20, seed=0), use_tqdm=False)
+questions = [
+    "What is a block table?",
+    "Why copy-on-write?",
+    "What does the scheduler preempt first?",
+    "How big is one KV block?",
+] * 4
+outs = llm.generate(
+    [system + q + "\nA:" for q in questions],
+    SamplingParams(max_tokens=24, temperature=0.8, top_k=20, seed=0),
+    use_tqdm=False,
+)
 for o in outs[:3]:
-    print(repr(o.prompt[len(system):]), "->", repr(o.outputs[0].text))
+    print(repr(o.prompt[len(system) :]), "->", repr(o.outputs[0].text))
 
 # %% tags=["nbval-check-output"]
 stats = llm.stats()
 print(f"requests {len(outs)}, generated tokens {sum(len(o.outputs[0].token_ids) for o in outs)}")
-print(f"KV blocks: {stats['kv_blocks_total']} total, peak {stats['kv_blocks_peak']}, "
-      f"in use now {stats['kv_blocks_used']}")
-print(f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}, preemptions {stats['preemptions']}")
+print(
+    f"KV blocks: {stats['kv_blocks_total']} total, peak {stats['kv_blocks_peak']}, "
+    f"in use now {stats['kv_blocks_used']}"
+)
+print(
+    f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}, preemptions {stats['preemptions']}"
+)
 
 # %% [markdown]
 # Sixteen prompts share a 53-byte system prompt (3 full blocks of 16 tokens after `<bos>`): after the first
@@ -215,9 +253,11 @@ plt.show()
 
 # %% tags=["nbval-check-output"]
 s = small.stats()
-print(f"finished {sum(o.outputs[0].finish_reason == 'length' for o in outs)}/24 at max_tokens; "
-      f"preemptions {s['preemptions']} (recompute {s['recomputes']}); peak blocks {s['kv_blocks_peak']}/40; "
-      f"in use now {s['kv_blocks_used']}")
+print(
+    f"finished {sum(o.outputs[0].finish_reason == 'length' for o in outs)}/24 at max_tokens; "
+    f"preemptions {s['preemptions']} (recompute {s['recomputes']}); peak blocks {s['kv_blocks_peak']}/40; "
+    f"in use now {s['kv_blocks_used']}"
+)
 
 # %% [markdown]
 # ## 5. Your engine: the capstone
@@ -246,20 +286,40 @@ print(origin_table(origin))
 from paged.models import load_default  # noqa: E402
 
 base, tokenizer = load_default()
-reference_model = copy.deepcopy(base)  # its own config object: the engine switches the model's attention
+reference_model = copy.deepcopy(
+    base
+)  # its own config object: the engine switches the model's attention
 capstone_system = "You are a careful assistant. Answer in one short sentence.\n"
-capstone_questions = ["What is a block table?", "Why page the KV cache?", "What does copy-on-write save?",
-                      "When is a request preempted?", "What is chunked prefill?", "Why keep a watermark?"]
+capstone_questions = [
+    "What is a block table?",
+    "Why page the KV cache?",
+    "What does copy-on-write save?",
+    "When is a request preempted?",
+    "What is chunked prefill?",
+    "Why keep a watermark?",
+]
 capstone_prompts = [tokenizer(capstone_system + q)["input_ids"] for q in capstone_questions]
-capstone_params = [SamplingParams(max_tokens=16, ignore_eos=True, n=2 if i == 2 else 1) for i in range(6)]
+capstone_params = [
+    SamplingParams(max_tokens=16, ignore_eos=True, n=2 if i == 2 else 1) for i in range(6)
+]
 
 
 def capstone_run(engine_parts):
     """Build the engine on ``engine_parts``, warm it up, then time one generate of the workload."""
     torch.set_num_threads(1)
-    run = LLM(base, tokenizer=tokenizer, block_size=16, num_gpu_blocks=12, max_num_batched_tokens=48, max_num_seqs=8,
-              parts=engine_parts, verbose=False)
-    run.generate(capstone_prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up, not timed
+    run = LLM(
+        base,
+        tokenizer=tokenizer,
+        block_size=16,
+        num_gpu_blocks=12,
+        max_num_batched_tokens=48,
+        max_num_seqs=8,
+        parts=engine_parts,
+        verbose=False,
+    )
+    run.generate(
+        capstone_prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False
+    )  # warm-up, not timed
     start = time.perf_counter()
     outs = run.generate(capstone_prompts, capstone_params, use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -275,18 +335,32 @@ agree = []
 with torch.inference_mode():
     for prompt, out in zip(capstone_prompts, yours):
         ids = torch.tensor([prompt])
-        want = reference_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
-                                        do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-        agree += [greedy_agreement(reference_model, prompt, c.token_ids, want).ok for c in out.outputs]
+        want = reference_model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=16,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+        agree += [
+            greedy_agreement(reference_model, prompt, c.token_ids, want).ok for c in out.outputs
+        ]
 tokens = sum(len(c.token_ids) for o in yours for c in o.outputs)
-print(f"your engine: {tokens} tokens in {yours_s:.2f} s ({tokens / yours_s:.0f} tokens/s); the reference parts: "
-      f"{ref_s:.2f} s ({tokens / ref_s:.0f} tokens/s), one torch thread each, on this machine")
+print(
+    f"your engine: {tokens} tokens in {yours_s:.2f} s ({tokens / yours_s:.0f} tokens/s); the reference parts: "
+    f"{ref_s:.2f} s ({tokens / ref_s:.0f} tokens/s), one torch thread each, on this machine"
+)
 
 # %% tags=["nbval-check-output"]
-print(f"outputs equal to transformers' generate (or parting at a logit near-tie): {sum(agree)} of {len(agree)}")
-print(f"prefix-cache hits {yours_stats['prefix_cache_hit_rate'] > 0}, copy-on-write copies {yours_stats['cow_copies'] > 0}, "
-      f"prefill chunks {yours_stats['prefill_chunks'] > len(capstone_prompts)}, preemptions {yours_stats['preemptions'] > 0}, "
-      f"blocks in use at the end {yours_stats['kv_blocks_used']}")
+print(
+    f"outputs equal to transformers' generate (or parting at a logit near-tie): {sum(agree)} of {len(agree)}"
+)
+print(
+    f"prefix-cache hits {yours_stats['prefix_cache_hit_rate'] > 0}, copy-on-write copies {yours_stats['cow_copies'] > 0}, "
+    f"prefill chunks {yours_stats['prefill_chunks'] > len(capstone_prompts)}, preemptions {yours_stats['preemptions'] > 0}, "
+    f"blocks in use at the end {yours_stats['kv_blocks_used']}"
+)
 
 # %% [markdown]
 # Every output of your engine equals transformers' own `generate`: your allocator handed out and took back every
@@ -313,7 +387,9 @@ from paged_course.bench.engine import agreement, bench_model, make_workload, run
 from paged_course.viz.measure import plot_concurrency  # noqa: E402
 
 threads = torch.get_num_threads()
-torch.set_num_threads(1)  # on a shared machine extra threads wait on each other; one keeps the comparison fair
+torch.set_num_threads(
+    1
+)  # on a shared machine extra threads wait on each other; one keeps the comparison fair
 bench = bench_model()
 run_paged(bench, make_workload(2, (8, 8), (2, 2)))  # warm-up
 sweep = []
@@ -322,8 +398,14 @@ for c in (1, 8, 32):
     useful = sum(m for _, m in work)
     ours, t_ours, _ = run_paged(bench, work, max_num_seqs=c)
     theirs, t_hf = run_static(bench, work, batch_size=c)
-    sweep.append({"concurrency": c, "paged_tok_s": useful / t_ours, "hf_tok_s": useful / t_hf,
-                  "agree": agreement(bench, work, ours, theirs)})
+    sweep.append(
+        {
+            "concurrency": c,
+            "paged_tok_s": useful / t_ours,
+            "hf_tok_s": useful / t_hf,
+            "agree": agreement(bench, work, ours, theirs),
+        }
+    )
 print(f"{'requests':>9} {'paged tok/s':>12} {'generate tok/s':>15} {'ratio':>6}")
 for r in sweep:
     ratio = r["paged_tok_s"] / r["hf_tok_s"]
@@ -333,8 +415,12 @@ plot_concurrency(sweep)
 plt.show()
 
 # %% tags=["nbval-check-output"]
-print("requests whose tokens equal transformers' (or part at a near-tie):",
-      [r["agree"]["equal"] + r["agree"]["near_tie"] for r in sweep], "of", [r["concurrency"] for r in sweep])
+print(
+    "requests whose tokens equal transformers' (or part at a near-tie):",
+    [r["agree"]["equal"] + r["agree"]["near_tie"] for r in sweep],
+    "of",
+    [r["concurrency"] for r in sweep],
+)
 
 # %% [markdown]
 # Reading the table: both systems gain from batching (a step of `c` tokens costs little more than a step of one
@@ -355,10 +441,17 @@ import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 gpu_run = json.loads(Path("../docs/gpu/h200-2026-11-30/engine.json").read_text())["results"]
-print(f"reference workload (48 requests): paged {gpu_run['paged']['tok_s']:.0f} tokens/s, static generate "
-      f"{gpu_run['static_generate']['tok_s']:.0f} tokens/s: {gpu_run['ratio_vs_static']:.2f}x")
-print("concurrency sweep, ours / transformers' static generate:",
-      ", ".join(f"{r['concurrency']}: {r['paged_tok_s'] / r['hf_tok_s']:.2f}x" for r in gpu_run["concurrency"]))
+print(
+    f"reference workload (48 requests): paged {gpu_run['paged']['tok_s']:.0f} tokens/s, static generate "
+    f"{gpu_run['static_generate']['tok_s']:.0f} tokens/s: {gpu_run['ratio_vs_static']:.2f}x"
+)
+print(
+    "concurrency sweep, ours / transformers' static generate:",
+    ", ".join(
+        f"{r['concurrency']}: {r['paged_tok_s'] / r['hf_tok_s']:.2f}x"
+        for r in gpu_run["concurrency"]
+    ),
+)
 
 # %% [markdown]
 # On the GPU transformers won from 16 concurrent requests on. That engine ran each prompt's prefill as its own

@@ -55,12 +55,19 @@ from IPython.display import Markdown, display
 from paged_course import ledger
 from paged_course.memory import KNOWN_MODELS, format_bytes
 from paged_course.sim.workload import chat_trace
-from paged_course.viz.measure import (block_size_widget, plot_block_size_study, plot_capacity, plot_concurrency,
-                                plot_kernel_block_sizes)
+from paged_course.viz.measure import (
+    block_size_widget,
+    plot_block_size_study,
+    plot_capacity,
+    plot_concurrency,
+    plot_kernel_block_sizes,
+)
 
 chapter_start = time.perf_counter()
 torch.manual_seed(0)
-torch.set_num_threads(1)  # as `bench engine` on CPU: on a shared machine extra threads make timings noise
+torch.set_num_threads(
+    1
+)  # as `bench engine` on CPU: on a shared machine extra threads make timings noise
 device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 print("device:", device)
 
@@ -70,8 +77,11 @@ def latest_result(name: str, on_gpu: bool = False) -> dict | None:
     in this repository (``gpu-results/*/``, ``bench-results/``, or a committed run in ``docs/gpu/*/``), only GPU
     runs if ``on_gpu``; or None."""
     root = Path("..")
-    paths = [*root.glob(f"gpu-results/*/{name}.json"), *root.glob(f"bench-results/{name}.json"),
-             *root.glob(f"docs/gpu/*/{name}.json")]
+    paths = [
+        *root.glob(f"gpu-results/*/{name}.json"),
+        *root.glob(f"bench-results/{name}.json"),
+        *root.glob(f"docs/gpu/*/{name}.json"),
+    ]
     for path in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True):
         record = json.loads(path.read_text())
         if not on_gpu or record["environment"]["device"] != "cpu":
@@ -98,15 +108,23 @@ def latest_result(name: str, on_gpu: bool = False) -> dict | None:
 # %% tags=["nbval-check-output"]
 chat = chat_trace(2000, seed=0, max_seq_len=2048)
 short = chat_trace(2000, seed=0, max_seq_len=2048, mean_prompt=19.3, mean_output=58.5)
-studies = {"chat-like (ShareGPT means)": ledger.block_size_study(chat, 32768),
-           "short requests (Alpaca means)": ledger.block_size_study(short, 32768)}
+studies = {
+    "chat-like (ShareGPT means)": ledger.block_size_study(chat, 32768),
+    "short requests (Alpaca means)": ledger.block_size_study(short, 32768),
+}
 for name, rows in studies.items():
     ref = next(r["tokens_per_step"] for r in rows if r["block_size"] == 16)
-    print(f"{name}: mean final length {(chat if 'chat' in name else short).final_len.mean():.0f} tokens")
-    print(f"{'block':>6} {'util':>7} {'running':>8} {'steps':>6} {'tok/step':>9} {'vs 16':>6} {'preempt':>8}")
+    print(
+        f"{name}: mean final length {(chat if 'chat' in name else short).final_len.mean():.0f} tokens"
+    )
+    print(
+        f"{'block':>6} {'util':>7} {'running':>8} {'steps':>6} {'tok/step':>9} {'vs 16':>6} {'preempt':>8}"
+    )
     for r in rows:
-        print(f"{r['block_size']:>6} {r['utilization']:>7.1%} {r['mean_running']:>8.1f} {r['steps']:>6} "
-              f"{r['tokens_per_step']:>9.1f} {r['tokens_per_step'] / ref:>6.2f} {r['preemptions']:>8}")
+        print(
+            f"{r['block_size']:>6} {r['utilization']:>7.1%} {r['mean_running']:>8.1f} {r['steps']:>6} "
+            f"{r['tokens_per_step']:>9.1f} {r['tokens_per_step'] / ref:>6.2f} {r['preemptions']:>8}"
+        )
 
 # %%
 plot_block_size_study(studies)
@@ -144,15 +162,22 @@ display(block_size_widget(num_requests=2000))
 kernel_record = latest_result("kernel", on_gpu=True)
 kernel = kernel_record["results"] if kernel_record else None
 if kernel and kernel.get("mode") == "gpu":
-    print(f"GPU kernel run on {kernel_record['environment']['device']}, {kernel_record['environment']['time']}")
+    print(
+        f"GPU kernel run on {kernel_record['environment']['device']}, {kernel_record['environment']['time']}"
+    )
     plot_kernel_block_sizes(kernel["sweep"])
     plt.show()
     for r in kernel["sweep"]:
-        print(f"B={r['batch']:3d} ctx={r['context']:5d} block {r['block_size']:3d}: {r['paged_ms'] * 1e3:8.1f} us, "
-              f"paged/contiguous {r['paged_over_contiguous']:.3f}")
+        print(
+            f"B={r['batch']:3d} ctx={r['context']:5d} block {r['block_size']:3d}: {r['paged_ms'] * 1e3:8.1f} us, "
+            f"paged/contiguous {r['paged_over_contiguous']:.3f}"
+        )
 else:
-    print("No GPU kernel results here (this chapter ran on", device + "). Run scripts/gpu_check.sh on a GPU;",
-          "its kernel.json lands in gpu-results/ and this cell plots kernel time per block size.")
+    print(
+        "No GPU kernel results here (this chapter ran on",
+        device + "). Run scripts/gpu_check.sh on a GPU;",
+        "its kernel.json lands in gpu-results/ and this cell plots kernel time per block size.",
+    )
 
 # %% [markdown]
 # **C7 and E10, settled.** Block 16 is a good default, not a magic number. The seed's reason ("shared memory")
@@ -183,12 +208,18 @@ budget = 0.9 * 80 * 2**30 - 13.5e9
 cap = ledger.capacity_at_scale(million, spec, budget, block_size=16, static_len=4096)
 scale_seconds = time.perf_counter() - start
 print(f"{cap['requests']:,} requests, mean final length {cap['mean_final_len']:.1f} tokens")
-print(f"KV budget {format_bytes(budget)} = {cap['budget_blocks']:,} blocks of 16 tokens "
-      f"({format_bytes(spec.bytes_per_block(16))} each)")
-print(f"static (4096 slots each): {cap['static']} requests at once; "
-      f"real tokens fill {cap['static_token_share']:.1%} of it")
-print(f"paged: {cap['paged_mean']:.1f} requests at once on average (5th-95th percentile {cap['paged_p5']:.0f}-"
-      f"{cap['paged_p95']:.0f}); real tokens fill {cap['paged_token_share']:.1%} of the blocks")
+print(
+    f"KV budget {format_bytes(budget)} = {cap['budget_blocks']:,} blocks of 16 tokens "
+    f"({format_bytes(spec.bytes_per_block(16))} each)"
+)
+print(
+    f"static (4096 slots each): {cap['static']} requests at once; "
+    f"real tokens fill {cap['static_token_share']:.1%} of it"
+)
+print(
+    f"paged: {cap['paged_mean']:.1f} requests at once on average (5th-95th percentile {cap['paged_p5']:.0f}-"
+    f"{cap['paged_p95']:.0f}); real tokens fill {cap['paged_token_share']:.1%} of the blocks"
+)
 print(f"paged / static: {cap['paged_mean'] / cap['static']:.1f}x")
 
 # %%
@@ -222,15 +253,30 @@ run_paged(model, make_workload(2, (8, 8), (2, 2)))  # warm-up: the first forward
 sweep = []
 for c in (1, 16, 64):
     work = make_workload(c, (32, 32), (16, 16), seed=2)
-    runs = [(run_paged(model, work, max_num_seqs=c), run_static(model, work, batch_size=c)) for _ in range(3)]
+    runs = [
+        (run_paged(model, work, max_num_seqs=c), run_static(model, work, batch_size=c))
+        for _ in range(3)
+    ]
     ours, theirs = runs[0][0][0], runs[0][1][0]
-    t_ours, t_hf = min(p[1] for p, _ in runs), min(h[1] for _, h in runs)  # best of 3: the least disturbed
-    sweep.append({"concurrency": c, "paged_tok_s": 16 * c / t_ours, "hf_tok_s": 16 * c / t_hf,
-                  "same_tokens": ours == theirs, "steps": runs[0][0][2]["steps"]})
+    t_ours, t_hf = (
+        min(p[1] for p, _ in runs),
+        min(h[1] for _, h in runs),
+    )  # best of 3: the least disturbed
+    sweep.append(
+        {
+            "concurrency": c,
+            "paged_tok_s": 16 * c / t_ours,
+            "hf_tok_s": 16 * c / t_hf,
+            "same_tokens": ours == theirs,
+            "steps": runs[0][0][2]["steps"],
+        }
+    )
 print(f"{'requests':>9} {'paged tok/s':>12} {'generate tok/s':>15} {'ratio':>6}  same tokens")
 for r in sweep:
-    print(f"{r['concurrency']:>9} {r['paged_tok_s']:>12.0f} {r['hf_tok_s']:>15.0f} "
-          f"{r['paged_tok_s'] / r['hf_tok_s']:>6.2f}  {r['same_tokens']}")
+    print(
+        f"{r['concurrency']:>9} {r['paged_tok_s']:>12.0f} {r['hf_tok_s']:>15.0f} "
+        f"{r['paged_tok_s'] / r['hf_tok_s']:>6.2f}  {r['same_tokens']}"
+    )
 
 # %% tags=["nbval-check-output"]
 print("every concurrency produced identical tokens:", all(r["same_tokens"] for r in sweep))
@@ -243,14 +289,20 @@ plt.show()
 engine_record = latest_result("engine")
 if engine_record:
     env = engine_record["environment"]
-    print(f"python -m paged bench engine{' --quick' if engine_record['quick'] else ''} on {env['device']}, "
-          f"{env['time']} (prompt 64, output {16 if engine_record['quick'] else 32} tokens):")
+    print(
+        f"python -m paged bench engine{' --quick' if engine_record['quick'] else ''} on {env['device']}, "
+        f"{env['time']} (prompt 64, output {16 if engine_record['quick'] else 32} tokens):"
+    )
     for r in engine_record["results"].get("concurrency", []):
-        print(f"  {r['concurrency']:>4} requests: paged {r['paged_tok_s']:8.0f} tok/s, "
-              f"generate {r['hf_tok_s']:8.0f} tok/s, paged/generate {r['paged_tok_s'] / r['hf_tok_s']:.2f}")
+        print(
+            f"  {r['concurrency']:>4} requests: paged {r['paged_tok_s']:8.0f} tok/s, "
+            f"generate {r['hf_tok_s']:8.0f} tok/s, paged/generate {r['paged_tok_s'] / r['hf_tok_s']:.2f}"
+        )
 else:
-    print("No engine benchmark JSON here: `python -m paged bench engine --out bench-results` extends this sweep "
-          "to 64 requests (128 in its full run); scripts/gpu_check.sh runs it on a GPU.")
+    print(
+        "No engine benchmark JSON here: `python -m paged bench engine --out bench-results` extends this sweep "
+        "to 64 requests (128 in its full run); scripts/gpu_check.sh runs it on a GPU."
+    )
 
 # %% [markdown]
 # On this CPU both systems gain an order of magnitude from batching: a step computes `c` tokens for little more
@@ -278,22 +330,30 @@ h200_engine = json.loads((h200_dir / "engine.json").read_text())["results"]
 h200_kernel = json.loads((h200_dir / "kernel.json").read_text())["results"]
 h200_sweep = h200_engine["concurrency"]
 ratio = {r["concurrency"]: r["paged_tok_s"] / r["hf_tok_s"] for r in h200_sweep}
-print("paged / generate tokens per second on the H200, by concurrency:",
-      ", ".join(f"{c}: {x:.2f}x" for c, x in ratio.items()))
+print(
+    "paged / generate tokens per second on the H200, by concurrency:",
+    ", ".join(f"{c}: {x:.2f}x" for c, x in ratio.items()),
+)
 even = [c for c, x in ratio.items() if x >= 0.9]
-print(f"within 10% of generate (or ahead) at {', '.join(map(str, even))} requests; generate ahead by more "
-      f"from {min(c for c, x in ratio.items() if x < 0.9)} requests up")
+print(
+    f"within 10% of generate (or ahead) at {', '.join(map(str, even))} requests; generate ahead by more "
+    f"from {min(c for c, x in ratio.items() if x < 0.9)} requests up"
+)
 bw = ledger.bandwidth_row(h200_kernel["sweep"])
-print(f"decode kernel: {bw['pct_peak']:.1f}% of peak HBM bandwidth at batch {bw['batch']}, context {bw['context']}, "
-      f"block {bw['block_size']}; SDPA on contiguous K/V {bw['paged_ms'] / bw['peers_ms']['sdpa']:.1f}x faster; "
-      f"paged / contiguous in our kernel at most "
-      f"{max(r['paged_over_contiguous'] for r in h200_kernel['sweep']):.3f}")
+print(
+    f"decode kernel: {bw['pct_peak']:.1f}% of peak HBM bandwidth at batch {bw['batch']}, context {bw['context']}, "
+    f"block {bw['block_size']}; SDPA on contiguous K/V {bw['paged_ms'] / bw['peers_ms']['sdpa']:.1f}x faster; "
+    f"paged / contiguous in our kernel at most "
+    f"{max(r['paged_over_contiguous'] for r in h200_kernel['sweep']):.3f}"
+)
 ov = h200_engine["overhead"]
 forward_ms = 1e3 * ov["phases"]["forward"] / ov["steps"]
 other_ms = 1e3 * (ov["wall_seconds"] - ov["phases"]["forward"]) / ov["steps"]
-print(f"engine step with {ov['num_seqs']} running sequences: forward {forward_ms:.1f} ms, everything else "
-      f"{other_ms:.1f} ms ({ov['overhead_share']:.1%}: schedule {ov['share']['schedule']:.1%}, "
-      f"prepare {ov['share']['prepare']:.1%}, sample {ov['share']['sample']:.1%})")
+print(
+    f"engine step with {ov['num_seqs']} running sequences: forward {forward_ms:.1f} ms, everything else "
+    f"{other_ms:.1f} ms ({ov['overhead_share']:.1%}: schedule {ov['share']['schedule']:.1%}, "
+    f"prepare {ov['share']['prepare']:.1%}, sample {ov['share']['sample']:.1%})"
+)
 
 # %% [markdown]
 # Up to 8 requests the two systems are within about 6% of each other. From 16 concurrent requests on, transformers'
@@ -427,9 +487,13 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 # time with our engine. Without vLLM it prints why it skipped.
 
 # %%
-vllm_python = os.environ.get("PAGED_VLLM_PYTHON") or (sys.executable if importlib.util.find_spec("vllm") else None)
+vllm_python = os.environ.get("PAGED_VLLM_PYTHON") or (
+    sys.executable if importlib.util.find_spec("vllm") else None
+)
 if vllm_python is None:
-    print("skipped: vLLM is not importable here and PAGED_VLLM_PYTHON is not set (see the recipe above)")
+    print(
+        "skipped: vLLM is not importable here and PAGED_VLLM_PYTHON is not set (see the recipe above)"
+    )
 else:
     work = make_workload(16, (32, 32), (16, 16), seed=2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -438,19 +502,34 @@ else:
 
         use_attention(model, "sdpa")
         model.save_pretrained(model_dir)
-        request = {"model_dir": str(model_dir), "prompts": [p for p, _ in work], "max_tokens": [m for _, m in work],
-                   "block_size": 16}
+        request = {
+            "model_dir": str(model_dir),
+            "prompts": [p for p, _ in work],
+            "max_tokens": [m for _, m in work],
+            "block_size": 16,
+        }
         (Path(tmp) / "request.json").write_text(json.dumps(request))
-        proc = subprocess.run([vllm_python, str(Path("..") / "scripts" / "vllm_peer.py"), f"{tmp}/request.json",
-                               f"{tmp}/result.json"], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                vllm_python,
+                str(Path("..") / "scripts" / "vllm_peer.py"),
+                f"{tmp}/request.json",
+                f"{tmp}/result.json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if proc.returncode != 0:
             print("vLLM run failed:", proc.stderr.strip().splitlines()[-1:] or proc.returncode)
         else:
             peer = json.loads((Path(tmp) / "result.json").read_text())
             ours, t_ours, _ = run_paged(model, work, max_num_seqs=16)
             same = sum(a == b for a, b in zip(ours, peer["tokens"]))
-            print(f"vLLM {peer['vllm']}: {16 * 16 / peer['seconds']:.0f} tok/s; ours {16 * 16 / t_ours:.0f} tok/s; "
-                  f"identical tokens for {same}/16 requests")
+            print(
+                f"vLLM {peer['vllm']}: {16 * 16 / peer['seconds']:.0f} tok/s; ours {16 * 16 / t_ours:.0f} tok/s; "
+                f"identical tokens for {same}/16 requests"
+            )
 
 # %% [markdown]
 # ## Your turn

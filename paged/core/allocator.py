@@ -37,7 +37,9 @@ class NoFreeBlocksError(RuntimeError):
     def __init__(self, requested: int, available: int, what: str = "KV cache"):
         self.requested = requested
         self.available = available
-        super().__init__(f"no free blocks in the {what}: requested {requested}, available {available}")
+        super().__init__(
+            f"no free blocks in the {what}: requested {requested}, available {available}"
+        )
 
 
 class BlockAllocator:
@@ -59,7 +61,9 @@ class BlockAllocator:
             raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
-        self._queue: deque[int] = deque(range(num_blocks))  # free ids, front first (may hold dead entries)
+        self._queue: deque[int] = deque(
+            range(num_blocks)
+        )  # free ids, front first (may hold dead entries)
         self._dead = [0] * num_blocks  # per block: its dead entries in _queue
         self._num_dead = 0
 
@@ -87,7 +91,9 @@ class BlockAllocator:
         if n > self.num_free_blocks:
             raise NoFreeBlocksError(n, self.num_free_blocks)
         pop, refs, dead = self._queue.popleft, self._ref_counts, self._dead
-        taken = [pop() for _ in range(n)] if not self._num_dead else []  # no dead entry: pop n at once
+        taken = (
+            [pop() for _ in range(n)] if not self._num_dead else []
+        )  # no dead entry: pop n at once
         for block_id in taken:
             refs[block_id] = 1
         while len(taken) < n:
@@ -140,7 +146,9 @@ class BlockAllocator:
             count = self._check(block_id, "free")
             listed[block_id] = listed.get(block_id, 0) + 1
             if listed[block_id] > count:
-                raise ValueError(f"free: block {block_id} is listed {listed[block_id]} times but has {count} holders")
+                raise ValueError(
+                    f"free: block {block_id} is listed {listed[block_id]} times but has {count} holders"
+                )
 
     def incref(self, block_id: int) -> None:
         """Add one reference to a block in use (a fork or a prefix-cache hit shares it)."""
@@ -150,7 +158,9 @@ class BlockAllocator:
     def take(self, block_id: int) -> None:
         """Pull one *given* free block out of the free queue (count 0 -> 1): a hit on a free cached block."""
         if self._check(block_id, "take", in_use=False):
-            raise ValueError(f"take: block {block_id} is in use (ref count {self._ref_counts[block_id]})")
+            raise ValueError(
+                f"take: block {block_id} is in use (ref count {self._ref_counts[block_id]})"
+            )
         self._ref_counts[block_id] = 1
         self._dead[block_id] += 1  # its queue entry is dead now
         self._num_dead += 1

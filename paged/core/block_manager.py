@@ -56,7 +56,9 @@ class AllocStatus(enum.Enum):
     LATER = "later"
     NEVER = "never"
 
-    def __bool__(self) -> bool:  # truthy only when OK, so `if manager.can_swap_in(seq):` reads right
+    def __bool__(
+        self,
+    ) -> bool:  # truthy only when OK, so `if manager.can_swap_in(seq):` reads right
         return self is AllocStatus.OK
 
 
@@ -77,9 +79,18 @@ class BlockSpaceManager:
         NoFreeBlocksError: an order that needs more free blocks than there are (nothing changes).
     """
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0, watermark: float = 0.01,
-                 enable_prefix_caching: bool = False, hash_fn: HashFn | None = None,
-                 allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache, copy_on_write=copy_on_write):
+    def __init__(
+        self,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int = 0,
+        watermark: float = 0.01,
+        enable_prefix_caching: bool = False,
+        hash_fn: HashFn | None = None,
+        allocator_cls=BlockAllocator,
+        prefix_cache_cls=PrefixCache,
+        copy_on_write=copy_on_write,
+    ):
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         if num_gpu_blocks <= 0:
@@ -88,14 +99,20 @@ class BlockSpaceManager:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark}")
-        self.block_size, self.num_gpu_blocks, self.num_cpu_blocks = block_size, num_gpu_blocks, num_cpu_blocks
+        self.block_size, self.num_gpu_blocks, self.num_cpu_blocks = (
+            block_size,
+            num_gpu_blocks,
+            num_cpu_blocks,
+        )
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.gpu_allocator = allocator_cls(num_gpu_blocks)
         self.cpu_allocator = allocator_cls(num_cpu_blocks)
         self.prefix_cache = prefix_cache_cls(block_size, hash_fn) if enable_prefix_caching else None
         self.block_tables: dict[int, BlockTable] = {}  # seq_id -> GPU blocks
-        self.cpu_block_tables: dict[int, BlockTable] = {}  # seq_id -> CPU blocks of swapped-out sequences
+        self.cpu_block_tables: dict[
+            int, BlockTable
+        ] = {}  # seq_id -> CPU blocks of swapped-out sequences
         self.swaps = SwapMaps()
         self.copy_on_write = copy_on_write
 
@@ -122,7 +139,9 @@ class BlockSpaceManager:
     def _table(self, seq: Sequence) -> BlockTable:
         table = self.block_tables.get(seq.seq_id)
         if table is None:
-            where = "is swapped out to CPU" if seq.seq_id in self.cpu_block_tables else "has no blocks"
+            where = (
+                "is swapped out to CPU" if seq.seq_id in self.cpu_block_tables else "has no blocks"
+            )
             raise ValueError(f"sequence {seq.seq_id} {where} (never allocated, or already freed)")
         return table
 
@@ -147,7 +166,9 @@ class BlockSpaceManager:
         """``(hits, new blocks, free hits)`` for admitting ``seq`` with slots for ``num_tokens`` after the hits."""
         hits = self._cached_prefix(seq)
         upto = len(seq) if num_tokens is None else len(hits) * self.block_size + num_tokens
-        free_hits = sum(self.gpu_allocator.ref_count(b) == 0 for b in hits)  # they leave the free queue
+        free_hits = sum(
+            self.gpu_allocator.ref_count(b) == 0 for b in hits
+        )  # they leave the free queue
         return hits, blocks_needed(upto, self.block_size) - len(hits), free_hits
 
     def can_allocate(self, seq: Sequence, num_tokens: int | None = None) -> AllocStatus:
@@ -168,9 +189,13 @@ class BlockSpaceManager:
         """Admit ``seq``: share its longest cached prefix, then give slots to the next ``num_tokens`` tokens
         (default: all). Sets ``num_cached_tokens`` and ``num_computed_tokens`` to the cached tokens."""
         if seq.block_size != self.block_size:
-            raise ValueError(f"sequence {seq.seq_id} uses block_size {seq.block_size}, the manager {self.block_size}")
+            raise ValueError(
+                f"sequence {seq.seq_id} uses block_size {seq.block_size}, the manager {self.block_size}"
+            )
         if self.has_blocks(seq):
-            raise ValueError(f"sequence {seq.seq_id} already has blocks; free it before allocating again")
+            raise ValueError(
+                f"sequence {seq.seq_id} already has blocks; free it before allocating again"
+            )
         gpu, bs = self.gpu_allocator, self.block_size
         hits, num_new, free_hits = self._admission_needs(seq, num_tokens)
         if num_new + free_hits > gpu.num_free_blocks:
@@ -178,8 +203,11 @@ class BlockSpaceManager:
         for b in hits:  # take the hits before allocating, so that allocation cannot evict them
             (gpu.incref if gpu.ref_count(b) else gpu.take)(b)
         cached = len(hits) * bs
-        table = BlockTable(bs, hits + self._new_gpu_blocks(num_new),
-                           len(seq) if num_tokens is None else cached + num_tokens)
+        table = BlockTable(
+            bs,
+            hits + self._new_gpu_blocks(num_new),
+            len(seq) if num_tokens is None else cached + num_tokens,
+        )
         self.block_tables[seq.seq_id] = table
         seq.num_cached_tokens = seq.num_computed_tokens = cached
         if self.prefix_cache is not None:
@@ -195,20 +223,29 @@ class BlockSpaceManager:
         return new
 
     # ---- growth: the next chunk or decode token ------------------------------------------------
-    def _append_needs(self, seq: Sequence, table: BlockTable, num_tokens: int | None) -> tuple[int, int, bool]:
+    def _append_needs(
+        self, seq: Sequence, table: BlockTable, num_tokens: int | None
+    ) -> tuple[int, int, bool]:
         """``(tokens with slots after, new blocks, copy-on-write?)`` to give slots to ``num_tokens`` more."""
         have, bs = table.num_tokens, self.block_size
         upto = len(seq) if num_tokens is None else have + num_tokens
         if not have <= upto <= len(seq):
-            raise ValueError(f"sequence {seq.seq_id}: slots for {upto} tokens asked; it has {len(seq)} tokens "
-                             f"and {have} slots")
-        cow = upto > have and have % bs != 0 and self.gpu_allocator.ref_count(table.block_ids[-1]) > 1
+            raise ValueError(
+                f"sequence {seq.seq_id}: slots for {upto} tokens asked; it has {len(seq)} tokens "
+                f"and {have} slots"
+            )
+        cow = (
+            upto > have and have % bs != 0 and self.gpu_allocator.ref_count(table.block_ids[-1]) > 1
+        )
         return upto, blocks_needed(upto, bs) - len(table) + cow, cow
 
     def can_append_slots(self, seq: Sequence, num_tokens: int | None = None) -> bool:
         """Whether the free blocks cover ``num_tokens`` more tokens (default: all that have no slot yet),
         plus a copy-on-write block if needed."""
-        return self._append_needs(seq, self._table(seq), num_tokens)[1] <= self.gpu_allocator.num_free_blocks
+        return (
+            self._append_needs(seq, self._table(seq), num_tokens)[1]
+            <= self.gpu_allocator.num_free_blocks
+        )
 
     def append_slots(self, seq: Sequence, num_tokens: int | None = None) -> list[tuple[int, int]]:
         """Give slots to ``num_tokens`` more tokens of ``seq`` (default: all that have none yet).
@@ -223,12 +260,18 @@ class BlockSpaceManager:
             raise NoFreeBlocksError(needed, self.gpu_allocator.num_free_blocks)
         have, bs = table.num_tokens, self.block_size
         new = self._new_gpu_blocks(needed)  # the copy-on-write block first, when one is needed
-        copies = self.copy_on_write(table, self.gpu_allocator, lambda: new.pop(0)) if upto > have else []
+        copies = (
+            self.copy_on_write(table, self.gpu_allocator, lambda: new.pop(0)) if upto > have else []
+        )
         if len(copies) != cow:
-            raise RuntimeError(f"copy_on_write returned {copies} for sequence {seq.seq_id}, whose last block is "
-                               f"{'' if cow else 'not '}shared and partly filled")
+            raise RuntimeError(
+                f"copy_on_write returned {copies} for sequence {seq.seq_id}, whose last block is "
+                f"{'' if cow else 'not '}shared and partly filled"
+            )
         if upto > have and have % bs and not cow and self.swaps:
-            self.swaps.forget_gpu(table.block_ids[-1])  # written in place: older swap copies of it are stale
+            self.swaps.forget_gpu(
+                table.block_ids[-1]
+            )  # written in place: older swap copies of it are stale
         table.block_ids += new
         table.num_tokens = upto
         if self.prefix_cache is not None:
@@ -249,8 +292,10 @@ class BlockSpaceManager:
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks, tail first (a no-op for a sequence without blocks, as in vLLM)."""
-        for tables, allocator, forget in ((self.block_tables, self.gpu_allocator, self.swaps.forget_gpu),
-                                          (self.cpu_block_tables, self.cpu_allocator, self.swaps.forget_cpu)):
+        for tables, allocator, forget in (
+            (self.block_tables, self.gpu_allocator, self.swaps.forget_gpu),
+            (self.cpu_block_tables, self.cpu_allocator, self.swaps.forget_cpu),
+        ):
             table = tables.pop(seq.seq_id, None)
             if table is not None:
                 self._release(table, allocator, forget)
@@ -281,7 +326,9 @@ class BlockSpaceManager:
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
         """Move ``seq`` to CPU; returns ``(gpu_block, cpu_block)`` pairs to copy (shared blocks once)."""
         table = self._table(seq)
-        pairs, cpu_ids = self.swaps.move(table, self.cpu_allocator, self.cpu_allocator.allocate, out=True)
+        pairs, cpu_ids = self.swaps.move(
+            table, self.cpu_allocator, self.cpu_allocator.allocate, out=True
+        )
         self._release(table, self.gpu_allocator, self.swaps.forget_gpu)
         del self.block_tables[seq.seq_id]
         self.cpu_block_tables[seq.seq_id] = BlockTable(self.block_size, cpu_ids, table.num_tokens)
@@ -294,12 +341,16 @@ class BlockSpaceManager:
         if self.num_gpu_blocks - needed < self.watermark_blocks:
             return AllocStatus.NEVER
         grow = blocks_needed(cpu_table.num_tokens + num_tokens, self.block_size) - len(cpu_table)
-        return self._status_now(needed + grow + (num_tokens > 0 and cpu_table.num_tokens % self.block_size > 0))
+        return self._status_now(
+            needed + grow + (num_tokens > 0 and cpu_table.num_tokens % self.block_size > 0)
+        )
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
         """Bring ``seq`` back to the GPU; returns ``(cpu_block, gpu_block)`` pairs to copy (shared once)."""
         cpu_table = self._cpu_table(seq)
-        pairs, gpu_ids = self.swaps.move(cpu_table, self.gpu_allocator, lambda: self._new_gpu_blocks(1)[0], out=False)
+        pairs, gpu_ids = self.swaps.move(
+            cpu_table, self.gpu_allocator, lambda: self._new_gpu_blocks(1)[0], out=False
+        )
         self._release(cpu_table, self.cpu_allocator, self.swaps.forget_cpu)
         del self.cpu_block_tables[seq.seq_id]
         self.block_tables[seq.seq_id] = BlockTable(self.block_size, gpu_ids, cpu_table.num_tokens)

@@ -32,8 +32,12 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def slot_mapping(block_tables: list[list[int]], start_positions: list[int], num_tokens: list[int],
-                 block_size: int) -> list[int]:
+def slot_mapping(
+    block_tables: list[list[int]],
+    start_positions: list[int],
+    num_tokens: list[int],
+    block_size: int,
+) -> list[int]:
     """Slots of the tokens one step computes, for a packed batch: sequence ``s`` computes positions
     ``start_positions[s] .. start_positions[s] + num_tokens[s] - 1`` (a prefill chunk, or one decode token).
 
@@ -41,8 +45,11 @@ def slot_mapping(block_tables: list[list[int]], start_positions: list[int], num_
     Example: tables ``[[10, 11, 12]]``, start ``[7]``, 2 tokens, block size 4 -> ``[47, 48]``.
     The engine's part for this step (``paged.parts.Parts.slot_mapping``); inputs are built by the engine.
     """
-    return [table[p // block_size] * block_size + p % block_size
-            for table, start, n in zip(block_tables, start_positions, num_tokens) for p in range(start, start + n)]
+    return [
+        table[p // block_size] * block_size + p % block_size
+        for table, start, n in zip(block_tables, start_positions, num_tokens)
+        for p in range(start, start + n)
+    ]
 
 
 class BlockTable:
@@ -58,7 +65,9 @@ class BlockTable:
         ``slot`` of a position outside ``0 .. capacity - 1``.
     """
 
-    def __init__(self, block_size: int, block_ids: list[int] | None = None, num_tokens: int | None = None):
+    def __init__(
+        self, block_size: int, block_ids: list[int] | None = None, num_tokens: int | None = None
+    ):
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         self.block_size = block_size
@@ -66,8 +75,10 @@ class BlockTable:
         capacity = len(self.block_ids) * block_size
         self.num_tokens = capacity if num_tokens is None else num_tokens
         if not capacity - block_size < self.num_tokens <= capacity:
-            raise ValueError(f"{self.num_tokens} tokens do not fit {len(self.block_ids)} blocks of "
-                             f"{block_size} (each block but the last must be full)")
+            raise ValueError(
+                f"{self.num_tokens} tokens do not fit {len(self.block_ids)} blocks of "
+                f"{block_size} (each block but the last must be full)"
+            )
 
     def __len__(self) -> int:
         return len(self.block_ids)
@@ -96,9 +107,14 @@ class BlockTable:
     def slot(self, position: int) -> int:
         """Row of token ``position`` in the flattened pool: ``table[p // bs] * bs + p % bs``."""
         if not 0 <= position < self.capacity:
-            raise ValueError(f"position {position} is outside the {len(self.block_ids)} blocks of this "
-                             f"table (capacity {self.capacity} tokens)")
-        return self.block_ids[position // self.block_size] * self.block_size + position % self.block_size
+            raise ValueError(
+                f"position {position} is outside the {len(self.block_ids)} blocks of this "
+                f"table (capacity {self.capacity} tokens)"
+            )
+        return (
+            self.block_ids[position // self.block_size] * self.block_size
+            + position % self.block_size
+        )
 
     def slot_mapping(self, start: int, end: int) -> list[int]:
         """Slots of token positions ``start .. end - 1`` (the tokens one step computes)."""

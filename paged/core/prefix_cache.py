@@ -30,12 +30,14 @@ def default_hash(parent_key: int, token_ids: tuple) -> int:
     return hash((parent_key, token_ids))
 
 
-def hash_blocks(token_ids: list[int], block_size: int, keys: list[int], hash_fn: HashFn = default_hash) -> list[int]:
+def hash_blocks(
+    token_ids: list[int], block_size: int, keys: list[int], hash_fn: HashFn = default_hash
+) -> list[int]:
     """Extend ``keys`` (the chained keys of the first ``len(keys)`` full blocks) to every full block of
     ``token_ids``; a partial last block gets no key. Returns ``keys``."""
     parent = keys[-1] if keys else ROOT_KEY
     for start in range(len(keys) * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = hash_fn(parent, tuple(token_ids[start:start + block_size]))
+        parent = hash_fn(parent, tuple(token_ids[start : start + block_size]))
         keys.append(parent)
     return keys
 
@@ -46,7 +48,13 @@ class _Entry:
     __slots__ = ("block_id", "key", "uid", "parent_uid", "token_ids")
 
     def __init__(self, block_id: int, key: int, uid: int, parent_uid: int, token_ids: tuple):
-        self.block_id, self.key, self.uid, self.parent_uid, self.token_ids = block_id, key, uid, parent_uid, token_ids
+        self.block_id, self.key, self.uid, self.parent_uid, self.token_ids = (
+            block_id,
+            key,
+            uid,
+            parent_uid,
+            token_ids,
+        )
 
 
 class PrefixCache:
@@ -85,13 +93,15 @@ class PrefixCache:
         """Block ids of the longest verified cached prefix of ``seq``, at most ``max_blocks`` full blocks.
         Pure: changes nothing (the block manager takes the blocks, then ``record_query``)."""
         bs, tokens, hits, parent_uid = self.block_size, seq.token_ids, [], 0
-        for i, key in enumerate(self.update_hashes(seq)[:max(max_blocks, 0)]):
-            block, entry = tuple(tokens[i * bs:(i + 1) * bs]), None
+        for i, key in enumerate(self.update_hashes(seq)[: max(max_blocks, 0)]):
+            block, entry = tuple(tokens[i * bs : (i + 1) * bs]), None
             for candidate in self._by_key.get(key, ()):  # several only on a hash collision
                 if candidate.parent_uid == parent_uid and candidate.token_ids == block:
                     entry = candidate
                     break
-            if entry is None:  # no entry, or only collisions / other parents: a miss ends the prefix
+            if (
+                entry is None
+            ):  # no entry, or only collisions / other parents: a miss ends the prefix
                 break
             hits.append(entry.block_id)
             parent_uid = entry.uid
@@ -115,8 +125,13 @@ class PrefixCache:
             if entry is None:
                 if i and parent is None:  # a chain is only as long as its cached head
                     break
-                entry = _Entry(block_ids[i], keys[i], self._next_uid, parent.uid if i else 0,
-                               tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+                entry = _Entry(
+                    block_ids[i],
+                    keys[i],
+                    self._next_uid,
+                    parent.uid if i else 0,
+                    tuple(seq.token_ids[i * bs : (i + 1) * bs]),
+                )
                 self._next_uid += 1
                 self._by_block[entry.block_id] = entry
                 self._by_key.setdefault(entry.key, []).append(entry)

@@ -57,17 +57,29 @@ class Scheduler:
         ValueError: ``cache_config.num_gpu_blocks`` unset, or swap mode without CPU blocks.
     """
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 block_manager: BlockSpaceManager | None = None):
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        block_manager: BlockSpaceManager | None = None,
+    ):
         if cache_config.num_gpu_blocks is None:
-            raise ValueError("cache_config.num_gpu_blocks must be set (the engine sizes the pool first)")
+            raise ValueError(
+                "cache_config.num_gpu_blocks must be set (the engine sizes the pool first)"
+            )
         if scheduler_config.preemption_mode == "swap" and cache_config.num_cpu_blocks <= 0:
-            raise ValueError("preemption_mode='swap' needs cache_config.num_cpu_blocks > 0, "
-                             f"got {cache_config.num_cpu_blocks}; use 'recompute' or give CPU blocks")
+            raise ValueError(
+                "preemption_mode='swap' needs cache_config.num_cpu_blocks > 0, "
+                f"got {cache_config.num_cpu_blocks}; use 'recompute' or give CPU blocks"
+            )
         self.config, self.cache_config = scheduler_config, cache_config
         self.block_manager = block_manager or BlockSpaceManager(
-            cache_config.block_size, cache_config.num_gpu_blocks, cache_config.num_cpu_blocks,
-            watermark=cache_config.watermark, enable_prefix_caching=cache_config.enable_prefix_caching)
+            cache_config.block_size,
+            cache_config.num_gpu_blocks,
+            cache_config.num_cpu_blocks,
+            watermark=cache_config.watermark,
+            enable_prefix_caching=cache_config.enable_prefix_caching,
+        )
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()  # admission order: the last one is the next victim
         self.swapped: list[Sequence] = []  # oldest first
@@ -89,10 +101,14 @@ class Scheduler:
             raise ValueError(f"request {rid!r} is already queued or running")
         for seq in seq_group.seqs:
             if seq.status is not WAITING:
-                raise ValueError(f"request {rid!r}: sequence {seq.seq_id} is {seq.status.value}, not waiting")
+                raise ValueError(
+                    f"request {rid!r}: sequence {seq.seq_id} is {seq.status.value}, not waiting"
+                )
             if seq.block_size != self.cache_config.block_size:
-                raise ValueError(f"request {rid!r}: sequence block_size {seq.block_size} != cache block_size "
-                                 f"{self.cache_config.block_size}")
+                raise ValueError(
+                    f"request {rid!r}: sequence block_size {seq.block_size} != cache block_size "
+                    f"{self.cache_config.block_size}"
+                )
         self._requests[rid] = seq_group
         self._order[rid], self._next_rank = self._next_rank, self._next_rank + 1
         self.waiting.extend(seq_group.seqs)
@@ -128,7 +144,9 @@ class Scheduler:
             self.running = deque(s for s in self.running if not s.is_finished)
         for seq in finished:
             self.block_manager.free(seq)
-        return [g for g in {s.group.request_id: s.group for s in finished}.values() if self._forget(g)]
+        return [
+            g for g in {s.group.request_id: s.group for s in finished}.values() if self._forget(g)
+        ]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -149,8 +167,10 @@ class Scheduler:
         """
         for seq in self.running:  # check the engine's side of the contract before changing anything
             if not seq.is_finished and len(seq) <= seq.num_computed_tokens:
-                raise RuntimeError(f"sequence {seq.seq_id} of request {seq.group.request_id!r} has no new token: "
-                                   "append the sampled token (or finish the sequence) before schedule()")
+                raise RuntimeError(
+                    f"sequence {seq.seq_id} of request {seq.group.request_id!r} has no new token: "
+                    "append the sampled token (or finish the sequence) before schedule()"
+                )
         self.free_finished()
         out = SchedulerOutputs()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
@@ -239,8 +259,11 @@ class Scheduler:
     def _mark_scheduled(self, seq: Sequence, n: int, out: SchedulerOutputs) -> int:
         """List ``seq``'s next ``n`` tokens in ``out`` and mark them computed. Returns ``n``."""
         table = self.block_manager.block_tables[seq.seq_id].block_ids
-        out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, table,
-                                          seq.num_computed_tokens + n == len(seq)))
+        out.scheduled.append(
+            ScheduledSeq(
+                seq, seq.num_computed_tokens, n, table, seq.num_computed_tokens + n == len(seq)
+            )
+        )
         seq.num_computed_tokens += n
         out.num_batched_tokens += n
         return n
@@ -263,9 +286,11 @@ class Scheduler:
             return f"n={self._seats(seq)} sequences exceed max_num_seqs={cfg.max_num_seqs}"
         if bm.can_allocate(seq, 0) is AllocStatus.NEVER:
             bs = self.cache_config.block_size
-            return (f"prompt of {len(seq)} tokens needs {blocks_needed(len(seq), bs)} blocks of {bs} tokens; "
-                    f"the KV cache has {bm.num_gpu_blocks} blocks and admission keeps {bm.watermark_blocks} "
-                    "free (watermark)")
+            return (
+                f"prompt of {len(seq)} tokens needs {blocks_needed(len(seq), bs)} blocks of {bs} tokens; "
+                f"the KV cache has {bm.num_gpu_blocks} blocks and admission keeps {bm.watermark_blocks} "
+                "free (watermark)"
+            )
         return None
 
     def _preempt(self, seq: Sequence, out: SchedulerOutputs) -> None:
@@ -291,16 +316,24 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str, out: SchedulerOutputs) -> None:
         """A waiting sequence that can never run: ignored if it never ran, exhausted if it was preempted."""
         ran = len(seq) > seq.num_prompt_tokens
-        self._end(seq, SequenceStatus.FINISHED_KV_EXHAUSTED if ran else SequenceStatus.FINISHED_IGNORED,
-                  ("KV cache exhausted: " if ran else "ignored: ") + reason, out.exhausted if ran else out.ignored)
+        self._end(
+            seq,
+            SequenceStatus.FINISHED_KV_EXHAUSTED if ran else SequenceStatus.FINISHED_IGNORED,
+            ("KV cache exhausted: " if ran else "ignored: ") + reason,
+            out.exhausted if ran else out.ignored,
+        )
 
     def _exhaust(self, seq: Sequence, out: SchedulerOutputs) -> None:
         bs, total = self.cache_config.block_size, self.block_manager.num_gpu_blocks
         need = blocks_needed(seq.num_computed_tokens + 1, bs)
-        self._end(seq, SequenceStatus.FINISHED_KV_EXHAUSTED,
-                  f"KV cache exhausted: sequence {seq.seq_id} of request {seq.group.request_id!r} needs {need} "
-                  f"blocks of {bs} tokens to grow past {seq.num_computed_tokens} tokens, but it alone already "
-                  f"holds the whole cache of {total} blocks", out.exhausted)
+        self._end(
+            seq,
+            SequenceStatus.FINISHED_KV_EXHAUSTED,
+            f"KV cache exhausted: sequence {seq.seq_id} of request {seq.group.request_id!r} needs {need} "
+            f"blocks of {bs} tokens to grow past {seq.num_computed_tokens} tokens, but it alone already "
+            f"holds the whole cache of {total} blocks",
+            out.exhausted,
+        )
 
     def _end(self, seq: Sequence, status: SequenceStatus, message: str, bucket: list) -> None:
         """The one terminal path of ``schedule()``: finish ``seq`` with ``status`` and ``message``, free its

@@ -27,7 +27,9 @@ class SequenceStatus(enum.Enum):
     FINISHED_LENGTH = "length"  # max_tokens or max_model_len reached
     FINISHED_ABORTED = "abort"  # abort_request()
     FINISHED_IGNORED = "ignored"  # can never run: prompt over max_model_len or over the whole cache
-    FINISHED_KV_EXHAUSTED = "kv_cache_exhausted"  # this course's state: alone in the pool, no block to grow into
+    FINISHED_KV_EXHAUSTED = (
+        "kv_cache_exhausted"  # this course's state: alone in the pool, no block to grow into
+    )
 
     @property
     def is_finished(self) -> bool:
@@ -60,7 +62,9 @@ class Sequence:
             raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         prompt = list(prompt_token_ids)
         if not prompt:
-            raise ValueError(f"sequence {seq_id}: the prompt is empty; at least one token id is needed")
+            raise ValueError(
+                f"sequence {seq_id}: the prompt is empty; at least one token id is needed"
+            )
         if not all(type(t) is int and t >= 0 for t in prompt):
             raise ValueError(f"sequence {seq_id}: prompt token ids must be non-negative ints")
         self.seq_id = seq_id
@@ -78,8 +82,10 @@ class Sequence:
         return len(self.token_ids)
 
     def __repr__(self) -> str:
-        return (f"Sequence(id={self.seq_id}, tokens={len(self)}, computed={self.num_computed_tokens}, "
-                f"status={self.status.value})")
+        return (
+            f"Sequence(id={self.seq_id}, tokens={len(self)}, computed={self.num_computed_tokens}, "
+            f"status={self.status.value})"
+        )
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -87,7 +93,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:
@@ -139,7 +145,9 @@ class SamplingParams:
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
         if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise ValueError(
+                f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
@@ -156,8 +164,14 @@ class SamplingParams:
 class SequenceGroup:
     """One request: a prompt, its sampling parameters and its sequences (1 before the fork, then n)."""
 
-    def __init__(self, request_id: str, seqs: list[Sequence], sampling_params: SamplingParams,
-                 arrival_time: float = 0.0, prompt: str | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        seqs: list[Sequence],
+        sampling_params: SamplingParams,
+        arrival_time: float = 0.0,
+        prompt: str | None = None,
+    ):
         if not seqs:
             raise ValueError(f"request {request_id!r} has no sequence")
         self.request_id = request_id

@@ -40,8 +40,13 @@ class SwapMaps:
         """New GPU blocks a swap-in of ``cpu_table`` (CPU ids) needs."""
         return sum(1 for c in cpu_table if c not in self.in_)
 
-    def move(self, table: BlockTable, dst_allocator: BlockAllocator, allocate: Callable[[], int],
-             out: bool) -> tuple[list[tuple[int, int]], list[int]]:
+    def move(
+        self,
+        table: BlockTable,
+        dst_allocator: BlockAllocator,
+        allocate: Callable[[], int],
+        out: bool,
+    ) -> tuple[list[tuple[int, int]], list[int]]:
         """Map every block of ``table`` to a block of the other pool: reuse a remembered copy (incref)
         or allocate one with ``allocate`` and record the pair to copy.
 
@@ -51,8 +56,9 @@ class SwapMaps:
         mapping, inverse = (self.out, self._out_by_cpu) if out else (self.in_, self._in_by_gpu)
         needed = self.blocks_to_copy_out(table) if out else self.blocks_to_copy_in(table)
         if needed > dst_allocator.num_free_blocks:
-            raise NoFreeBlocksError(needed, dst_allocator.num_free_blocks,
-                                    "CPU swap space" if out else "GPU KV cache")
+            raise NoFreeBlocksError(
+                needed, dst_allocator.num_free_blocks, "CPU swap space" if out else "GPU KV cache"
+            )
         pairs, dst_ids = [], []
         for src in table:
             dst = mapping.get(src)

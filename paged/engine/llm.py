@@ -53,22 +53,36 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     except RuntimeError:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'); got {device!r} (paged runs on CPU or "
-                         "an NVIDIA GPU through CUDA)")
+        raise ValueError(
+            f"device must be 'cpu' or 'cuda' (or 'cuda:N'); got {device!r} (paged runs on CPU or "
+            "an NVIDIA GPU through CUDA)"
+        )
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            raise ValueError(f"device {device!r} needs CUDA, but torch {torch.__version__} ({build}) sees no GPU "
-                             "(torch.cuda.is_available() is False); use device='cpu'")
+            build = (
+                "a CPU-only build"
+                if torch.version.cuda is None
+                else f"built for CUDA {torch.version.cuda}"
+            )
+            raise ValueError(
+                f"device {device!r} needs CUDA, but torch {torch.__version__} ({build}) sees no GPU "
+                "(torch.cuda.is_available() is False); use device='cpu'"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+            raise ValueError(
+                f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
     return dev
 
 
 def _looks_local(name: str) -> bool:
     """A path rather than a hub name: starts with ``.``, ``/`` or ``~``, exists, or sits in an existing folder."""
     parent = os.path.dirname(name)
-    return name.startswith((".", "/", "~")) or os.path.exists(name) or bool(parent and os.path.isdir(parent))
+    return (
+        name.startswith((".", "/", "~"))
+        or os.path.exists(name)
+        or bool(parent and os.path.isdir(parent))
+    )
 
 
 def _check_hub(name: str) -> None:
@@ -84,8 +98,10 @@ def _check_hub(name: str) -> None:
 
     hub = constants.ENDPOINT
     if constants.HF_HUB_OFFLINE:
-        raise ValueError(f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so "
-                         f"the hub ({hub}) was not asked; download it once with the network on, or pass a folder")
+        raise ValueError(
+            f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so "
+            f"the hub ({hub}) was not asked; download it once with the network on, or pass a folder"
+        )
     answer: dict = {}
 
     def ask() -> None:
@@ -100,19 +116,29 @@ def _check_hub(name: str) -> None:
     thread.join(HUB_TIMEOUT_S + 0.5)
     err = answer.get("error")
     offline = "; check the network, or pass a local folder"
-    if not answer or "Timeout" in type(err).__name__:  # httpx / requests ReadTimeout, ConnectTimeout, ...
-        raise ValueError(f"the Hugging Face hub ({hub}) is unreachable: no answer within {HUB_TIMEOUT_S:g} s "
-                         "(paged.engine.llm.HUB_TIMEOUT_S), "
-                         f"and model {name!r} is not in the local cache{offline}") from err
+    if (
+        not answer or "Timeout" in type(err).__name__
+    ):  # httpx / requests ReadTimeout, ConnectTimeout, ...
+        raise ValueError(
+            f"the Hugging Face hub ({hub}) is unreachable: no answer within {HUB_TIMEOUT_S:g} s "
+            "(paged.engine.llm.HUB_TIMEOUT_S), "
+            f"and model {name!r} is not in the local cache{offline}"
+        ) from err
     if isinstance(err, HFValidationError):
-        raise ValueError(f"model {name!r} is neither an existing folder nor a valid hub name: {err}") from err
+        raise ValueError(
+            f"model {name!r} is neither an existing folder nor a valid hub name: {err}"
+        ) from err
     if isinstance(err, RepositoryNotFoundError):
-        raise ValueError(f"model {name!r} was not found on the hub ({hub}); a private or gated model needs "
-                         "`hf auth login` first") from err
+        raise ValueError(
+            f"model {name!r} was not found on the hub ({hub}); a private or gated model needs "
+            "`hf auth login` first"
+        ) from err
     if err is not None and not isinstance(err, HfHubHTTPError):  # no HTTP answer at all
         first = str(err).splitlines()[0] if str(err) else ""
-        raise ValueError(f"the Hugging Face hub ({hub}) is unreachable ({type(err).__name__}: {first}), and model "
-                         f"{name!r} is not in the local cache{offline}") from err
+        raise ValueError(
+            f"the Hugging Face hub ({hub}) is unreachable ({type(err).__name__}: {first}), and model "
+            f"{name!r} is not in the local cache{offline}"
+        ) from err
 
 
 def load_model(model, dtype: torch.dtype | None):
@@ -135,8 +161,10 @@ def load_model(model, dtype: torch.dtype | None):
     if isinstance(model, PreTrainedModel):
         return (model.to(dtype) if dtype is not None else model).eval(), None
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be None, a hub name or folder path, or a PreTrainedModel; "
-                        f"got {type(model).__name__}")
+        raise TypeError(
+            f"model must be None, a hub name or folder path, or a PreTrainedModel; "
+            f"got {type(model).__name__}"
+        )
     from paged.models import quiet_progress_bars
 
     name, local = os.fspath(model), _looks_local(os.fspath(model))
@@ -144,9 +172,11 @@ def load_model(model, dtype: torch.dtype | None):
         name = os.path.expanduser(name)
         if not os.path.isdir(name):
             what = "is a file, not a model folder" if os.path.exists(name) else "does not exist"
-            raise ValueError(f"model folder {model!r} {what} ({os.path.abspath(name)}); pass a folder holding "
-                             "config.json and the weights, a hub name such as 'org/model', None for the built-in "
-                             "model, or a PreTrainedModel")
+            raise ValueError(
+                f"model folder {model!r} {what} ({os.path.abspath(name)}); pass a folder holding "
+                "config.json and the weights, a hub name such as 'org/model', None for the built-in "
+                "model, or a PreTrainedModel"
+            )
 
     def from_pretrained(cls, **kwargs):
         with quiet_progress_bars():
@@ -154,8 +184,12 @@ def load_model(model, dtype: torch.dtype | None):
 
     kwargs = {"dtype": dtype or torch.float32}
     try:
-        loaded = from_pretrained(AutoModelForCausalLM, local_files_only=True, **kwargs)  # no network
-    except OSError as err:  # not (fully) in the local cache; for a folder: no config.json or weights
+        loaded = from_pretrained(
+            AutoModelForCausalLM, local_files_only=True, **kwargs
+        )  # no network
+    except (
+        OSError
+    ) as err:  # not (fully) in the local cache; for a folder: no config.json or weights
         if local:
             raise _load_error(model, err) from err
         loaded = None
@@ -183,9 +217,11 @@ def load_model(model, dtype: torch.dtype | None):
 
 def _load_error(model, err: Exception) -> ValueError:
     first = str(err).splitlines()[0] if str(err) else ""
-    return ValueError(f"model {model!r} could not be loaded with AutoModelForCausalLM.from_pretrained "
-                      f"({type(err).__name__}: {first}); pass None for the built-in model, a local folder, "
-                      "or a PreTrainedModel")
+    return ValueError(
+        f"model {model!r} could not be loaded with AutoModelForCausalLM.from_pretrained "
+        f"({type(err).__name__}: {first}); pass None for the built-in model, a local folder, "
+        "or a PreTrainedModel"
+    )
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -216,10 +252,13 @@ def group_finish_messages(outputs: list[RequestOutput]) -> list[tuple[int, str, 
     groups: dict[tuple, list] = {}
     for out in outputs:
         first = out.outputs[0] if out.outputs else None
-        message = (first.finish_message if first is not None else None) or \
-            f"finish_reason={first.finish_reason if first is not None else None!r}"
-        message = _REQUEST_ID.sub(lambda m: "" if m[2] else "a sequence of the request" if m[1] else "the request",
-                                  message)
+        message = (
+            first.finish_message if first is not None else None
+        ) or f"finish_reason={first.finish_reason if first is not None else None!r}"
+        message = _REQUEST_ID.sub(
+            lambda m: "" if m[2] else "a sequence of the request" if m[1] else "the request",
+            message,
+        )
         parts = _NUMBER.split(message)
         groups.setdefault(tuple(parts), []).append((_NUMBER.findall(message), out.request_id))
     summaries = []
@@ -238,7 +277,9 @@ def _short(value, limit: int = 60) -> str:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, numbers.Number) or (isinstance(value, torch.Tensor) and value.dim() == 0)
+    return isinstance(value, numbers.Number) or (
+        isinstance(value, torch.Tensor) and value.dim() == 0
+    )
 
 
 def _token_id(value, prompt: int, position: int) -> int:
@@ -248,8 +289,10 @@ def _token_id(value, prompt: int, position: int) -> int:
             return operator.index(value)
         except TypeError:
             pass
-    raise TypeError(f"prompts[{prompt}]: token ids must be ints; got {type(value).__name__} {_short(value)} at "
-                    f"position {position}")
+    raise TypeError(
+        f"prompts[{prompt}]: token ids must be ints; got {type(value).__name__} {_short(value)} at "
+        f"position {position}"
+    )
 
 
 def _prompt_list(prompts) -> list:
@@ -258,10 +301,16 @@ def _prompt_list(prompts) -> list:
         return [prompts]
     if isinstance(prompts, torch.Tensor) or type(prompts).__module__ == "numpy":
         prompts = prompts.tolist()
-    if prompts is None or isinstance(prompts, (bytes, dict, set, frozenset)) or _is_number(prompts) or \
-            not isinstance(prompts, Iterable):
-        raise TypeError("prompts must be a text, a list of token ids, or a list of texts / token-id lists; got "
-                        f"{type(prompts).__name__} {_short(prompts)}")
+    if (
+        prompts is None
+        or isinstance(prompts, (bytes, dict, set, frozenset))
+        or _is_number(prompts)
+        or not isinstance(prompts, Iterable)
+    ):
+        raise TypeError(
+            "prompts must be a text, a list of token ids, or a list of texts / token-id lists; got "
+            f"{type(prompts).__name__} {_short(prompts)}"
+        )
     prompts = list(prompts)
     if any(_is_number(p) for p in prompts):  # a flat list with numbers is one token-id prompt
         return [prompts]
@@ -305,71 +354,144 @@ class LLM:
             or a budget that holds no block.
     """
 
-    def __init__(self, model=None, *, tokenizer=None, block_size: int = 16, num_gpu_blocks: int | None = None,
-                 num_cpu_blocks: int = 0, max_model_len: int | None = None, enable_prefix_caching: bool = True,
-                 preemption_mode: str = "recompute", watermark: float = 0.01, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int | None = None, kv_cache_memory_bytes: int | None = None,
-                 gpu_memory_utilization: float = 0.9, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, seed: int | None = 0, verbose: bool = True,
-                 enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
-                 parts: Parts | None = None, enforce_eager: bool = False):
+    def __init__(
+        self,
+        model=None,
+        *,
+        tokenizer=None,
+        block_size: int = 16,
+        num_gpu_blocks: int | None = None,
+        num_cpu_blocks: int = 0,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        preemption_mode: str = "recompute",
+        watermark: float = 0.01,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        seed: int | None = 0,
+        verbose: bool = True,
+        enable_chunked_prefill: bool = True,
+        long_prefill_token_threshold: int = 0,
+        parts: Parts | None = None,
+        enforce_eager: bool = False,
+    ):
         device = resolve_device(device)  # before loading: a bad device fails fast
         model, found_tokenizer = load_model(model, dtype)
         self.model = model.to(device)
         self.tokenizer = tokenizer if tokenizer is not None else found_tokenizer
         dtype = next(self.model.parameters()).dtype
-        limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", 2048)
+        limit = getattr(model.config, "max_position_embeddings", None) or getattr(
+            model.config, "n_positions", 2048
+        )
         max_model_len = max_model_len or int(limit)
         if max_model_len > int(limit):
-            raise ValueError(f"max_model_len={max_model_len} exceeds the model's {int(limit)} positions")
-        scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                           max_model_len=max_model_len, preemption_mode=preemption_mode,
-                                           enable_chunked_prefill=enable_chunked_prefill,
-                                           long_prefill_token_threshold=long_prefill_token_threshold)
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's {int(limit)} positions"
+            )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            preemption_mode=preemption_mode,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+        )
         layers, kv_heads, head_dim = kv_shape(model)
         bytes_per_block = block_bytes(layers, kv_heads, head_dim, block_size, dtype)
         how = "num_gpu_blocks"
         if num_gpu_blocks is None and device.type == "cuda" and kv_cache_memory_bytes is None:
-            num_gpu_blocks, how = profile_num_blocks(model, block_size, scheduler_config.max_num_batched_tokens,
-                                                     max_num_seqs, gpu_memory_utilization, dtype)
+            num_gpu_blocks, how = profile_num_blocks(
+                model,
+                block_size,
+                scheduler_config.max_num_batched_tokens,
+                max_num_seqs,
+                gpu_memory_utilization,
+                dtype,
+            )
         elif num_gpu_blocks is None:
-            budget = DEFAULT_CPU_KV_BYTES if kv_cache_memory_bytes is None else int(kv_cache_memory_bytes)
+            budget = (
+                DEFAULT_CPU_KV_BYTES
+                if kv_cache_memory_bytes is None
+                else int(kv_cache_memory_bytes)
+            )
             num_gpu_blocks = budget // bytes_per_block
             if num_gpu_blocks <= 0:
-                raise ValueError(f"kv_cache_memory_bytes={budget} holds no KV block of {bytes_per_block} bytes")
+                raise ValueError(
+                    f"kv_cache_memory_bytes={budget} holds no KV block of {bytes_per_block} bytes"
+                )
             cap = max_num_seqs * blocks_needed(max_model_len, block_size)
             how = f"budget {budget / 2**20:.4g} MiB"
             if kv_cache_memory_bytes is None and num_gpu_blocks > cap:
-                num_gpu_blocks, how = cap, how + f", capped at {max_num_seqs} seqs x {max_model_len} tokens"
-        cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                   num_cpu_blocks=num_cpu_blocks, watermark=watermark,
-                                   enable_prefix_caching=enable_prefix_caching)
-        graphs = device.type == "cuda" and not enforce_eager  # graphs: one more block, the padding rows'
-        kv_cache = KVCache(layers, num_gpu_blocks + graphs, block_size, kv_heads, head_dim, dtype, device,
-                           num_cpu_blocks)
-        self.sizing = (f"KV cache: {num_gpu_blocks} blocks x {block_size} tokens = {num_gpu_blocks * block_size} "
-                       f"slots, {kv_cache.bytes / 2**20:.1f} MiB on {device} ({bytes_per_block} B/block: 2 x {layers} "
-                       f"layers x {kv_heads} KV heads x {head_dim} x {block_size} x {dtype}; {how})"
-                       + (f"; CPU swap {num_cpu_blocks} blocks" if num_cpu_blocks else ""))
+                num_gpu_blocks, how = (
+                    cap,
+                    how + f", capped at {max_num_seqs} seqs x {max_model_len} tokens",
+                )
+        cache_config = CacheConfig(
+            block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            watermark=watermark,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+        graphs = (
+            device.type == "cuda" and not enforce_eager
+        )  # graphs: one more block, the padding rows'
+        kv_cache = KVCache(
+            layers,
+            num_gpu_blocks + graphs,
+            block_size,
+            kv_heads,
+            head_dim,
+            dtype,
+            device,
+            num_cpu_blocks,
+        )
+        self.sizing = (
+            f"KV cache: {num_gpu_blocks} blocks x {block_size} tokens = {num_gpu_blocks * block_size} "
+            f"slots, {kv_cache.bytes / 2**20:.1f} MiB on {device} ({bytes_per_block} B/block: 2 x {layers} "
+            f"layers x {kv_heads} KV heads x {head_dim} x {block_size} x {dtype}; {how})"
+            + (f"; CPU swap {num_cpu_blocks} blocks" if num_cpu_blocks else "")
+        )
         if verbose:
             print(self.sizing)
-        self.engine = LLMEngine(self.model, kv_cache, scheduler_config, cache_config,
-                                _eos_ids(self.model, self.tokenizer), self.tokenizer, seed, parts, graphs)
+        self.engine = LLMEngine(
+            self.model,
+            kv_cache,
+            scheduler_config,
+            cache_config,
+            _eos_ids(self.model, self.tokenizer),
+            self.tokenizer,
+            seed,
+            parts,
+            graphs,
+        )
 
     def _encode(self, prompt, index: int) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("a text prompt needs a tokenizer; pass token-id lists or LLM(tokenizer=...)")
+                raise ValueError(
+                    "a text prompt needs a tokenizer; pass token-id lists or LLM(tokenizer=...)"
+                )
             return list(self.tokenizer(prompt)["input_ids"]), prompt
         if isinstance(prompt, torch.Tensor) or type(prompt).__module__ == "numpy":
             prompt = prompt.tolist()
         if not isinstance(prompt, (list, tuple)):
-            raise TypeError(f"prompts[{index}] must be a text or a list of token ids; got "
-                            f"{type(prompt).__name__} {_short(prompt)}")
+            raise TypeError(
+                f"prompts[{index}] must be a text or a list of token ids; got "
+                f"{type(prompt).__name__} {_short(prompt)}"
+            )
         return [_token_id(t, index, j) for j, t in enumerate(prompt)], None
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate for every prompt; one ``RequestOutput`` per prompt, in input order.
 
         ``prompts``: a text, a token-id list, or a list of them. ``sampling_params``: one for all or one
@@ -391,17 +513,23 @@ class LLM:
             params = list(params)
             bad = next((i for i, p in enumerate(params) if not isinstance(p, SamplingParams)), None)
             if bad is not None:
-                raise TypeError(f"sampling_params[{bad}] must be a SamplingParams; got {type(params[bad]).__name__} "
-                                f"{_short(params[bad])}")
+                raise TypeError(
+                    f"sampling_params[{bad}] must be a SamplingParams; got {type(params[bad]).__name__} "
+                    f"{_short(params[bad])}"
+                )
         elif isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         else:
             hint = " (build one with SamplingParams(**params))" if isinstance(params, dict) else ""
-            raise TypeError(f"sampling_params must be a SamplingParams or a list of them, one per prompt; got "
-                            f"{type(params).__name__} {_short(params)}{hint}")
+            raise TypeError(
+                f"sampling_params must be a SamplingParams or a list of them, one per prompt; got "
+                f"{type(params).__name__} {_short(params)}{hint}"
+            )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
-        encoded = [self._encode(p, i) for i, p in enumerate(prompts)]  # every prompt checked before any is queued
+        encoded = [
+            self._encode(p, i) for i, p in enumerate(prompts)
+        ]  # every prompt checked before any is queued
         results: dict[str, RequestOutput] = {}
         order = []
         self.engine.metrics.new_window()  # TTFT / ITL of this call
@@ -411,8 +539,13 @@ class LLM:
             except ValueError as err:  # this request only: report it, run the others
                 rid = f"rejected-{len(order)}"
                 order.append(rid)
-                results[rid] = RequestOutput(rid, text, token_ids, [CompletionOutput(
-                    0, [], "", "ignored", f"ignored: {err}")], True)
+                results[rid] = RequestOutput(
+                    rid,
+                    text,
+                    token_ids,
+                    [CompletionOutput(0, [], "", "ignored", f"ignored: {err}")],
+                    True,
+                )
         bar = tqdm(total=len(prompts), desc="generate", unit="req", disable=not use_tqdm)
         bar.update(len(results))
         while self.engine.has_unfinished_requests():
@@ -421,11 +554,18 @@ class LLM:
                 bar.update(1)
         bar.close()
         outputs = [results[rid] for rid in order]
-        failed = [o for o in outputs if o.outputs and o.outputs[0].finish_reason in ("ignored", "kv_cache_exhausted")]
+        failed = [
+            o
+            for o in outputs
+            if o.outputs and o.outputs[0].finish_reason in ("ignored", "kv_cache_exhausted")
+        ]
         for count, summary, _ in group_finish_messages(failed):
-            warnings.warn(f"LLM.generate: {count} of {len(outputs)} prompts did not "
-                          f"complete: {summary} (see each output's finish_reason and finish_message)",
-                          IgnoredRequestWarning, stacklevel=2)
+            warnings.warn(
+                f"LLM.generate: {count} of {len(outputs)} prompts did not "
+                f"complete: {summary} (see each output's finish_reason and finish_message)",
+                IgnoredRequestWarning,
+                stacklevel=2,
+            )
         return outputs
 
     def stats(self) -> dict:

@@ -27,7 +27,14 @@ import torch
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_manager import BlockSpaceManager
 from paged.core.scheduler_outputs import ScheduledSeq
-from paged.core.sequence import CompletionOutput, RequestOutput, SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from paged.core.sequence import (
+    CompletionOutput,
+    RequestOutput,
+    SamplingParams,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
 from paged.engine.parts import Parts
 from paged.engine.stats import EngineStats
 from paged.worker.model_runner import ModelRunner
@@ -49,20 +56,42 @@ class LLMEngine:
             pool then holds one block more than ``cache_config.num_gpu_blocks``, the padding rows' block.
     """
 
-    def __init__(self, model, kv_cache, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 eos_token_ids: set[int] | None = None, tokenizer=None, seed: int | None = 0,
-                 parts: Parts | None = None, cuda_graphs: bool = False):
+    def __init__(
+        self,
+        model,
+        kv_cache,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        eos_token_ids: set[int] | None = None,
+        tokenizer=None,
+        seed: int | None = 0,
+        parts: Parts | None = None,
+        cuda_graphs: bool = False,
+    ):
         self.model, self.kv_cache, self.tokenizer = model, kv_cache, tokenizer
         self.scheduler_config, self.cache_config = scheduler_config, cache_config
         self.parts = parts = parts or Parts()
         block_manager = BlockSpaceManager(
-            cache_config.block_size, cache_config.num_gpu_blocks, cache_config.num_cpu_blocks,
-            cache_config.watermark, cache_config.enable_prefix_caching,
-            allocator_cls=parts.allocator, prefix_cache_cls=parts.prefix_cache, copy_on_write=parts.copy_on_write)
+            cache_config.block_size,
+            cache_config.num_gpu_blocks,
+            cache_config.num_cpu_blocks,
+            cache_config.watermark,
+            cache_config.enable_prefix_caching,
+            allocator_cls=parts.allocator,
+            prefix_cache_cls=parts.prefix_cache,
+            copy_on_write=parts.copy_on_write,
+        )
         self.scheduler = parts.scheduler(scheduler_config, cache_config, block_manager)
-        self.runner = ModelRunner(model, kv_cache, parts, parts.decode_for(kv_cache.device),
-                                  parts.prefill_for(kv_cache.device), scheduler_config.max_num_seqs,
-                                  scheduler_config.max_model_len, cuda_graphs)
+        self.runner = ModelRunner(
+            model,
+            kv_cache,
+            parts,
+            parts.decode_for(kv_cache.device),
+            parts.prefill_for(kv_cache.device),
+            scheduler_config.max_num_seqs,
+            scheduler_config.max_model_len,
+            cuda_graphs,
+        )
         self.sampler = Sampler(seed)
         self.eos_token_ids = set(eos_token_ids or ())
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -72,8 +101,13 @@ class LLMEngine:
         self._generators: dict[str, torch.Generator | None] = {}
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, prompt: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+        prompt: str | None = None,
+    ) -> str:
         """Queue a request; returns its id. The engine's input boundary: everything is checked here.
 
         Raises:
@@ -83,21 +117,34 @@ class LLMEngine:
         """
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams; got {type(params).__name__}")
+            raise TypeError(
+                f"sampling_params must be a SamplingParams; got {type(params).__name__}"
+            )
         request_id = str(next(self._request_ids)) if request_id is None else str(request_id)
         tokens = list(prompt_token_ids)
         if not tokens:
-            raise ValueError(f"request {request_id!r}: the prompt is empty; at least one token is needed")
-        wrong = next(((j, t) for j, t in enumerate(tokens) if not isinstance(t, int) or isinstance(t, bool)), None)
+            raise ValueError(
+                f"request {request_id!r}: the prompt is empty; at least one token is needed"
+            )
+        wrong = next(
+            ((j, t) for j, t in enumerate(tokens) if not isinstance(t, int) or isinstance(t, bool)),
+            None,
+        )
         if wrong is not None:
-            raise TypeError(f"request {request_id!r}: token ids must be ints; got {type(wrong[1]).__name__} "
-                            f"{wrong[1]!r} at position {wrong[0]}")
+            raise TypeError(
+                f"request {request_id!r}: token ids must be ints; got {type(wrong[1]).__name__} "
+                f"{wrong[1]!r} at position {wrong[0]}"
+            )
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
         tokens = [int(t) for t in tokens]  # int subclasses become plain ints
         if bad:
-            raise ValueError(f"request {request_id!r}: token id {bad[0]!r} outside [0, {self.vocab_size})")
+            raise ValueError(
+                f"request {request_id!r}: token id {bad[0]!r} outside [0, {self.vocab_size})"
+            )
         seq = Sequence(next(self._seq_ids), tokens, self.cache_config.block_size)
-        self.scheduler.add_request(SequenceGroup(request_id, [seq], params, time.perf_counter(), prompt))
+        self.scheduler.add_request(
+            SequenceGroup(request_id, [seq], params, time.perf_counter(), prompt)
+        )
         self._generators[request_id] = make_generator(params.seed)
         return request_id
 
@@ -116,8 +163,11 @@ class LLMEngine:
         out = self.scheduler.schedule()
         mark("schedule")
         kv = self.kv_cache
-        for pairs, move in ((out.blocks_to_swap_out, kv.swap_out), (out.blocks_to_swap_in, kv.swap_in),
-                            (out.blocks_to_copy, kv.copy_blocks)):
+        for pairs, move in (
+            (out.blocks_to_swap_out, kv.swap_out),
+            (out.blocks_to_swap_in, kv.swap_in),
+            (out.blocks_to_copy, kv.copy_blocks),
+        ):
             if pairs:
                 move(pairs)
         mark("cache_ops")
@@ -131,8 +181,13 @@ class LLMEngine:
             mark("sample")
         finished = self._finish_requests(out, sampled)
         if out.scheduled:
-            self.metrics.on_step(out, self.scheduler.block_manager.gpu_allocator.num_used_blocks,
-                               self.cache_config.block_size, len(finished), time.perf_counter() - begin)
+            self.metrics.on_step(
+                out,
+                self.scheduler.block_manager.gpu_allocator.num_used_blocks,
+                self.cache_config.block_size,
+                len(finished),
+                time.perf_counter() - begin,
+            )
         mark("update")
         return finished
 
@@ -143,12 +198,16 @@ class LLMEngine:
         for row, entry in enumerate(entries):
             group = entry.seq.group
             sp = group.sampling_params
-            k = sp.n - len(group.seqs) + 1  # > 1 only at the request's first sample: parallel sampling
+            k = (
+                sp.n - len(group.seqs) + 1
+            )  # > 1 only at the request's first sample: parallel sampling
             rows += [row] * k
             params += [sp] * k
             gens += [self._generators.get(group.request_id)] * k
             copies.append(k)
-        tokens = self.sampler.sample(logits[rows] if len(rows) != logits.shape[0] else logits, params, gens)
+        tokens = self.sampler.sample(
+            logits[rows] if len(rows) != logits.shape[0] else logits, params, gens
+        )
         sampled, i, now = [], 0, time.perf_counter()
         for entry, k in zip(entries, copies):
             seq, group = entry.seq, entry.seq.group
@@ -168,7 +227,10 @@ class LLMEngine:
         seq.append_token_id(token)
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
             seq.status = SequenceStatus.FINISHED_STOPPED
-        elif len(seq) - seq.num_prompt_tokens >= sp.max_tokens or len(seq) >= self.scheduler_config.max_model_len:
+        elif (
+            len(seq) - seq.num_prompt_tokens >= sp.max_tokens
+            or len(seq) >= self.scheduler_config.max_model_len
+        ):
             seq.status = SequenceStatus.FINISHED_LENGTH
         return seq
 
@@ -187,10 +249,23 @@ class LLMEngine:
             text = ""
             if self.tokenizer is not None and seq.output_token_ids:
                 text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-            outputs.append(CompletionOutput(i, list(seq.output_token_ids), text, seq.status.finish_reason,
-                                            seq.finish_message))
-        return RequestOutput(group.request_id, group.prompt, list(group.prompt_token_ids), outputs, True,
-                             group.seqs[0].num_cached_tokens)
+            outputs.append(
+                CompletionOutput(
+                    i,
+                    list(seq.output_token_ids),
+                    text,
+                    seq.status.finish_reason,
+                    seq.finish_message,
+                )
+            )
+        return RequestOutput(
+            group.request_id,
+            group.prompt,
+            list(group.prompt_token_ids),
+            outputs,
+            True,
+            group.seqs[0].num_cached_tokens,
+        )
 
     # ------------------------------------------------------------------ statistics
     def stats(self) -> dict:
@@ -211,8 +286,18 @@ class LLMEngine:
             "recomputes": sched.num_recomputes,
             "swap_outs": sched.num_swap_outs,
             "swap_ins": sched.num_swap_ins,
-            **{k: st.counters[k] for k in ("swapped_out_blocks", "swapped_in_blocks", "cow_copies", "steps",
-                                           "computed_tokens", "generated_tokens", "prefill_chunks")},
+            **{
+                k: st.counters[k]
+                for k in (
+                    "swapped_out_blocks",
+                    "swapped_in_blocks",
+                    "cow_copies",
+                    "steps",
+                    "computed_tokens",
+                    "generated_tokens",
+                    "prefill_chunks",
+                )
+            },
             **st.latency(),
             "seconds": dict(st.seconds),
         }

@@ -92,5 +92,10 @@ class Parts:
 
     def origins(self) -> dict[str, str]:
         """``{part: "module.name"}``: where each part comes from (a learner's or the reference)."""
-        return {f.name: (f"{value.__module__}.{value.__qualname__}" if value is not None else "by device")
-                for f in fields(self) for value in [getattr(self, f.name)]}
+        return {
+            f.name: (
+                f"{value.__module__}.{value.__qualname__}" if value is not None else "by device"
+            )
+            for f in fields(self)
+            for value in [getattr(self, f.name)]
+        }

@@ -52,24 +52,38 @@ class EngineStats:
 
         return mark
 
-    def on_step(self, out, used_blocks: int, block_size: int, num_finished: int, seconds: float) -> None:
+    def on_step(
+        self, out, used_blocks: int, block_size: int, num_finished: int, seconds: float
+    ) -> None:
         """One model step: counts, peak blocks, the fraction of allocated slots that hold a token."""
         prefill_tokens = chunks = empty = 0
         for s in out.scheduled:  # one pass over the step's sequences
             chunks += s.is_prefill
             prefill_tokens += s.num_tokens if s.is_prefill else 0
             empty += -(s.start + s.num_tokens) % block_size  # unfilled last-block slots
-        for key, n in (("steps", 1), ("computed_tokens", out.num_batched_tokens), ("prefill_chunks", chunks),
-                       ("cow_copies", len(out.blocks_to_copy)), ("swapped_out_blocks", len(out.blocks_to_swap_out)),
-                       ("swapped_in_blocks", len(out.blocks_to_swap_in))):
+        for key, n in (
+            ("steps", 1),
+            ("computed_tokens", out.num_batched_tokens),
+            ("prefill_chunks", chunks),
+            ("cow_copies", len(out.blocks_to_copy)),
+            ("swapped_out_blocks", len(out.blocks_to_swap_out)),
+            ("swapped_in_blocks", len(out.blocks_to_swap_in)),
+        ):
             self.counters[key] += n
         self.peak_used_blocks = max(self.peak_used_blocks, used_blocks)
         if used_blocks:
             self.util_sum += max(0.0, 1.0 - empty / (used_blocks * block_size))
         if self.history is not None:
-            self.history.append({"prefill_tokens": prefill_tokens, "decode_seqs": len(out.scheduled) - chunks,
-                                 "used_blocks": used_blocks, "preempted": len(out.preempted),
-                                 "finished": num_finished, "seconds": seconds})
+            self.history.append(
+                {
+                    "prefill_tokens": prefill_tokens,
+                    "decode_seqs": len(out.scheduled) - chunks,
+                    "used_blocks": used_blocks,
+                    "preempted": len(out.preempted),
+                    "finished": num_finished,
+                    "seconds": seconds,
+                }
+            )
 
     def on_tokens(self, seqs, now: float) -> None:
         """Each sequence in ``seqs`` got a token at ``now`` (a request's first one sets its TTFT)."""
@@ -84,5 +98,8 @@ class EngineStats:
 
     def latency(self) -> dict[str, float]:
         """p50 / p99 of TTFT and ITL in seconds over the current window."""
-        return {f"{name}_{tag}": percentile(values, q) for name, values in (("ttft", self.ttft), ("itl", self.itl))
-                for tag, q in (("p50", 0.5), ("p99", 0.99))}
+        return {
+            f"{name}_{tag}": percentile(values, q)
+            for name, values in (("ttft", self.ttft), ("itl", self.itl))
+            for tag, q in (("p50", 0.5), ("p99", 0.99))
+        }

@@ -42,18 +42,31 @@ from paged.core.block_table import slot_mapping as compute_slot_mapping
 ATTN_NAME = "paged"
 
 
-def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Store ``key[i]`` / ``value[i]`` ``[T, KVH, D]`` at slot ``slot_mapping[i]`` (int64 ``[T]``) of one
     layer's caches ``[num_blocks, block_size, KVH, D]``: one ``index_copy_`` on the flat
     ``[num_blocks * block_size, KVH, D]`` view (vLLM's ``reshape_and_cache_flash``). Unchecked: the engine
     built the slots from its block tables."""
     key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
+    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(
+        0, slot_mapping, value.to(value_cache.dtype)
+    )
 
 
-def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One query token per sequence over its paged context, vectorized over sequences: ``[S, H, D]``.
 
     query ``[S, H, D]``; caches ``[num_blocks, block_size, KVH, D]``; block_tables int32 ``[S, W]`` whose
@@ -67,12 +80,20 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     index = block_tables.long().flatten()
-    keys, values = (cache.index_select(0, index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-                    for cache in (key_cache, value_cache))  # [S, KVH, C, D]
+    keys, values = (
+        cache.index_select(0, index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        for cache in (key_cache, value_cache)
+    )  # [S, KVH, C, D]
     hidden = torch.arange(keys.shape[2], device=query.device)[None, :] >= context_lens[:, None]
-    bias = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device).masked_fill_(hidden, float("-inf"))
-    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [S, KVH, group, D]
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None, None], scale=scale)
+    bias = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device).masked_fill_(
+        hidden, float("-inf")
+    )
+    q = query.view(
+        num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim
+    )  # [S, KVH, group, D]
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=bias[:, None, None], scale=scale
+    )
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
@@ -127,9 +148,16 @@ class AttentionMetadata:
     prefill: Callable | None = None
 
     @staticmethod
-    def pack(block_tables: list[list[int]], context_lens: list[int], query_lens: list[int], block_size: int,
-             keep: list[int] | None = None, slot_mapping: Callable | None = None, token_ids: list[int] | None = None,
-             width: int | None = None) -> tuple[torch.Tensor, dict]:
+    def pack(
+        block_tables: list[list[int]],
+        context_lens: list[int],
+        query_lens: list[int],
+        block_size: int,
+        keep: list[int] | None = None,
+        slot_mapping: Callable | None = None,
+        token_ids: list[int] | None = None,
+        width: int | None = None,
+    ) -> tuple[torch.Tensor, dict]:
         """The step's integers in one host int64 tensor, and the layout ``from_buffer`` reads it with
         (arguments as ``build``; ``width``: table columns, default the widest table).
 
@@ -139,56 +167,109 @@ class AttentionMetadata:
         """
         num_seqs = len(block_tables)
         if not (len(context_lens) == len(query_lens) == num_seqs) or num_seqs == 0:
-            raise ValueError(f"need one block table, context length and query length per sequence, got "
-                             f"{num_seqs}, {len(context_lens)}, {len(query_lens)}")
+            raise ValueError(
+                f"need one block table, context length and query length per sequence, got "
+                f"{num_seqs}, {len(context_lens)}, {len(query_lens)}"
+            )
         starts = [c - q for c, q in zip(context_lens, query_lens)]
         for s, (table, ctx, q) in enumerate(zip(block_tables, context_lens, query_lens)):
             if not 0 < q <= ctx or len(table) * block_size < ctx:
-                raise ValueError(f"sequence {s}: query {q} tokens, context {ctx} tokens, block table of "
-                                 f"{len(table)} blocks x {block_size} slots")
+                raise ValueError(
+                    f"sequence {s}: query {q} tokens, context {ctx} tokens, block table of "
+                    f"{len(table)} blocks x {block_size} slots"
+                )
         num_chunks = sum(q > 1 for q in query_lens)
         if any(q > 1 for q in query_lens[num_chunks:]):
             raise ValueError("pack the multi-token sequences (chunks) before the one-token decodes")
         offsets = list(itertools.accumulate(query_lens, initial=0))
-        decode_width = width or max((len(t) for t in block_tables[num_chunks:]), default=0)  # a fixed width
-        width = width or max(len(t) for t in block_tables)  # (a CUDA graph's buffers) holds for the decodes too
+        decode_width = width or max(
+            (len(t) for t in block_tables[num_chunks:]), default=0
+        )  # a fixed width
+        width = width or max(
+            len(t) for t in block_tables
+        )  # (a CUDA graph's buffers) holds for the decodes too
         keep = range(num_seqs) if keep is None else keep
-        flat = array.array("q", token_ids or ())  # one int64 buffer, field after field (from_buffer's order)
+        flat = array.array(
+            "q", token_ids or ()
+        )  # one int64 buffer, field after field (from_buffer's order)
         for start, q in zip(starts, query_lens):
             flat.extend(range(start, start + q))
-        flat.extend((slot_mapping or compute_slot_mapping)(block_tables, starts, query_lens, block_size))
+        flat.extend(
+            (slot_mapping or compute_slot_mapping)(block_tables, starts, query_lens, block_size)
+        )
         flat.extend([*(offsets[s + 1] - 1 for s in keep), *context_lens, *offsets])
         for table in block_tables:
             flat.extend(table + [0] * (width - len(table)))
-        layout = {"sizes": [len(token_ids or ()), offsets[-1], offsets[-1], len(keep), num_seqs, num_seqs + 1,
-                            num_seqs * width], "width": width, "decode_width": decode_width,
-                  "chunks": [(offsets[s], offsets[s + 1], starts[s]) for s in range(num_chunks)],
-                  "max_query_len": max(query_lens)}
+        layout = {
+            "sizes": [
+                len(token_ids or ()),
+                offsets[-1],
+                offsets[-1],
+                len(keep),
+                num_seqs,
+                num_seqs + 1,
+                num_seqs * width,
+            ],
+            "width": width,
+            "decode_width": decode_width,
+            "chunks": [(offsets[s], offsets[s + 1], starts[s]) for s in range(num_chunks)],
+            "max_query_len": max(query_lens),
+        }
         return torch.frombuffer(flat, dtype=torch.int64), layout
 
     @classmethod
-    def from_buffer(cls, kv_cache, buf: torch.Tensor, layout: dict, block_size: int, **parts) -> AttentionMetadata:
+    def from_buffer(
+        cls, kv_cache, buf: torch.Tensor, layout: dict, block_size: int, **parts
+    ) -> AttentionMetadata:
         """Views of ``buf`` (the device copy of ``pack``'s tensor); only the decodes' int32 tables are copies."""
         ids, positions, slots, keep, lens, query_start, tables = buf.split(layout["sizes"])
         tables = tables.view(len(lens), layout["width"])
         chunks = []
         for i, (first, last, start) in enumerate(layout["chunks"]):
             chunks.append(_Chunk(first, last))
-            if start and parts.get("prefill") is None:  # computed context first: read it from the pool
+            if (
+                start and parts.get("prefill") is None
+            ):  # computed context first: read it from the pool
                 ctx, width = start + last - first, -(-(start + last - first) // block_size)
                 visible = torch.arange(width * block_size, device=buf.device)
                 chunks[-1].block_index = tables[i, :width]
-                chunks[-1].bias = torch.zeros(visible.shape, dtype=kv_cache.dtype, device=buf.device).masked_fill(
-                    visible > torch.arange(start, ctx, device=buf.device)[:, None], float("-inf"))[None, None]
+                chunks[-1].bias = torch.zeros(
+                    visible.shape, dtype=kv_cache.dtype, device=buf.device
+                ).masked_fill(
+                    visible > torch.arange(start, ctx, device=buf.device)[:, None], float("-inf")
+                )[None, None]
         c = len(chunks)
-        return cls(kv_cache, ids, positions, slots, keep, lens, query_start, tables, chunks, chunks[-1].end if c else 0,
-                   tables[c:, : layout["decode_width"]].to(torch.int32), lens[c:].to(torch.int32),
-                   layout["max_query_len"], **parts)
+        return cls(
+            kv_cache,
+            ids,
+            positions,
+            slots,
+            keep,
+            lens,
+            query_start,
+            tables,
+            chunks,
+            chunks[-1].end if c else 0,
+            tables[c:, : layout["decode_width"]].to(torch.int32),
+            lens[c:].to(torch.int32),
+            layout["max_query_len"],
+            **parts,
+        )
 
     @classmethod
-    def build(cls, kv_cache, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              block_size: int, device: torch.device | str = "cpu", keep: list[int] | None = None,
-              slot_mapping: Callable | None = None, token_ids: list[int] | None = None, **parts) -> AttentionMetadata:
+    def build(
+        cls,
+        kv_cache,
+        block_tables: list[list[int]],
+        context_lens: list[int],
+        query_lens: list[int],
+        block_size: int,
+        device: torch.device | str = "cpu",
+        keep: list[int] | None = None,
+        slot_mapping: Callable | None = None,
+        token_ids: list[int] | None = None,
+        **parts,
+    ) -> AttentionMetadata:
         """Tensors for one step from per-sequence lists (``S`` entries each; multi-token sequences first).
 
         ``context_lens[s]`` counts the sequence's tokens after this step; its last ``query_lens[s]`` are
@@ -197,30 +278,56 @@ class AttentionMetadata:
         ``paged.core.block_table.slot_mapping``); ``token_ids``: the packed input ids (they travel in the
         same transfer); ``parts``: ``write_kv=`` / ``decode=`` / ``prefill=``. Errors as ``pack``.
         """
-        host, layout = cls.pack(block_tables, context_lens, query_lens, block_size, keep, slot_mapping, token_ids)
+        host, layout = cls.pack(
+            block_tables, context_lens, query_lens, block_size, keep, slot_mapping, token_ids
+        )
         if torch.device(device).type == "cuda":  # pinned host memory: one asynchronous copy
             host = host.pin_memory().to(device, non_blocking=True)
         return cls.from_buffer(kv_cache, host, layout, block_size, **parts)
 
 
-def _attend_chunk(c: _Chunk, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                  key_cache: torch.Tensor, value_cache: torch.Tensor, scale: float) -> torch.Tensor:
+def _attend_chunk(
+    c: _Chunk,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One chunk: ``[q, H, D]`` for its packed tokens ``c.start:c.end``."""
-    qs = q[c.start:c.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+    qs = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
     if c.block_index is None:  # nothing computed before: its own new K/V, causal
-        ks, vs = (x[c.start:c.end].transpose(0, 1).unsqueeze(0) for x in (k_new, v_new))
+        ks, vs = (x[c.start : c.end].transpose(0, 1).unsqueeze(0) for x in (k_new, v_new))
         mask, causal = None, True
     else:  # computed context + the chunk's own tokens, all read from the pool
-        ks, vs = (cache.index_select(0, c.block_index).flatten(0, 1).transpose(0, 1).unsqueeze(0)
-                  for cache in (key_cache, value_cache))
+        ks, vs = (
+            cache.index_select(0, c.block_index).flatten(0, 1).transpose(0, 1).unsqueeze(0)
+            for cache in (key_cache, value_cache)
+        )
         mask, causal = c.bias, False
-    out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, scale=scale,
-                                         enable_gqa=qs.shape[1] != ks.shape[1])
+    out = F.scaled_dot_product_attention(
+        qs,
+        ks,
+        vs,
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=qs.shape[1] != ks.shape[1],
+    )
     return out[0].transpose(0, 1)
 
 
-def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask=None, scaling: float | None = None, dropout: float = 0.0, **kwargs):
+def paged_attention_forward(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask=None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+):
     """The function registered as ``"paged"`` in ``AttentionInterface`` (signature set by transformers).
 
     query [1, H, T, D], key/value [1, KVH, T, D]; ``kwargs["paged_metadata"]`` is the step's
@@ -232,23 +339,52 @@ def paged_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     """
     meta: AttentionMetadata | None = kwargs.get("paged_metadata")
     if meta is None:
-        raise RuntimeError("paged attention called without paged_metadata: this model is switched to the paged "
-                           "engine; call model.set_attn_implementation('sdpa') to use it with transformers")
+        raise RuntimeError(
+            "paged attention called without paged_metadata: this model is switched to the paged "
+            "engine; call model.set_attn_implementation('sdpa') to use it with transformers"
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, KVH, D]
-    key_cache, value_cache = meta.kv_cache.key_cache[module.layer_idx], meta.kv_cache.value_cache[module.layer_idx]
-    meta.write_kv(key_cache, value_cache, k_new, v_new, meta.slot_mapping)  # every new token before any read
+    key_cache, value_cache = (
+        meta.kv_cache.key_cache[module.layer_idx],
+        meta.kv_cache.value_cache[module.layer_idx],
+    )
+    meta.write_kv(
+        key_cache, value_cache, k_new, v_new, meta.slot_mapping
+    )  # every new token before any read
     if meta.prefill is not None and meta.chunks:  # every chunk in one kernel call
         c = len(meta.chunks)
-        parts = [meta.prefill(q[: meta.decode_start], key_cache, value_cache, meta.tables[:c],
-                              meta.query_start[: c + 1], meta.seq_lens[:c], meta.max_query_len, scale)]
+        parts = [
+            meta.prefill(
+                q[: meta.decode_start],
+                key_cache,
+                value_cache,
+                meta.tables[:c],
+                meta.query_start[: c + 1],
+                meta.seq_lens[:c],
+                meta.max_query_len,
+                scale,
+            )
+        ]
     else:
-        parts = [_attend_chunk(c, q, k_new, v_new, key_cache, value_cache, scale) for c in meta.chunks]
+        parts = [
+            _attend_chunk(c, q, k_new, v_new, key_cache, value_cache, scale) for c in meta.chunks
+        ]
     if meta.decode_start < q.shape[0]:
-        parts.append(meta.decode(q[meta.decode_start:].contiguous(), key_cache, value_cache, meta.block_tables,
-                                 meta.context_lens, scale))
-    out = parts[0] if len(parts) == 1 else torch.cat(parts)  # packed-token order; one kind needs no copy
+        parts.append(
+            meta.decode(
+                q[meta.decode_start :].contiguous(),
+                key_cache,
+                value_cache,
+                meta.block_tables,
+                meta.context_lens,
+                scale,
+            )
+        )
+    out = (
+        parts[0] if len(parts) == 1 else torch.cat(parts)
+    )  # packed-token order; one kind needs no copy
     return out.to(q.dtype).unsqueeze(0), None
 
 
@@ -293,6 +429,11 @@ def use_attention(model, name: str = "sdpa") -> None:
 
 def forward_logits(model, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """One packed forward: ``input_ids [T]`` -> logits ``[K, vocab]`` float32 of the kept sequences."""
-    out = model(input_ids=input_ids.unsqueeze(0), position_ids=meta.positions.unsqueeze(0), use_cache=False,
-                logits_to_keep=meta.keep, paged_metadata=meta)
+    out = model(
+        input_ids=input_ids.unsqueeze(0),
+        position_ids=meta.positions.unsqueeze(0),
+        use_cache=False,
+        logits_to_keep=meta.keep,
+        paged_metadata=meta,
+    )
     return out.logits[0].float()

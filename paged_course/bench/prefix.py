@@ -29,8 +29,13 @@ from paged.core.block_manager import BlockSpaceManager
 from paged.core.sequence import Sequence
 
 
-def shared_prompt_savings(system_len: int, num_requests: int = 100, question_len: int = 50,
-                          block_size: int = 16, seed: int = 0) -> dict:
+def shared_prompt_savings(
+    system_len: int,
+    num_requests: int = 100,
+    question_len: int = 50,
+    block_size: int = 16,
+    seed: int = 0,
+) -> dict:
     """Blocks and prefill tokens for ``num_requests`` concurrent requests sharing a system prompt.
 
     Returns ``blocks_without``, ``blocks_with``, ``block_saving`` (fraction of blocks saved),
@@ -39,9 +44,16 @@ def shared_prompt_savings(system_len: int, num_requests: int = 100, question_len
     """
     rng = random.Random(seed)
     system = [rng.randrange(1, 32_000) for _ in range(system_len)]
-    prompts = [system + [rng.randrange(1, 32_000) for _ in range(question_len)] for _ in range(num_requests)]
-    out = {"system_len": system_len, "num_requests": num_requests, "question_len": question_len,
-           "block_size": block_size}
+    prompts = [
+        system + [rng.randrange(1, 32_000) for _ in range(question_len)]
+        for _ in range(num_requests)
+    ]
+    out = {
+        "system_len": system_len,
+        "num_requests": num_requests,
+        "question_len": question_len,
+        "block_size": block_size,
+    }
     for caching in (False, True):
         total = num_requests * -(-(system_len + question_len) // block_size)
         manager = BlockSpaceManager(block_size, total, watermark=0.0, enable_prefix_caching=caching)
@@ -59,8 +71,13 @@ def shared_prompt_savings(system_len: int, num_requests: int = 100, question_len
     return out
 
 
-def allocation_cost(prompt_len: int = 2000, cached_len: int = 1500, block_size: int = 16,
-                    repeats: int = 200, seed: int = 0) -> dict:
+def allocation_cost(
+    prompt_len: int = 2000,
+    cached_len: int = 1500,
+    block_size: int = 16,
+    repeats: int = 200,
+    seed: int = 0,
+) -> dict:
     """Microseconds for ``allocate`` of a ``prompt_len`` prompt, caching on (prefix cached) vs off.
 
     ``us_on``: the request's block keys computed beforehand (when it is added); ``us_on_with_hashing``:
@@ -68,12 +85,18 @@ def allocation_cost(prompt_len: int = 2000, cached_len: int = 1500, block_size: 
     """
     rng = random.Random(seed)
     prefix = [rng.randrange(1, 32_000) for _ in range(cached_len)]
-    prompts = [prefix + [rng.randrange(1, 32_000) for _ in range(prompt_len - cached_len)]
-               for _ in range(repeats + 1)]
+    prompts = [
+        prefix + [rng.randrange(1, 32_000) for _ in range(prompt_len - cached_len)]
+        for _ in range(repeats + 1)
+    ]
     managers = {}
     for case, caching in (("us_off", False), ("us_on", True), ("us_on_with_hashing", True)):
-        manager = BlockSpaceManager(block_size, 4 * -(-prompt_len // block_size), watermark=0.0,
-                                    enable_prefix_caching=caching)
+        manager = BlockSpaceManager(
+            block_size,
+            4 * -(-prompt_len // block_size),
+            watermark=0.0,
+            enable_prefix_caching=caching,
+        )
         warm = Sequence(0, prompts[0], block_size)
         manager.allocate(warm)
         manager.free(warm)
@@ -83,7 +106,10 @@ def allocation_cost(prompt_len: int = 2000, cached_len: int = 1500, block_size: 
     gc.disable()
     try:
         for i, prompt in enumerate(prompts[1:], 1):
-            for case, manager in managers.items():  # interleaved: a busy spell hits every case alike
+            for (
+                case,
+                manager,
+            ) in managers.items():  # interleaved: a busy spell hits every case alike
                 seq = Sequence(i, prompt, block_size)
                 if case == "us_on":
                     manager.prefix_cache.update_hashes(seq)  # hashed once beforehand (not timed)
@@ -104,20 +130,30 @@ def allocation_cost(prompt_len: int = 2000, cached_len: int = 1500, block_size: 
 def run(quick: bool, out: Path) -> dict:
     cost = allocation_cost(repeats=100 if quick else 500)
     print(f"allocate a 2,000-token prompt (block 16), best of {100 if quick else 500}, CPU:")
-    print(f"  caching off {cost['us_off']:7.1f} us | caching on, {cost['cached_tokens']} tokens cached, "
-          f"keys hashed when the request was added {cost['us_on']:7.1f} us | ratio {cost['ratio']:.2f}x")
-    print(f"  caching on, prompt hashed inside allocate (never seen before) {cost['us_on_with_hashing']:7.1f} us"
-          f" | ratio {cost['ratio_with_hashing']:.2f}x")
+    print(
+        f"  caching off {cost['us_off']:7.1f} us | caching on, {cost['cached_tokens']} tokens cached, "
+        f"keys hashed when the request was added {cost['us_on']:7.1f} us | ratio {cost['ratio']:.2f}x"
+    )
+    print(
+        f"  caching on, prompt hashed inside allocate (never seen before) {cost['us_on_with_hashing']:7.1f} us"
+        f" | ratio {cost['ratio_with_hashing']:.2f}x"
+    )
     lengths = [9, 16, 100, 500, 1000, 2000]
     rows = [shared_prompt_savings(n) for n in lengths]
     print("100 concurrent requests: shared system prompt + 50-token question each, block 16")
-    print(f"  {'system':>6} {'blocks off':>10} {'blocks on':>9} {'on/off':>7} {'saved':>6} {'prefill off':>11} "
-          f"{'prefill on':>10} {'bound':>6}")
+    print(
+        f"  {'system':>6} {'blocks off':>10} {'blocks on':>9} {'on/off':>7} {'saved':>6} {'prefill off':>11} "
+        f"{'prefill on':>10} {'bound':>6}"
+    )
     for r in rows:
-        print(f"  {r['system_len']:6d} {r['blocks_without']:10d} {r['blocks_with']:9d} {r['blocks_ratio']:7.1%} "
-              f"{r['block_saving']:6.1%} {r['prefill_without']:11d} {r['prefill_with']:10d} {r['speedup_bound']:5.1f}x")
+        print(
+            f"  {r['system_len']:6d} {r['blocks_without']:10d} {r['blocks_with']:9d} {r['blocks_ratio']:7.1%} "
+            f"{r['block_saving']:6.1%} {r['prefill_without']:11d} {r['prefill_with']:10d} {r['speedup_bound']:5.1f}x"
+        )
     at_1000 = next(r for r in rows if r["system_len"] == 1000)
-    print(f"  at 1,000 tokens: blocks with caching = {at_1000['blocks_ratio']:.1%} of blocks without")
+    print(
+        f"  at 1,000 tokens: blocks with caching = {at_1000['blocks_ratio']:.1%} of blocks without"
+    )
     plot = plot_results(cost, rows, Path(out) / "prefix.png")
     print(f"  plot: {plot}")
     return {"allocation_cost": cost, "savings": rows, "plot": str(plot)}
@@ -128,24 +164,45 @@ def plot_results(cost: dict, rows: list[dict], path: Path) -> Path:
     fig = Figure(figsize=(10, 3.4))
     ax1, ax2 = fig.subplots(1, 2)
     lengths = [r["system_len"] for r in rows]
-    ax1.plot(lengths, [r["blocks_without"] for r in rows], "s-", color="#8d99ae", label="caching off")
+    ax1.plot(
+        lengths, [r["blocks_without"] for r in rows], "s-", color="#8d99ae", label="caching off"
+    )
     ax1.plot(lengths, [r["blocks_with"] for r in rows], "o-", color="#2a9d8f", label="caching on")
     for r in rows:
         label = f"{r['block_saving']:.0%}" + (" saved" if r is rows[-1] else "")
-        ax1.annotate(label, (r["system_len"], r["blocks_with"]), fontsize=7, textcoords="offset points",
-                     xytext=(0, 7), ha="right" if r is rows[-1] else "center")
-    ax1.set(xscale="log", yscale="log", xlabel="shared system prompt (tokens)", ylabel="blocks in use",
-            title=f"{rows[0]['num_requests']} requests, {rows[0]['question_len']}-token questions, "
-                  f"block {rows[0]['block_size']}")
+        ax1.annotate(
+            label,
+            (r["system_len"], r["blocks_with"]),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(0, 7),
+            ha="right" if r is rows[-1] else "center",
+        )
+    ax1.set(
+        xscale="log",
+        yscale="log",
+        xlabel="shared system prompt (tokens)",
+        ylabel="blocks in use",
+        title=f"{rows[0]['num_requests']} requests, {rows[0]['question_len']}-token questions, "
+        f"block {rows[0]['block_size']}",
+    )
     ax1.set_xticks(lengths, [str(n) for n in lengths])
     ax1.minorticks_off()
     ax1.legend(fontsize=8)
-    cases = [("caching off", cost["us_off"], "#8d99ae"),
-             (f"on, keys\nprecomputed\n({cost['ratio']:.1f}x)", cost["us_on"], "#2a9d8f"),
-             (f"on, hashed in\nallocate\n({cost['ratio_with_hashing']:.1f}x)", cost["us_on_with_hashing"], "#e9c46a")]
+    cases = [
+        ("caching off", cost["us_off"], "#8d99ae"),
+        (f"on, keys\nprecomputed\n({cost['ratio']:.1f}x)", cost["us_on"], "#2a9d8f"),
+        (
+            f"on, hashed in\nallocate\n({cost['ratio_with_hashing']:.1f}x)",
+            cost["us_on_with_hashing"],
+            "#e9c46a",
+        ),
+    ]
     ax2.bar([c[0] for c in cases], [c[1] for c in cases], color=[c[2] for c in cases])
-    ax2.set(ylabel="us per allocate (best run, CPU)",
-            title=f"allocate 2,000 tokens, {cost['cached_tokens']} cached (ratio vs off)")
+    ax2.set(
+        ylabel="us per allocate (best run, CPU)",
+        title=f"allocate 2,000 tokens, {cost['cached_tokens']} cached (ratio vs off)",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path

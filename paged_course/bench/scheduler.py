@@ -34,16 +34,26 @@ from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup
 
 
-def _time_schedule(num_running: int, num_steps: int, prompt_len: int = 32, block_size: int = 16) -> list[float]:
+def _time_schedule(
+    num_running: int, num_steps: int, prompt_len: int = 32, block_size: int = 16
+) -> list[float]:
     """Seconds of each timed ``schedule()`` call with ``num_running`` requests decoding."""
     blocks = num_running * (-(-(prompt_len + num_steps + 1) // block_size) + 1)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=num_running, max_model_len=prompt_len + num_steps + 8,
-                                      max_num_batched_tokens=max(num_running * prompt_len, 2048)),
-                      CacheConfig(block_size=block_size, num_gpu_blocks=blocks, watermark=0.0))
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=num_running,
+            max_model_len=prompt_len + num_steps + 8,
+            max_num_batched_tokens=max(num_running * prompt_len, 2048),
+        ),
+        CacheConfig(block_size=block_size, num_gpu_blocks=blocks, watermark=0.0),
+    )
     for i in range(num_running):
         prompt = [(i * 7 + j) % 30_000 + 1 for j in range(prompt_len)]
-        sched.add_request(SequenceGroup(f"r{i}", [Sequence(i, prompt, block_size)],
-                                        SamplingParams(max_tokens=num_steps + 4)))
+        sched.add_request(
+            SequenceGroup(
+                f"r{i}", [Sequence(i, prompt, block_size)], SamplingParams(max_tokens=num_steps + 4)
+            )
+        )
     seconds = []
     for step in range(num_steps + 1):
         t0 = time.perf_counter()
@@ -72,27 +82,46 @@ def run(quick: bool, out: Path) -> dict:
     for _ in range(rounds):  # interleaved: a busy spell on the shared machine hits every size alike
         for n in sizes:
             secs[n] += _time_schedule(n, num_steps)
-    rows = [{"running": n, "us_per_call_min": min(secs[n]) * 1e6,
-             "us_per_call_median": statistics.median(secs[n]) * 1e6,
-             "calls_per_request": _calls_per_request(n) if n <= 1024 else None} for n in sizes]
+    rows = [
+        {
+            "running": n,
+            "us_per_call_min": min(secs[n]) * 1e6,
+            "us_per_call_median": statistics.median(secs[n]) * 1e6,
+            "calls_per_request": _calls_per_request(n) if n <= 1024 else None,
+        }
+        for n in sizes
+    ]
     base = rows[0]["us_per_call_min"] / rows[0]["running"]
-    print(f"{'running':>8} {'us/call (min)':>14} {'us/call (median)':>17} {'us/request':>11} {'vs 64':>6} "
-          f"{'py calls/request':>17}")
+    print(
+        f"{'running':>8} {'us/call (min)':>14} {'us/call (median)':>17} {'us/request':>11} {'vs 64':>6} "
+        f"{'py calls/request':>17}"
+    )
     for r in rows:
         r["us_per_request"] = r["us_per_call_min"] / r["running"]
         r["per_request_ratio_vs_64"] = r["us_per_request"] / base
-        print(f"{r['running']:>8} {r['us_per_call_min']:>14.0f} {r['us_per_call_median']:>17.0f} "
-              f"{r['us_per_request']:>11.2f} {r['per_request_ratio_vs_64']:>6.2f} "
-              f"{r['calls_per_request'] or float('nan'):>17.1f}")
+        print(
+            f"{r['running']:>8} {r['us_per_call_min']:>14.0f} {r['us_per_call_median']:>17.0f} "
+            f"{r['us_per_request']:>11.2f} {r['per_request_ratio_vs_64']:>6.2f} "
+            f"{r['calls_per_request'] or float('nan'):>17.1f}"
+        )
     by_n = {r["running"]: r["us_per_call_min"] for r in rows}
     growth = by_n[1024] / by_n[64]
-    print(f"1024 vs 64 requests: {growth:.1f}x the time for 16x the requests; "
-          f"{num_steps} decode steps x {rounds} interleaved rounds each, pure Python on CPU")
-    result = {"rows": rows, "growth_1024_vs_64": growth, "num_steps": num_steps, "rounds": rounds,
-              "device": "cpu (pure Python)"}
+    print(
+        f"1024 vs 64 requests: {growth:.1f}x the time for 16x the requests; "
+        f"{num_steps} decode steps x {rounds} interleaved rounds each, pure Python on CPU"
+    )
+    result = {
+        "rows": rows,
+        "growth_1024_vs_64": growth,
+        "num_steps": num_steps,
+        "rounds": rounds,
+        "device": "cpu (pure Python)",
+    }
     if 4096 in by_n:
         result["growth_4096_vs_1024"] = by_n[4096] / by_n[1024]
-        print(f"4096 vs 1024 requests: {result['growth_4096_vs_1024']:.1f}x the time for 4x the requests")
+        print(
+            f"4096 vs 1024 requests: {result['growth_4096_vs_1024']:.1f}x the time for 4x the requests"
+        )
     result["plot"] = str(plot_results(rows, Path(out) / "scheduler.png"))
     print(f"plot: {result['plot']}")
     return result
@@ -103,20 +132,43 @@ def plot_results(rows: list[dict], path: Path) -> Path:
     fig = Figure(figsize=(6, 3.6))
     ax = fig.subplots()
     running = [r["running"] for r in rows]
-    ax.plot(running, [r["us_per_call_min"] for r in rows], "o-", color="#2a9d8f", label="fastest call")
-    ax.plot(running, [r["us_per_call_median"] for r in rows], "s--", color="#8d99ae", label="median call")
+    ax.plot(
+        running, [r["us_per_call_min"] for r in rows], "o-", color="#2a9d8f", label="fastest call"
+    )
+    ax.plot(
+        running,
+        [r["us_per_call_median"] for r in rows],
+        "s--",
+        color="#8d99ae",
+        label="median call",
+    )
     base = rows[0]["us_per_call_min"] / running[0]
-    ax.plot(running, [base * n for n in running], ":", color="#d62828",
-            label=f"linear from {running[0]} requests ({base:.2f} us each)")
-    ax.set(xscale="log", yscale="log", xlabel="running requests (decoding)", ylabel="us per schedule() call",
-           title="scheduler cost per decode step (CPU, pure Python)")
+    ax.plot(
+        running,
+        [base * n for n in running],
+        ":",
+        color="#d62828",
+        label=f"linear from {running[0]} requests ({base:.2f} us each)",
+    )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="running requests (decoding)",
+        ylabel="us per schedule() call",
+        title="scheduler cost per decode step (CPU, pure Python)",
+    )
     ax.set_xticks(running, [str(n) for n in running])
     ax.minorticks_off()
     ax.set_xlim(running[0] / 1.5, running[-1] * 3)
     ax.set_ylim(rows[0]["us_per_call_min"] / 2.5, None)
     for r in rows:
-        ax.annotate(f"{r['us_per_call_min']:,.0f} us\n({r['per_request_ratio_vs_64']:.2f}x per request)",
-                    (r["running"], r["us_per_call_min"]), fontsize=7, textcoords="offset points", xytext=(4, -22))
+        ax.annotate(
+            f"{r['us_per_call_min']:,.0f} us\n({r['per_request_ratio_vs_64']:.2f}x per request)",
+            (r["running"], r["us_per_call_min"]),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, -22),
+        )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -34,14 +34,23 @@ def run(quick: bool, out: Path) -> dict:
         results[manager] = simulate(trace, POOL_SLOTS, manager, BLOCK_SIZE)
         seconds[manager] = time.perf_counter() - start
     total, cpu = sum(seconds.values()), time.process_time() - cpu_start
-    print(f"{num_requests:,} requests, pool {POOL_SLOTS:,} slots, block_size {BLOCK_SIZE}: simulated in "
-          f"{total:.2f} s wall, {cpu:.2f} s CPU (" + ", ".join(f"{m} {s:.2f} s" for m, s in seconds.items()) + ")")
+    print(
+        f"{num_requests:,} requests, pool {POOL_SLOTS:,} slots, block_size {BLOCK_SIZE}: simulated in "
+        f"{total:.2f} s wall, {cpu:.2f} s CPU ("
+        + ", ".join(f"{m} {s:.2f} s" for m, s in seconds.items())
+        + ")"
+    )
     print(summary_table(results))
     plot_utilization(results)
     out.mkdir(parents=True, exist_ok=True)
     plt.savefig(out / "sim_utilization.png", dpi=100, bbox_inches="tight")
     plt.close("all")
     summaries = {m: r.summary() for m, r in results.items()}
-    return {"num_requests": num_requests, "pool_slots": POOL_SLOTS, "block_size": BLOCK_SIZE,
-            "seconds": {**seconds, "total": total, "cpu": cpu}, "summary": summaries,
-            "plot": str(out / "sim_utilization.png")}
+    return {
+        "num_requests": num_requests,
+        "pool_slots": POOL_SLOTS,
+        "block_size": BLOCK_SIZE,
+        "seconds": {**seconds, "total": total, "cpu": cpu},
+        "summary": summaries,
+        "plot": str(out / "sim_utilization.png"),
+    }

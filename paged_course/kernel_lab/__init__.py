@@ -19,5 +19,12 @@ from .decode_teaching import launch_teaching_decode, teaching_decode
 from .row_softmax import online_softmax, softmax
 from .softmax_state import merge_splits, online_softmax_update
 
-__all__ = ["launch_teaching_decode", "merge_splits", "online_softmax", "online_softmax_update", "reshape_and_cache",
-           "softmax", "teaching_decode"]
+__all__ = [
+    "launch_teaching_decode",
+    "merge_splits",
+    "online_softmax",
+    "online_softmax_update",
+    "reshape_and_cache",
+    "softmax",
+    "teaching_decode",
+]

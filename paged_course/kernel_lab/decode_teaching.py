@@ -55,13 +55,35 @@ from paged.kernels.paged_attention import _merge_splits_kernel, validate_decode_
 
 @jit
 def _paged_decode_kernel(
-    Q, K, V, BT, CL, O, LSE, scale, blocks_per_split,
-    stride_q_seq, stride_q_head,
-    stride_k_block, stride_k_tok, stride_k_head,
-    stride_v_block, stride_v_tok, stride_v_head,
-    stride_bt_seq, stride_o_seq, stride_o_head, stride_o_split, stride_lse_seq, stride_lse_head,
-    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, WRITE_LSE: tl.constexpr,
+    Q,
+    K,
+    V,
+    BT,
+    CL,
+    O,
+    LSE,
+    scale,
+    blocks_per_split,
+    stride_q_seq,
+    stride_q_head,
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_block,
+    stride_v_tok,
+    stride_v_head,
+    stride_bt_seq,
+    stride_o_seq,
+    stride_o_head,
+    stride_o_split,
+    stride_lse_seq,
+    stride_lse_head,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -74,8 +96,11 @@ def _paged_decode_kernel(
     heads = kv_head * GROUP + offs_g
 
     context_len = tl.load(CL + seq).to(tl.int32)
-    q = tl.load(Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    q = tl.load(
+        Q + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
     q = q * scale  # fold the softmax scale into q once
 
     m = tl.full([GROUP_P2], float("-inf"), tl.float32)  # running max of scores
@@ -86,14 +111,30 @@ def _paged_decode_kernel(
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, num_blocks)
     for b in range(first, last):  # logical block b of this sequence
-        physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)  # int64: big pools overflow int32
+        physical = tl.load(BT + seq * stride_bt_seq + b).to(
+            tl.int64
+        )  # int64: big pools overflow int32
         tokens = b * BLOCK_SIZE + offs_t
         t_mask = tokens < context_len  # only the last block is partly masked
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(K + physical * stride_k_block + offs_t[:, None] * stride_k_tok + kv_head * stride_k_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_SIZE, HEAD_DIM_P2]
-        v = tl.load(V + physical * stride_v_block + offs_t[:, None] * stride_v_tok + kv_head * stride_v_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        k = tl.load(
+            K
+            + physical * stride_k_block
+            + offs_t[:, None] * stride_k_tok
+            + kv_head * stride_k_head
+            + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_SIZE, HEAD_DIM_P2]
+        v = tl.load(
+            V
+            + physical * stride_v_block
+            + offs_t[:, None] * stride_v_tok
+            + kv_head * stride_v_head
+            + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        ).to(tl.float32)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P2, BLOCK_SIZE] scores
         s = tl.where(t_mask[None, :], s, float("-inf"))
         # online softmax: rescale what we have by exp(m - m_new), add this block
@@ -107,8 +148,15 @@ def _paged_decode_kernel(
     has_tokens = l > 0  # False for an empty split (or context_len 0)
     out = acc / tl.where(has_tokens, l, 1.0)[:, None]
     o_mask = g_mask[:, None] & d_mask[None, :]
-    tl.store(O + seq * stride_o_seq + heads[:, None] * stride_o_head + split * stride_o_split + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=o_mask)
+    tl.store(
+        O
+        + seq * stride_o_seq
+        + heads[:, None] * stride_o_head
+        + split * stride_o_split
+        + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=o_mask,
+    )
     if WRITE_LSE:
         lse = tl.where(has_tokens, m + tl.log(tl.where(has_tokens, l, 1.0)), float("-inf"))
         tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=g_mask)
@@ -119,8 +167,9 @@ def _num_warps(tile_elements: int) -> int:
     return 4 if tile_elements <= 8192 else 8
 
 
-def launch_teaching_decode(query, key_cache, value_cache, block_tables, context_lens, scale=None,
-                           num_splits=1) -> torch.Tensor:
+def launch_teaching_decode(
+    query, key_cache, value_cache, block_tables, context_lens, scale=None, num_splits=1
+) -> torch.Tensor:
     """:func:`teaching_decode` without input validation (no checks, no host sync), for timed loops.
 
     ``num_splits=None`` means 1 here (this kernel has no split heuristic).
@@ -129,39 +178,109 @@ def launch_teaching_decode(query, key_cache, value_cache, block_tables, context_
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    query, block_tables, context_lens = query.contiguous(), block_tables.contiguous(), context_lens.contiguous()
+    query, block_tables, context_lens = (
+        query.contiguous(),
+        block_tables.contiguous(),
+        context_lens.contiguous(),
+    )
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
     group_p2, d_p2 = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
     blocks_per_split = triton.cdiv(block_tables.shape[1], num_splits)
-    common = dict(GROUP=group, GROUP_P2=group_p2, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_P2=d_p2,
-                  num_warps=_num_warps(group_p2 * block_size * d_p2))
+    common = dict(
+        GROUP=group,
+        GROUP_P2=group_p2,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=d_p2,
+        num_warps=_num_warps(group_p2 * block_size * d_p2),
+    )
     k_strides = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2))
     v_strides = (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))
     if num_splits == 1:
         _paged_decode_kernel[(num_seqs, num_kv_heads, 1)](
-            query, key_cache, value_cache, block_tables, context_lens, out, out, scale, blocks_per_split,
-            query.stride(0), query.stride(1), *k_strides, *v_strides, block_tables.stride(0),
-            out.stride(0), out.stride(1), 0, 0, 0, WRITE_LSE=False, **common)
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            context_lens,
+            out,
+            out,
+            scale,
+            blocks_per_split,
+            query.stride(0),
+            query.stride(1),
+            *k_strides,
+            *v_strides,
+            block_tables.stride(0),
+            out.stride(0),
+            out.stride(1),
+            0,
+            0,
+            0,
+            WRITE_LSE=False,
+            **common,
+        )
         return out
-    part = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+    part = torch.empty(
+        num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
+    )
     lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, context_lens, part, lse, scale, blocks_per_split,
-        query.stride(0), query.stride(1), *k_strides, *v_strides, block_tables.stride(0),
-        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), WRITE_LSE=True, **common)
-    _merge_splits_kernel[(num_seqs, num_heads)](  # the engine's merge kernel, shared with the tuned kernel
-        part, lse, out, num_splits, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1), SPLITS_P2=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-        HEAD_DIM_P2=d_p2)
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        part,
+        lse,
+        scale,
+        blocks_per_split,
+        query.stride(0),
+        query.stride(1),
+        *k_strides,
+        *v_strides,
+        block_tables.stride(0),
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        WRITE_LSE=True,
+        **common,
+    )
+    _merge_splits_kernel[
+        (num_seqs, num_heads)
+    ](  # the engine's merge kernel, shared with the tuned kernel
+        part,
+        lse,
+        out,
+        num_splits,
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        SPLITS_P2=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=d_p2,
+    )
     return out
 
 
-def teaching_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float | None = None,
-                    num_splits: int = 1) -> torch.Tensor:
+def teaching_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    num_splits: int = 1,
+) -> torch.Tensor:
     """Decode attention over a paged KV cache with the teaching kernel (Triton; the interpreter on CPU).
 
     Same arguments, result and errors as :func:`paged.kernels.paged_attention_decode` (whose
@@ -173,5 +292,9 @@ def teaching_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     bad inputs and :class:`~paged.kernels.TritonUnavailableError` without Triton.
     """
     require_triton()
-    validate_decode_inputs(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
-    return launch_teaching_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits)
+    validate_decode_inputs(
+        query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
+    )
+    return launch_teaching_decode(
+        query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
+    )

@@ -46,13 +46,17 @@ def _online_softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr
     d = 0.0  # running denominator, relative to m
     for start in range(0, n_cols, BLOCK):  # sweep 1: (m, d) in one pass
         mask = start + cols < n_cols
-        x = tl.load(X + row * stride_x + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.load(X + row * stride_x + start + cols, mask=mask, other=float("-inf")).to(
+            tl.float32
+        )
         m_new = tl.maximum(m, tl.max(x, axis=0))  # finite: every tile holds >= 1 real element
         d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
         m = m_new
     for start in range(0, n_cols, BLOCK):  # sweep 2: write the normalized row
         mask = start + cols < n_cols
-        x = tl.load(X + row * stride_x + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.load(X + row * stride_x + start + cols, mask=mask, other=float("-inf")).to(
+            tl.float32
+        )
         y = tl.exp(x - m) / d
         tl.store(Y + row * stride_y + start + cols, y.to(Y.dtype.element_ty), mask=mask)
 
@@ -77,10 +81,14 @@ def softmax(x: torch.Tensor, max_cols: int = 8192) -> torch.Tensor:
     _check(x)
     rows, cols = x.shape
     if cols > max_cols:
-        raise ValueError(f"row of {cols} columns exceeds one tile of {max_cols}; use online_softmax")
+        raise ValueError(
+            f"row of {cols} columns exceeds one tile of {max_cols}; use online_softmax"
+        )
     x = x.contiguous()
     y = torch.empty_like(x)
-    _softmax_kernel[(rows,)](x, y, cols, x.stride(0), y.stride(0), BLOCK=triton.next_power_of_2(cols))
+    _softmax_kernel[(rows,)](
+        x, y, cols, x.stride(0), y.stride(0), BLOCK=triton.next_power_of_2(cols)
+    )
     return y
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 
-def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
-                          values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def online_softmax_update(
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one block into the state; returns the new ``(m, l, acc)``.
 
     ``m``, ``l`` ``[N]``, ``acc`` ``[N, D]``, ``scores`` ``[N, B]`` (``-inf`` = masked slot), ``values``
@@ -26,7 +27,9 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
     row unchanged.
     """
     m_new = torch.maximum(m, scores.amax(dim=-1))
-    shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # nothing seen yet: any finite
+    shift = torch.where(
+        torch.isfinite(m_new), m_new, torch.zeros_like(m_new)
+    )  # nothing seen yet: any finite
     alpha = torch.exp(m - shift)
     p = torch.exp(scores - shift[:, None])
     return m_new, l * alpha + p.sum(dim=-1), acc * alpha[:, None] + p @ values

@@ -117,14 +117,20 @@ class SimResult:
         alloc = tot["real"] + tot["reserved"] + tot["internal"]
         waste = alloc - tot["real"] + tot["external"]
         pool_steps = float(self.pool_slots) * max(self.num_steps, 1)
-        return {"manager": self.manager, "steps": self.num_steps, "mean_running": float(self.running.mean()),
-                "utilization": tot["real"] / alloc if alloc else 0.0,
-                "token_share": tot["real"] / (alloc + tot["external"]) if alloc else 0.0,
-                **{f"{k}_share": tot[k] / pool_steps for k in KINDS},
-                "free_share": 1.0 - alloc / pool_steps,
-                "waste_split": {k: (tot[k] / waste if waste else 0.0) for k in KINDS[1:]},
-                "rejected": len(self.rejected), "truncated": len(self.truncated), "preemptions": self.preemptions,
-                "recomputed_tokens": self.recomputed_tokens}
+        return {
+            "manager": self.manager,
+            "steps": self.num_steps,
+            "mean_running": float(self.running.mean()),
+            "utilization": tot["real"] / alloc if alloc else 0.0,
+            "token_share": tot["real"] / (alloc + tot["external"]) if alloc else 0.0,
+            **{f"{k}_share": tot[k] / pool_steps for k in KINDS},
+            "free_share": 1.0 - alloc / pool_steps,
+            "waste_split": {k: (tot[k] / waste if waste else 0.0) for k in KINDS[1:]},
+            "rejected": len(self.rejected),
+            "truncated": len(self.truncated),
+            "preemptions": self.preemptions,
+            "recomputed_tokens": self.recomputed_tokens,
+        }
 
 
 def _reservation(trace: Trace, manager: str) -> np.ndarray:
@@ -136,9 +142,15 @@ def _reservation(trace: Trace, manager: str) -> np.ndarray:
 def _simulate_reserving(trace: Trace, pool: int, manager: str):
     """Static slots or contiguous first-fit: memory is fixed for a request's whole stay (event loop)."""
     need = _reservation(trace, manager).tolist()
-    final, prompt, arrival = trace.final_len.tolist(), trace.prompt_len.tolist(), trace.arrival.tolist()
+    final, prompt, arrival = (
+        trace.final_len.tolist(),
+        trace.prompt_len.tolist(),
+        trace.arrival.tolist(),
+    )
     n, msl = trace.n, trace.max_seq_len
-    free_slots = list(range(pool // msl - 1, -1, -1))  # static: slot indices, lowest on top of the stack
+    free_slots = list(
+        range(pool // msl - 1, -1, -1)
+    )  # static: slot indices, lowest on top of the stack
     # contiguous: holes are hi[k] - lo[k] for k <= count, with lo = [0, end_1, ..] and hi = [start_1, .., pool]
     lo, hi, count = np.zeros(n + 2, np.int64), np.full(n + 2, pool, np.int64), 0
     finishing: list[tuple[int, int, int]] = []  # heap of (end step, req, offset)
@@ -146,16 +158,20 @@ def _simulate_reserving(trace: Trace, pool: int, manager: str):
     seg, intervals, rejected = [], [], []
     t, nxt, used, changed = 0, 0, 0, True
 
-    def place(size: int) -> int | None:  # first fit: the lowest-address hole of at least `size` slots
+    def place(
+        size: int,
+    ) -> int | None:  # first fit: the lowest-address hole of at least `size` slots
         nonlocal count
         if manager == "static":
             return free_slots.pop() * msl if free_slots else None
-        k = int(np.argmax(hi[:count + 1] - lo[:count + 1] >= size))
+        k = int(np.argmax(hi[: count + 1] - lo[: count + 1] >= size))
         if hi[k] - lo[k] < size:
             return None
         offset = int(lo[k])
-        hi[k + 1:count + 2] = hi[k:count + 1].copy()  # the new allocation becomes number k (0-based)
-        lo[k + 2:count + 2] = lo[k + 1:count + 1].copy()
+        hi[k + 1 : count + 2] = hi[
+            k : count + 1
+        ].copy()  # the new allocation becomes number k (0-based)
+        lo[k + 2 : count + 2] = lo[k + 1 : count + 1].copy()
         hi[k], lo[k + 1], count = offset, offset + size, count + 1
         return offset
 
@@ -168,14 +184,16 @@ def _simulate_reserving(trace: Trace, pool: int, manager: str):
                 free_slots.append(offset // msl)
             else:
                 k = int(np.searchsorted(hi[:count], offset))
-                hi[k:count] = hi[k + 1:count + 1].copy()
-                lo[k + 1:count + 1] = lo[k + 2:count + 2].copy()
+                hi[k:count] = hi[k + 1 : count + 1].copy()
+                lo[k + 1 : count + 1] = lo[k + 2 : count + 2].copy()
                 count -= 1
         while nxt < n and arrival[nxt] <= t:
             changed |= not waiting
             (rejected.append(nxt) if need[nxt] > pool else waiting.append(nxt))
             nxt += 1
-        while waiting and changed:  # nothing new can fit unless memory was freed or the head changed
+        while (
+            waiting and changed
+        ):  # nothing new can fit unless memory was freed or the head changed
             offset = place(need[waiting[0]])
             if offset is None:
                 break
@@ -187,8 +205,14 @@ def _simulate_reserving(trace: Trace, pool: int, manager: str):
         changed = False
         ext = 0
         if waiting:
-            ext = pool % msl if manager == "static" else (pool - used if pool - used >= need[waiting[0]] else 0)
-        t_next = min(finishing[0][0] if finishing else math.inf, arrival[nxt] if nxt < n else math.inf)
+            ext = (
+                pool % msl
+                if manager == "static"
+                else (pool - used if pool - used >= need[waiting[0]] else 0)
+            )
+        t_next = min(
+            finishing[0][0] if finishing else math.inf, arrival[nxt] if nxt < n else math.inf
+        )
         if t_next == math.inf:
             break
         intervals.append((t, t_next, len(waiting), ext))
@@ -207,11 +231,17 @@ def _simulate_paged(trace: Trace, pool: int, bs: int, watermark: float):
     """
     nb = pool // bs
     wm = int(watermark * nb)
-    final, prompt, arrival = trace.final_len.tolist(), trace.prompt_len.tolist(), trace.arrival.tolist()
+    final, prompt, arrival = (
+        trace.final_len.tolist(),
+        trace.prompt_len.tolist(),
+        trace.arrival.tolist(),
+    )
     n = trace.n
     running: dict[int, tuple[int, int, int]] = {}  # req -> (start, init, end), in admission order
     phase_count = [0] * bs
-    finishing: list[tuple[int, int]] = []  # heap of (end, req); entries of preempted stays are skipped
+    finishing: list[
+        tuple[int, int]
+    ] = []  # heap of (end, req); entries of preempted stays are skipped
     waiting: deque[tuple[int, int]] = deque()  # (req, tokens to prefill)
     seg, intervals, rejected, truncated = [], [], [], []
     preemptions, t, nxt, used = 0, 0, 0, 0  # used: blocks held by the running requests
@@ -220,7 +250,9 @@ def _simulate_paged(trace: Trace, pool: int, bs: int, watermark: float):
         start, init, _ = running[r]
         return -(-(init + at - start) // bs)
 
-    def leave(r: int, at: int, held: int) -> int:  # end r's stay before step `at`; tokens it had at at - 1
+    def leave(
+        r: int, at: int, held: int
+    ) -> int:  # end r's stay before step `at`; tokens it had at at - 1
         nonlocal used
         used -= held
         start, init, _ = running.pop(r)
@@ -258,7 +290,9 @@ def _simulate_paged(trace: Trace, pool: int, bs: int, watermark: float):
             heapq.heappush(finishing, (end, r))
             used += -(-tokens // bs)
         # next event: an arrival, a finish, or the first step whose new blocks exceed the free ones
-        t_next = min(arrival[nxt] if nxt < n else math.inf, finishing[0][0] if finishing else math.inf)
+        t_next = min(
+            arrival[nxt] if nxt < n else math.inf, finishing[0][0] if finishing else math.inf
+        )
         if t_next == math.inf:
             break
         if running:
@@ -299,8 +333,10 @@ class PagedManager:
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01):
         if num_blocks < 0 or block_size <= 0 or not 0 <= watermark < 1:
-            raise ValueError(f"need num_blocks >= 0, block_size > 0 and watermark in [0, 1), got {num_blocks}, "
-                             f"{block_size}, {watermark}")
+            raise ValueError(
+                f"need num_blocks >= 0, block_size > 0 and watermark in [0, 1), got {num_blocks}, "
+                f"{block_size}, {watermark}"
+            )
         self.num_blocks, self.block_size = num_blocks, block_size
         self.watermark_blocks = int(watermark * num_blocks)
         self.held: dict[int, int] = {}
@@ -312,14 +348,20 @@ class PagedManager:
         need = -(-num_tokens // self.block_size)
         if need > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
-        return AllocStatus.OK if self.num_free_blocks - need >= self.watermark_blocks else AllocStatus.LATER
+        return (
+            AllocStatus.OK
+            if self.num_free_blocks - need >= self.watermark_blocks
+            else AllocStatus.LATER
+        )
 
     def allocate(self, req: int, num_tokens: int) -> None:
         """Admit ``req`` holding ``num_tokens`` tokens (its prompt, or all it held before a preemption)."""
         need = -(-num_tokens // self.block_size)
         if req in self.held or need > self.num_free_blocks:
-            raise ValueError(f"allocate: request {req} is running already, or needs {need} blocks with "
-                             f"{self.num_free_blocks} free")
+            raise ValueError(
+                f"allocate: request {req} is running already, or needs {need} blocks with "
+                f"{self.num_free_blocks} free"
+            )
         self.held[req] = need
         self.num_free_blocks -= need
 
@@ -374,12 +416,20 @@ def _simulate_managed(trace: Trace, pool: int, bs: int, watermark: float, manage
     ``t`` with ``t % bs == (s - init) % bs`` and takes its next one at the step after).
     """
     manager = manager_cls(pool // bs, bs, watermark)
-    final, prompt, arrival = trace.final_len.tolist(), trace.prompt_len.tolist(), trace.arrival.tolist()
+    final, prompt, arrival = (
+        trace.final_len.tolist(),
+        trace.prompt_len.tolist(),
+        trace.arrival.tolist(),
+    )
     n = trace.n
     running: dict[int, tuple[int, int, int]] = {}  # req -> (start, init, end), in admission order
     order: dict[int, int] = {}  # req -> admission number, to call grow oldest first
-    phases: list[set[int]] = [set() for _ in range(bs)]  # requests that take a block at steps t, t % bs == k
-    finishing: list[tuple[int, int]] = []  # heap of (end, req); entries of preempted stays are skipped
+    phases: list[set[int]] = [
+        set() for _ in range(bs)
+    ]  # requests that take a block at steps t, t % bs == k
+    finishing: list[
+        tuple[int, int]
+    ] = []  # heap of (end, req); entries of preempted stays are skipped
     waiting: deque[tuple[int, int]] = deque()  # (req, tokens to prefill)
     seg, intervals, rejected, truncated = [], [], [], []
     preemptions, t, nxt, admissions = 0, 0, 0, 0
@@ -419,7 +469,9 @@ def _simulate_managed(trace: Trace, pool: int, bs: int, watermark: float, manage
             admissions += 1
             phases[(t - tokens + 1) % bs].add(r)
             heapq.heappush(finishing, (end, r))
-        t_next = min(arrival[nxt] if nxt < n else math.inf, finishing[0][0] if finishing else math.inf)
+        t_next = min(
+            arrival[nxt] if nxt < n else math.inf, finishing[0][0] if finishing else math.inf
+        )
         if t_next == math.inf:
             break
         if running:  # the next step in which a running request takes a block
@@ -429,7 +481,9 @@ def _simulate_managed(trace: Trace, pool: int, bs: int, watermark: float, manage
     return seg, intervals, rejected, truncated, preemptions
 
 
-def _per_step_kinds(seg: np.ndarray, num_steps: int, manager: str, bs: int, kinds) -> dict[str, np.ndarray]:
+def _per_step_kinds(
+    seg: np.ndarray, num_steps: int, manager: str, bs: int, kinds
+) -> dict[str, np.ndarray]:
     """Per-step slot counts with a ``slot_kinds``-like function applied to every (request, step) pair.
 
     Expands each segment into one row per step of its stay (the request's tokens, final length and held
@@ -443,13 +497,19 @@ def _per_step_kinds(seg: np.ndarray, num_steps: int, manager: str, bs: int, kind
     held = -(-tokens // bs) * bs if manager == "paged" else reserve[row]
     out = kinds(tokens, final[row], held)
     if len(out) != 3 or any(np.shape(a) != tokens.shape for a in out):
-        raise ValueError(f"slot_kinds must return (real, reserved, internal), each of shape {tokens.shape}")
+        raise ValueError(
+            f"slot_kinds must return (real, reserved, internal), each of shape {tokens.shape}"
+        )
 
     def per_step(weights):
         return np.bincount(step, np.asarray(weights, dtype=float), minlength=num_steps)[:num_steps]
 
-    return {"real": per_step(out[0]), "reserved": per_step(out[1]), "internal": per_step(out[2]),
-            "running": np.bincount(step, minlength=num_steps)[:num_steps].astype(float)}
+    return {
+        "real": per_step(out[0]),
+        "reserved": per_step(out[1]),
+        "internal": per_step(out[2]),
+        "running": np.bincount(step, minlength=num_steps)[:num_steps].astype(float),
+    }
 
 
 def _per_step(seg: np.ndarray, num_steps: int, manager: str, bs: int) -> dict[str, np.ndarray]:
@@ -471,15 +531,23 @@ def _per_step(seg: np.ndarray, num_steps: int, manager: str, bs: int) -> dict[st
     count = over(s, e, np.ones_like(s))
     real = over(s, e, init - s) + count * np.arange(num_steps)
     if manager != "paged":
-        return {"real": real, "allocated": over(s, e, reserve), "internal": over(s, e, reserve - final),
-                "running": count}
+        return {
+            "real": real,
+            "allocated": over(s, e, reserve),
+            "internal": over(s, e, reserve - final),
+            "running": count,
+        }
     b0 = -(-init // bs)  # blocks taken at admission
-    first = s + b0 * bs + 1 - init  # step of the first new block, then every bs steps while resident
+    first = (
+        s + b0 * bs + 1 - init
+    )  # step of the first new block, then every bs steps while resident
     n_new = np.maximum(0, (e - 1 - first) // bs + 1)
     j = np.arange(n_new.sum()) - np.repeat(np.cumsum(n_new) - n_new, n_new)
     growth = np.repeat(first, n_new) + j * bs
-    allocated = steps(np.concatenate([s, e, growth]),
-                      np.concatenate([b0 * bs, -(b0 + n_new) * bs, np.full(len(growth), bs)]).astype(float))
+    allocated = steps(
+        np.concatenate([s, e, growth]),
+        np.concatenate([b0 * bs, -(b0 + n_new) * bs, np.full(len(growth), bs)]).astype(float),
+    )
     last_block = -(-final // bs)  # internal waste: the final block's slack, once that block exists
     t_final = s + np.maximum(0, (last_block - 1) * bs + 1 - init)
     hit = t_final < e
@@ -487,8 +555,16 @@ def _per_step(seg: np.ndarray, num_steps: int, manager: str, bs: int) -> dict[st
     return {"real": real, "allocated": allocated, "internal": internal, "running": count}
 
 
-def simulate(trace: Trace, pool_slots: int, manager: str, block_size: int = 16, watermark: float = 0.01, *,
-             paged_manager=None, slot_kinds=None) -> SimResult:
+def simulate(
+    trace: Trace,
+    pool_slots: int,
+    manager: str,
+    block_size: int = 16,
+    watermark: float = 0.01,
+    *,
+    paged_manager=None,
+    slot_kinds=None,
+) -> SimResult:
     """Run one manager on ``trace`` with a pool of ``pool_slots`` token slots; see the module docstring.
 
     Args:
@@ -505,17 +581,22 @@ def simulate(trace: Trace, pool_slots: int, manager: str, block_size: int = 16, 
     if manager not in MANAGERS:
         raise ValueError(f"manager must be one of {MANAGERS}, got {manager!r}")
     if pool_slots <= 0 or block_size <= 0:
-        raise ValueError(f"pool_slots and block_size must be > 0, got pool_slots={pool_slots}, "
-                         f"block_size={block_size}")
+        raise ValueError(
+            f"pool_slots and block_size must be > 0, got pool_slots={pool_slots}, "
+            f"block_size={block_size}"
+        )
     if not 0 <= watermark < 1:
         raise ValueError(f"watermark must be in [0, 1), got {watermark}")
     if paged_manager is not None and manager != "paged":
         raise ValueError(f"paged_manager replaces the paged manager; manager is {manager!r}")
     if paged_manager is not None:
-        seg, intervals, rejected, truncated, pre = _simulate_managed(trace, pool_slots, block_size, watermark,
-                                                                     paged_manager)
+        seg, intervals, rejected, truncated, pre = _simulate_managed(
+            trace, pool_slots, block_size, watermark, paged_manager
+        )
     elif manager == "paged":
-        seg, intervals, rejected, truncated, pre = _simulate_paged(trace, pool_slots, block_size, watermark)
+        seg, intervals, rejected, truncated, pre = _simulate_paged(
+            trace, pool_slots, block_size, watermark
+        )
     else:
         seg, intervals, rejected, truncated, pre = _simulate_reserving(trace, pool_slots, manager)
     seg_arr = np.array(seg, dtype=np.int64).reshape(-1, 7)
@@ -532,46 +613,86 @@ def simulate(trace: Trace, pool_slots: int, manager: str, block_size: int = 16, 
         steps["reserved"] = steps["allocated"] - steps["real"] - steps["internal"]
     else:
         steps = _per_step_kinds(seg_arr, num_steps, manager, block_size, slot_kinds)
-    real, reserved, internal, running = (np.rint(steps[k]).astype(np.int64)
-                                         for k in ("real", "reserved", "internal", "running"))
+    real, reserved, internal, running = (
+        np.rint(steps[k]).astype(np.int64) for k in ("real", "reserved", "internal", "running")
+    )
     names = ["req", "start", "end", "init", "final", "reserve", "offset"]
-    return SimResult(manager, pool_slots, block_size, real, reserved, internal,
-                     np.repeat(iv[:, 3], lengths), running,
-                     np.repeat(iv[:, 2], lengths), np.cumsum(admitted)[:num_steps],
-                     {k: seg_arr[:, i] for i, k in enumerate(names)}, np.array(rejected, np.int64),
-                     np.array(truncated, np.int64), pre)
+    return SimResult(
+        manager,
+        pool_slots,
+        block_size,
+        real,
+        reserved,
+        internal,
+        np.repeat(iv[:, 3], lengths),
+        running,
+        np.repeat(iv[:, 2], lengths),
+        np.cumsum(admitted)[:num_steps],
+        {k: seg_arr[:, i] for i, k in enumerate(names)},
+        np.array(rejected, np.int64),
+        np.array(truncated, np.int64),
+        pre,
+    )
 
 
-def compare(trace: Trace, pool_slots: int, block_size: int = 16, watermark: float = 0.01, *,
-            paged_manager=None, slot_kinds=None) -> dict[str, SimResult]:
+def compare(
+    trace: Trace,
+    pool_slots: int,
+    block_size: int = 16,
+    watermark: float = 0.01,
+    *,
+    paged_manager=None,
+    slot_kinds=None,
+) -> dict[str, SimResult]:
     """The three managers on the same trace and pool (``paged_manager`` and ``slot_kinds``: as ``simulate``)."""
-    return {m: simulate(trace, pool_slots, m, block_size, watermark, slot_kinds=slot_kinds,
-                        paged_manager=paged_manager if m == "paged" else None) for m in MANAGERS}
+    return {
+        m: simulate(
+            trace,
+            pool_slots,
+            m,
+            block_size,
+            watermark,
+            slot_kinds=slot_kinds,
+            paged_manager=paged_manager if m == "paged" else None,
+        )
+        for m in MANAGERS
+    }
 
 
 def summary_table(results: dict[str, SimResult]) -> str:
     """A fixed-width table of ``SimResult.summary()`` for each manager (shares in % of the pool)."""
-    head = (f"{'manager':<11}{'steps':>8}{'running':>9}{'util':>7}{'tokens':>8}{'reserv':>8}{'intern':>8}"
-            f"{'extern':>8}{'free':>7}{'rej':>5}{'preempt':>8}")
+    head = (
+        f"{'manager':<11}{'steps':>8}{'running':>9}{'util':>7}{'tokens':>8}{'reserv':>8}{'intern':>8}"
+        f"{'extern':>8}{'free':>7}{'rej':>5}{'preempt':>8}"
+    )
     rows = [head, "-" * len(head)]
     for res in results.values():
         s = res.summary()
-        rows.append(f"{s['manager']:<11}{s['steps']:>8}{s['mean_running']:>9.1f}{s['utilization']:>7.1%}"
-                    f"{s['real_share']:>8.1%}{s['reserved_share']:>8.1%}{s['internal_share']:>8.1%}"
-                    f"{s['external_share']:>8.1%}{s['free_share']:>7.1%}{s['rejected']:>5}{s['preemptions']:>8}")
+        rows.append(
+            f"{s['manager']:<11}{s['steps']:>8}{s['mean_running']:>9.1f}{s['utilization']:>7.1%}"
+            f"{s['real_share']:>8.1%}{s['reserved_share']:>8.1%}{s['internal_share']:>8.1%}"
+            f"{s['external_share']:>8.1%}{s['free_share']:>7.1%}{s['rejected']:>5}{s['preemptions']:>8}"
+        )
     return "\n".join(rows)
 
 
-def max_concurrency(pool_slots: int, seq_len: int, manager: str = "paged", block_size: int = 16,
-                    max_seq_len: int | None = None) -> int:
+def max_concurrency(
+    pool_slots: int,
+    seq_len: int,
+    manager: str = "paged",
+    block_size: int = 16,
+    max_seq_len: int | None = None,
+) -> int:
     """How many ``seq_len``-token sequences fit in the pool at once (chapter 08's capacity arithmetic).
 
     static: ``pool // max_seq_len`` (default ``max_seq_len = seq_len``); contiguous: ``pool // seq_len``;
     paged: ``(pool // block_size) // ceil(seq_len / block_size)``.
     """
     if min(pool_slots, seq_len, block_size) <= 0:
-        raise ValueError(f"pool_slots, seq_len and block_size must be > 0, got {pool_slots}, {seq_len}, "
-                         f"{block_size}")
+        raise ValueError(
+            f"pool_slots, seq_len and block_size must be > 0, got {pool_slots}, {seq_len}, "
+            f"{block_size}"
+        )
     if manager == "static":
         return pool_slots // (max_seq_len or seq_len)
     if manager == "contiguous":

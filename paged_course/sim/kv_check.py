@@ -64,11 +64,13 @@ class CheckedEngine:
         out = self.sched.schedule()
         self.steps += 1
         self.log.append(out)
-        assert out.num_batched_tokens == sum(s.num_tokens for s in out.scheduled), \
+        assert out.num_batched_tokens == sum(s.num_tokens for s in out.scheduled), (
             "num_batched_tokens must be the sum of the scheduled tokens"
+        )
         budget, seats = cfg.max_num_batched_tokens, cfg.max_num_seqs
-        assert out.num_batched_tokens <= budget, \
+        assert out.num_batched_tokens <= budget, (
             f"token budget exceeded: {out.num_batched_tokens} tokens > max_num_batched_tokens={budget}"
+        )
         assert len(out.scheduled) <= seats, f"{len(out.scheduled)} sequences > max_num_seqs={seats}"
         seen = set()
         for s in out.scheduled:
@@ -76,26 +78,32 @@ class CheckedEngine:
             assert seq.seq_id not in seen, f"sequence {seq.seq_id} scheduled twice in one step"
             seen.add(seq.seq_id)
             assert s.num_tokens >= 1, f"sequence {seq.seq_id} scheduled with {s.num_tokens} tokens"
-            assert s.start + s.num_tokens <= len(seq), \
+            assert s.start + s.num_tokens <= len(seq), (
                 f"sequence {seq.seq_id}: tokens {s.start}..{s.start + s.num_tokens - 1} scheduled, it has {len(seq)}"
-            assert seq.num_computed_tokens == s.start + s.num_tokens, \
+            )
+            assert seq.num_computed_tokens == s.start + s.num_tokens, (
                 f"sequence {seq.seq_id}: num_computed_tokens must advance to start + num_tokens when scheduled"
+            )
         self._move(out.blocks_to_swap_out, self.gpu, self.cpu)
         self._move(out.blocks_to_swap_in, self.cpu, self.gpu)
         self._move(out.blocks_to_copy, self.gpu, self.gpu)
         for s in out.scheduled:  # write the K/V of every scheduled token before any attention reads
             table = s.block_table
-            assert len(table) * bs >= s.start + s.num_tokens, \
+            assert len(table) * bs >= s.start + s.num_tokens, (
                 f"sequence {s.seq.seq_id}: its block table has no slot for position {s.start + s.num_tokens - 1}"
+            )
             for p in s.positions:
-                self.gpu[table[p // bs] * bs + p % bs] = tuple(s.seq.token_ids[:p + 1])
-        for s in out.scheduled:  # attention: every position so far, cached, recomputed, copied or swapped back
+                self.gpu[table[p // bs] * bs + p % bs] = tuple(s.seq.token_ids[: p + 1])
+        for s in (
+            out.scheduled
+        ):  # attention: every position so far, cached, recomputed, copied or swapped back
             tokens, table = s.seq.token_ids, s.block_table
             for p in range(s.start + s.num_tokens):
                 got = self.gpu.get(table[p // bs] * bs + p % bs)
-                assert got == tuple(tokens[:p + 1]), (
+                assert got == tuple(tokens[: p + 1]), (
                     f"sequence {s.seq.seq_id} position {p}: its slot holds the K/V of "
-                    f"{'nothing' if got is None else 'another prefix'}: every token must attend to its own prefix")
+                    f"{'nothing' if got is None else 'another prefix'}: every token must attend to its own prefix"
+                )
         for s in out.scheduled:
             if s.samples:
                 self._sample(s.seq)
@@ -104,7 +112,9 @@ class CheckedEngine:
     def _sample(self, seq) -> None:
         group = seq.group
         seqs = [seq]
-        while group.sampling_params.n > len(group.seqs):  # parallel sampling: fork at the first sample
+        while group.sampling_params.n > len(
+            group.seqs
+        ):  # parallel sampling: fork at the first sample
             child = seq.fork(next(self.child_ids))
             group.seqs.append(child)
             self.sched.fork_seq(seq, child)
@@ -112,8 +122,10 @@ class CheckedEngine:
         for s in seqs:
             k = group.seqs.index(s)
             s.append_token_id((sum(s.token_ids) * 31 + len(s) + 7 * k) % self.vocab)
-            if (len(s.output_token_ids) >= group.sampling_params.max_tokens
-                    or len(s) >= self.sched.config.max_model_len):
+            if (
+                len(s.output_token_ids) >= group.sampling_params.max_tokens
+                or len(s) >= self.sched.config.max_model_len
+            ):
                 s.status = SequenceStatus.FINISHED_LENGTH
 
     def run(self, max_steps: int = 500) -> int:
@@ -127,8 +139,12 @@ class CheckedEngine:
 def assert_all_free(scheduler) -> None:
     """Every block back in its pool and every queue empty (after ``run()``)."""
     bm = scheduler.block_manager
-    assert bm.get_num_free_gpu_blocks() == bm.num_gpu_blocks, \
+    assert bm.get_num_free_gpu_blocks() == bm.num_gpu_blocks, (
         f"GPU blocks leaked: {bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()} still in use after every request ended"
-    assert bm.get_num_free_cpu_blocks() == bm.num_cpu_blocks, "CPU swap blocks leaked after every request ended"
-    assert not (scheduler.waiting or scheduler.running or scheduler.swapped), \
+    )
+    assert bm.get_num_free_cpu_blocks() == bm.num_cpu_blocks, (
+        "CPU swap blocks leaked after every request ended"
+    )
+    assert not (scheduler.waiting or scheduler.running or scheduler.swapped), (
         "queues not empty after every request ended"
+    )

@@ -51,9 +51,14 @@ class CostModel:
         nbytes = num_blocks * block_size * self.kv_bytes_per_token
         return transfers * self.transfer_latency_s + nbytes / self.host_link_bytes_per_s
 
-    def step_seconds(self, num_tokens: int, num_blocks_swapped: int = 0, block_size: int = 16) -> float:
-        return (self.step_overhead_s + self.per_token_s * num_tokens
-                + self.swap_seconds(num_blocks_swapped, block_size))
+    def step_seconds(
+        self, num_tokens: int, num_blocks_swapped: int = 0, block_size: int = 16
+    ) -> float:
+        return (
+            self.step_overhead_s
+            + self.per_token_s * num_tokens
+            + self.swap_seconds(num_blocks_swapped, block_size)
+        )
 
 
 @dataclass
@@ -66,8 +71,15 @@ class Request:
     output_len: int
 
 
-def make_workload(num_requests: int, seed: int = 0, mean_prompt: int = 128, mean_output: int = 128,
-                  max_len: int = 1024, rate: float | None = None, shared_prefix: int = 0) -> list[Request]:
+def make_workload(
+    num_requests: int,
+    seed: int = 0,
+    mean_prompt: int = 128,
+    mean_output: int = 128,
+    max_len: int = 1024,
+    rate: float | None = None,
+    shared_prefix: int = 0,
+) -> list[Request]:
     """Seeded requests with long-tailed lengths (log-normal, sigma 0.8, clipped to ``[1, max_len]``).
 
     Args:
@@ -79,7 +91,9 @@ def make_workload(num_requests: int, seed: int = 0, mean_prompt: int = 128, mean
     out, t = [], 0.0
 
     def draw(mean: float, hi: int) -> int:
-        return max(1, min(hi, round(rng.lognormvariate(0.0, 0.8) * mean / 1.377)))  # E[lognormal] = 1.377
+        return max(
+            1, min(hi, round(rng.lognormvariate(0.0, 0.8) * mean / 1.377))
+        )  # E[lognormal] = 1.377
 
     for i in range(num_requests):
         if rate:
@@ -124,22 +138,44 @@ class SimResult:
     @property
     def mean_latency_s(self) -> float:
         """Mean time from arrival to the last token, over finished requests."""
-        done = [r["finish_s"] - r["arrival_s"] for r in self.requests.values() if r["finish_s"] is not None]
+        done = [
+            r["finish_s"] - r["arrival_s"]
+            for r in self.requests.values()
+            if r["finish_s"] is not None
+        ]
         return sum(done) / len(done) if done else 0.0
 
     def latency(self) -> dict[str, float]:
         """p50 / p99 of time to first token (arrival to first token) and inter-token latency (gap between
         consecutive tokens of a request), in seconds, over the requests that produced them."""
-        ttft = [r["first_token_s"] - r["arrival_s"] for r in self.requests.values() if r["first_token_s"] is not None]
-        itl = [b - a for r in self.requests.values() for a, b in zip(r.get("token_s", []), r.get("token_s", [])[1:])]
-        return {f"{name}_{tag}": percentile(values, q) for name, values in (("ttft", ttft), ("itl", itl))
-                for tag, q in (("p50", 0.5), ("p99", 0.99))}
+        ttft = [
+            r["first_token_s"] - r["arrival_s"]
+            for r in self.requests.values()
+            if r["first_token_s"] is not None
+        ]
+        itl = [
+            b - a
+            for r in self.requests.values()
+            for a, b in zip(r.get("token_s", []), r.get("token_s", [])[1:])
+        ]
+        return {
+            f"{name}_{tag}": percentile(values, q)
+            for name, values in (("ttft", ttft), ("itl", itl))
+            for tag, q in (("p50", 0.5), ("p99", 0.99))
+        }
 
     def summary(self) -> dict:
-        return {"name": self.name, "seconds": round(self.total_s, 3), "steps": len(self.steps),
-                "output_tokens": self.output_tokens, "tokens_per_s": round(self.throughput, 1),
-                "mean_latency_s": round(self.mean_latency_s, 3), "preemptions": self.num_preemptions,
-                "recomputed_tokens": self.recomputed_tokens, "swap_s": round(self.swap_s, 3)}
+        return {
+            "name": self.name,
+            "seconds": round(self.total_s, 3),
+            "steps": len(self.steps),
+            "output_tokens": self.output_tokens,
+            "tokens_per_s": round(self.throughput, 1),
+            "mean_latency_s": round(self.mean_latency_s, 3),
+            "preemptions": self.num_preemptions,
+            "recomputed_tokens": self.recomputed_tokens,
+            "swap_s": round(self.swap_s, 3),
+        }
 
 
 def _add_segment(timeline: list, t0: float, t1: float, state: str) -> None:
@@ -149,9 +185,15 @@ def _add_segment(timeline: list, t0: float, t1: float, state: str) -> None:
         timeline.append((t0, t1, state))
 
 
-def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-             cost: CostModel | None = None, name: str = "continuous", max_steps: int = 200_000,
-             scheduler_cls=Scheduler) -> SimResult:
+def simulate(
+    workload: list[Request],
+    scheduler_config: SchedulerConfig,
+    cache_config: CacheConfig,
+    cost: CostModel | None = None,
+    name: str = "continuous",
+    max_steps: int = 200_000,
+    scheduler_cls=Scheduler,
+) -> SimResult:
     """Run the workload through a real ``Scheduler`` (continuous batching). Deterministic.
 
     The fake model appends token ``(prompt[0] + len(seq)) % 30000``; a request finishes after its
@@ -163,7 +205,9 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
     cost = cost or CostModel()
     sched = scheduler_cls(scheduler_config, cache_config)
     bm, bs = sched.block_manager, cache_config.block_size
-    res = SimResult(name, num_blocks=cache_config.num_gpu_blocks, num_slots=cache_config.num_gpu_blocks * bs)
+    res = SimResult(
+        name, num_blocks=cache_config.num_gpu_blocks, num_slots=cache_config.num_gpu_blocks * bs
+    )
     pending = sorted(workload, key=lambda r: r.arrival_s)
     by_id = {r.request_id: r for r in workload}
     active: dict[str, SequenceGroup] = {}
@@ -177,12 +221,23 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
         while next_pending < len(pending) and pending[next_pending].arrival_s <= now:
             r = pending[next_pending]
             next_pending += 1
-            group = SequenceGroup(r.request_id, [Sequence(next(seq_ids), r.prompt, bs)],
-                                  SamplingParams(max_tokens=r.output_len, ignore_eos=True), r.arrival_s)
+            group = SequenceGroup(
+                r.request_id,
+                [Sequence(next(seq_ids), r.prompt, bs)],
+                SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+                r.arrival_s,
+            )
             sched.add_request(group)
             active[r.request_id] = group
-            res.requests[r.request_id] = {"arrival_s": r.arrival_s, "first_token_s": None, "finish_s": None,
-                                          "output_tokens": 0, "status": None, "preemptions": 0, "token_s": []}
+            res.requests[r.request_id] = {
+                "arrival_s": r.arrival_s,
+                "first_token_s": None,
+                "finish_s": None,
+                "output_tokens": 0,
+                "status": None,
+                "preemptions": 0,
+                "token_s": [],
+            }
             res.timelines[r.request_id] = []
         out = sched.schedule()
         moved = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
@@ -192,14 +247,27 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
             res.requests[seq.group.request_id]["preemptions"] += 1
         res.num_preemptions += len(out.preempted)
         prefill_tokens = sum(g.num_tokens for g in out.prefills)
-        res.recomputed_tokens += sum(g.num_tokens for g in out.prefills if g.seq_group.request_id in ran)
+        res.recomputed_tokens += sum(
+            g.num_tokens for g in out.prefills if g.seq_group.request_id in ran
+        )
         used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
-        res.steps.append({"time": now, "seconds": seconds, "tokens": out.num_batched_tokens,
-                          "prefill_tokens": prefill_tokens, "running": out.num_seqs, "used_blocks": used,
-                          "used_slots": used * bs, "swapped_blocks": moved})
+        res.steps.append(
+            {
+                "time": now,
+                "seconds": seconds,
+                "tokens": out.num_batched_tokens,
+                "prefill_tokens": prefill_tokens,
+                "running": out.num_seqs,
+                "used_blocks": used,
+                "used_slots": used * bs,
+                "swapped_blocks": moved,
+            }
+        )
         end = now + seconds
         scheduled = {g.seq_group.request_id for g in out.scheduled}
-        for rid, group in list(active.items()):  # timelines: the state of every active request this step
+        for rid, group in list(
+            active.items()
+        ):  # timelines: the state of every active request this step
             seq = group.seqs[0]
             if rid in scheduled:
                 state = "running"
@@ -211,7 +279,9 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
                 state = None
             if state:
                 _add_segment(res.timelines[rid], now, end, state)
-        for s in out.scheduled:  # the fake model: one token per sequence whose tokens are all computed
+        for (
+            s
+        ) in out.scheduled:  # the fake model: one token per sequence whose tokens are all computed
             rid, seq = s.seq_group.request_id, s.seq
             ran.add(rid)
             if not s.samples:  # a prompt chunk that is not the last one
@@ -220,15 +290,23 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
             seq.append_token_id((seq.token_ids[0] + len(seq)) % 30_000)
             info["first_token_s"] = info["first_token_s"] or end
             info["token_s"].append(end)
-            if len(seq.output_token_ids) >= by_id[rid].output_len or len(seq) >= scheduler_config.max_model_len:
+            if (
+                len(seq.output_token_ids) >= by_id[rid].output_len
+                or len(seq) >= scheduler_config.max_model_len
+            ):
                 seq.status = SequenceStatus.FINISHED_LENGTH
         sched.free_finished()  # as the engine does after a step: finished requests leave at once
-        for group in {x.group.request_id: x.group for x in [*out.ignored, *out.exhausted,
-                                                            *(s.seq for s in out.scheduled)]}.values():
+        for group in {
+            x.group.request_id: x.group
+            for x in [*out.ignored, *out.exhausted, *(s.seq for s in out.scheduled)]
+        }.values():
             if group.is_finished:
                 info = res.requests[group.request_id]
-                info.update(finish_s=end, status=group.seqs[0].status.value,
-                            output_tokens=len(group.seqs[0].output_token_ids))
+                info.update(
+                    finish_s=end,
+                    status=group.seqs[0].status.value,
+                    output_tokens=len(group.seqs[0].output_token_ids),
+                )
                 active.pop(group.request_id, None)
         now = end
     res.total_s = now - min((r.arrival_s for r in workload), default=0.0)
@@ -236,8 +314,13 @@ def simulate(workload: list[Request], scheduler_config: SchedulerConfig, cache_c
     return res
 
 
-def simulate_static(workload: list[Request], batch_size: int, cost: CostModel | None = None,
-                    max_model_len: int | None = None, name: str = "static") -> SimResult:
+def simulate_static(
+    workload: list[Request],
+    batch_size: int,
+    cost: CostModel | None = None,
+    max_model_len: int | None = None,
+    name: str = "static",
+) -> SimResult:
     """Static batching baseline (module docstring): fixed batches, padded rows, results at batch end.
 
     Memory: a batch reserves ``batch_size * max_model_len`` slots up front (pre-allocation for the
@@ -255,25 +338,58 @@ def simulate_static(workload: list[Request], batch_size: int, cost: CostModel | 
         rows = len(batch)
         t = start + cost.step_seconds(rows * longest_prompt)  # padded prefill: also yields token 1
         reserved = rows * (max_model_len or longest_prompt + longest_out)
-        steps = [{"time": start, "seconds": t - start, "tokens": rows * longest_prompt,
-                  "prefill_tokens": rows * longest_prompt, "running": rows, "used_blocks": None,
-                  "used_slots": reserved, "swapped_blocks": 0}]
-        for _ in range(longest_out - 1):  # padded decodes: every row computes until the longest is done
-            steps.append({"time": t, "seconds": cost.step_seconds(rows), "tokens": rows, "prefill_tokens": 0,
-                          "running": rows, "used_blocks": None, "used_slots": reserved, "swapped_blocks": 0})
+        steps = [
+            {
+                "time": start,
+                "seconds": t - start,
+                "tokens": rows * longest_prompt,
+                "prefill_tokens": rows * longest_prompt,
+                "running": rows,
+                "used_blocks": None,
+                "used_slots": reserved,
+                "swapped_blocks": 0,
+            }
+        ]
+        for _ in range(
+            longest_out - 1
+        ):  # padded decodes: every row computes until the longest is done
+            steps.append(
+                {
+                    "time": t,
+                    "seconds": cost.step_seconds(rows),
+                    "tokens": rows,
+                    "prefill_tokens": 0,
+                    "running": rows,
+                    "used_blocks": None,
+                    "used_slots": reserved,
+                    "swapped_blocks": 0,
+                }
+            )
             t += steps[-1]["seconds"]
         res.steps += steps
         for r in batch:
             res.timelines[r.request_id] = [(r.arrival_s, start, "waiting"), (start, t, "running")]
-            res.requests[r.request_id] = {"arrival_s": r.arrival_s, "first_token_s": t, "finish_s": t,
-                                          "output_tokens": r.output_len, "status": "length", "preemptions": 0}
+            res.requests[r.request_id] = {
+                "arrival_s": r.arrival_s,
+                "first_token_s": t,
+                "finish_s": t,
+                "output_tokens": r.output_len,
+                "status": "length",
+                "preemptions": 0,
+            }
         now = t
     res.total_s = now - min((r.arrival_s for r in workload), default=0.0)
     return res
 
 
-def recompute_vs_swap(workload: list[Request], block_sizes: list[int], kv_slots: int, max_model_len: int,
-                      cost: CostModel | None = None, max_num_seqs: int = 256) -> list[dict]:
+def recompute_vs_swap(
+    workload: list[Request],
+    block_sizes: list[int],
+    kv_slots: int,
+    max_model_len: int,
+    cost: CostModel | None = None,
+    max_num_seqs: int = 256,
+) -> list[dict]:
     """One row per block size: total seconds and preemption overhead, recompute vs swap.
 
     The GPU pool holds ``kv_slots`` tokens (``kv_slots // block_size`` blocks) and the CPU swap space
@@ -285,10 +401,18 @@ def recompute_vs_swap(workload: list[Request], block_sizes: list[int], kv_slots:
     for bs in block_sizes:
         row = {"block_size": bs}
         for mode in ("recompute", "swap"):
-            cache = CacheConfig(block_size=bs, num_gpu_blocks=kv_slots // bs, num_cpu_blocks=kv_slots // bs,
-                                watermark=0.01)
-            cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, preemption_mode=mode,
-                                  max_num_batched_tokens=max(max_model_len, max_num_seqs, 2048))
+            cache = CacheConfig(
+                block_size=bs,
+                num_gpu_blocks=kv_slots // bs,
+                num_cpu_blocks=kv_slots // bs,
+                watermark=0.01,
+            )
+            cfg = SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                preemption_mode=mode,
+                max_num_batched_tokens=max(max_model_len, max_num_seqs, 2048),
+            )
             r = simulate(workload, cfg, cache, cost, name=f"{mode} bs={bs}")
             overhead = r.recomputed_tokens * cost.per_token_s if mode == "recompute" else r.swap_s
             row[f"{mode}_s"] = round(r.total_s, 3)
@@ -298,9 +422,16 @@ def recompute_vs_swap(workload: list[Request], block_sizes: list[int], kv_slots:
     return rows
 
 
-def chunk_budget_sweep(workload: list[Request], budgets: list[int], cache_config: CacheConfig,
-                       cost: CostModel | None = None, max_num_seqs: int = 64, max_model_len: int = 2048,
-                       long_prefill_token_threshold: int = 0, v0_default: bool = True) -> list[dict]:
+def chunk_budget_sweep(
+    workload: list[Request],
+    budgets: list[int],
+    cache_config: CacheConfig,
+    cost: CostModel | None = None,
+    max_num_seqs: int = 64,
+    max_model_len: int = 2048,
+    long_prefill_token_threshold: int = 0,
+    v0_default: bool = True,
+) -> list[dict]:
     """Chunk budget against latency (Sarathi-Serve, Agrawal et al., OSDI 2024, §3 and Fig. 1/9): one row per
     budget of the engine's scheduler with chunked prefill, then (``v0_default``) one row for vLLM v0's
     default order (prefills first and whole, ``paged_course.sim.step_order.V0DefaultScheduler``, budget
@@ -313,19 +444,47 @@ def chunk_budget_sweep(workload: list[Request], budgets: list[int], cache_config
     from paged_course.sim.step_order import V0DefaultScheduler
 
     cost = cost or CostModel()
-    runs = [(f"chunked, budget {b}", b, SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                                        max_num_batched_tokens=b,
-                                                        long_prefill_token_threshold=long_prefill_token_threshold),
-             Scheduler) for b in budgets]
+    runs = [
+        (
+            f"chunked, budget {b}",
+            b,
+            SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=b,
+                long_prefill_token_threshold=long_prefill_token_threshold,
+            ),
+            Scheduler,
+        )
+        for b in budgets
+    ]
     if v0_default:
         b = max(max_model_len, 2048)
-        runs.append(("v0 default (prefills first, whole)", b,
-                     SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_num_batched_tokens=b,
-                                     enable_chunked_prefill=False), V0DefaultScheduler))
+        runs.append(
+            (
+                "v0 default (prefills first, whole)",
+                b,
+                SchedulerConfig(
+                    max_num_seqs=max_num_seqs,
+                    max_model_len=max_model_len,
+                    max_num_batched_tokens=b,
+                    enable_chunked_prefill=False,
+                ),
+                V0DefaultScheduler,
+            )
+        )
     rows = []
     for name, budget, cfg, cls in runs:
         r = simulate(workload, cfg, cache_config, cost, name=name, scheduler_cls=cls)
-        rows.append({"name": name, "budget": budget, **r.latency(), "tokens_per_s": r.throughput,
-                     "steps": len(r.steps), "max_step_s": max(s["seconds"] for s in r.steps),
-                     "preemptions": r.num_preemptions})
+        rows.append(
+            {
+                "name": name,
+                "budget": budget,
+                **r.latency(),
+                "tokens_per_s": r.throughput,
+                "steps": len(r.steps),
+                "max_step_s": max(s["seconds"] for s in r.steps),
+                "preemptions": r.num_preemptions,
+            }
+        )
     return rows

@@ -33,7 +33,9 @@ __all__ = ["V0DefaultScheduler", "V0ChunkedScheduler", "TraceRequest", "run_trac
 def _check_new_tokens(sched: Scheduler) -> None:
     for seq in sched.running:  # the engine's side of the contract, as Scheduler.schedule checks it
         if not seq.is_finished and len(seq) <= seq.num_computed_tokens:
-            raise RuntimeError(f"sequence {seq.seq_id} has no new token: append the sampled token first")
+            raise RuntimeError(
+                f"sequence {seq.seq_id} has no new token: append the sampled token first"
+            )
 
 
 class V0DefaultScheduler(Scheduler):
@@ -66,8 +68,11 @@ class V0ChunkedScheduler(Scheduler):
         return out
 
 
-ORDERS = {"vLLM v0 default": V0DefaultScheduler, "vLLM v0, chunked prefill": V0ChunkedScheduler,
-          "vLLM v1 (this engine)": Scheduler}
+ORDERS = {
+    "vLLM v0 default": V0DefaultScheduler,
+    "vLLM v0, chunked prefill": V0ChunkedScheduler,
+    "vLLM v1 (this engine)": Scheduler,
+}
 
 
 @dataclass
@@ -80,25 +85,41 @@ class TraceRequest:
     arrival_step: int = 0
 
 
-def run_trace(scheduler_cls, requests: list[TraceRequest], block_size: int = 4, num_gpu_blocks: int = 64,
-              max_num_batched_tokens: int = 16, max_model_len: int = 64, max_num_seqs: int = 8,
-              enable_chunked_prefill: bool = True, max_steps: int = 200) -> list[dict[str, str]]:
+def run_trace(
+    scheduler_cls,
+    requests: list[TraceRequest],
+    block_size: int = 4,
+    num_gpu_blocks: int = 64,
+    max_num_batched_tokens: int = 16,
+    max_model_len: int = 64,
+    max_num_seqs: int = 8,
+    enable_chunked_prefill: bool = True,
+    max_steps: int = 200,
+) -> list[dict[str, str]]:
     """Run ``requests`` through ``scheduler_cls`` step by step; one dict per step, request -> what it did:
     ``"P<n>"`` (a prefill chunk of n tokens), ``"D"`` (a decode), ``"wait"`` (in the waiting queue),
     ``"stall"`` (running or swapped, but not scheduled in this step), ``"pre"`` (preempted in this step; ``"pre+P6"``:
     preempted, then admitted again in the same step); a request not
     yet arrived or already finished is absent. Every step passes the fake engine's K/V content check."""
     sched = scheduler_cls(
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                        max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill),
-        CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, watermark=0.0))
+        SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+        ),
+        CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, watermark=0.0),
+    )
     engine, ids, groups, steps = CheckedEngine(sched), itertools.count(), {}, []
     for t in itertools.count():
         for r in requests:
             if r.arrival_step == t:
                 prompt = [1 + (7 * len(groups) + j) % 50 for j in range(r.prompt_len)]
-                groups[r.name] = SequenceGroup(r.name, [Sequence(next(ids), prompt, block_size)],
-                                               SamplingParams(max_tokens=r.max_tokens))
+                groups[r.name] = SequenceGroup(
+                    r.name,
+                    [Sequence(next(ids), prompt, block_size)],
+                    SamplingParams(max_tokens=r.max_tokens),
+                )
                 sched.add_request(groups[r.name])
         if t > max(r.arrival_step for r in requests) and not sched.has_unfinished_requests():
             return steps
@@ -110,7 +131,9 @@ def run_trace(scheduler_cls, requests: list[TraceRequest], block_size: int = 4, 
         row = {}
         for s in out.scheduled:
             row[s.seq.group.request_id] = f"P{s.num_tokens}" if s.is_prefill else "D"
-        for seq in out.preempted:  # preempted, and (v0 with chunked prefill) maybe admitted again at once
+        for (
+            seq
+        ) in out.preempted:  # preempted, and (v0 with chunked prefill) maybe admitted again at once
             rid = seq.group.request_id
             row[rid] = "pre" + (f"+{row[rid]}" if rid in row else "")
         for name in live - row.keys():

@@ -21,7 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAX_TOKENS_CHOICES = (256, 512, 1024, 2048)  # typical client caps; clipped to max_seq_len - prompt_len
+MAX_TOKENS_CHOICES = (
+    256,
+    512,
+    1024,
+    2048,
+)  # typical client caps; clipped to max_seq_len - prompt_len
 
 
 @dataclass(frozen=True)
@@ -61,12 +66,18 @@ class Trace:
         return self.prompt_len + self.output_len
 
     @classmethod
-    def from_lengths(cls, prompt_len, output_len, max_tokens=None, arrival=None, max_seq_len=None) -> Trace:
+    def from_lengths(
+        cls, prompt_len, output_len, max_tokens=None, arrival=None, max_seq_len=None
+    ) -> Trace:
         """A hand-written trace (tests, exercises). Defaults: ``max_tokens = output_len``, all arrive at 0."""
         p = np.asarray(prompt_len, dtype=np.int64)
         o = np.asarray(output_len, dtype=np.int64)
         m = o.copy() if max_tokens is None else np.asarray(max_tokens, dtype=np.int64)
-        a = np.zeros(len(p), dtype=np.int64) if arrival is None else np.asarray(arrival, dtype=np.int64)
+        a = (
+            np.zeros(len(p), dtype=np.int64)
+            if arrival is None
+            else np.asarray(arrival, dtype=np.int64)
+        )
         msl = int((p + m).max()) if max_seq_len is None and len(p) else int(max_seq_len or 1)
         return cls(a, p, o, m, msl)
 
@@ -76,9 +87,17 @@ def _lognormal(rng: np.random.Generator, mean: float, sigma: float, size: int) -
     return np.maximum(1, np.round(rng.lognormal(mu, sigma, size))).astype(np.int64)
 
 
-def chat_trace(num_requests: int, *, seed: int = 0, max_seq_len: int = 2048, mean_prompt: float = 161.0,
-               mean_output: float = 338.0, sigma_prompt: float = 1.0, sigma_output: float = 1.0,
-               arrival_rate: float | None = None) -> Trace:
+def chat_trace(
+    num_requests: int,
+    *,
+    seed: int = 0,
+    max_seq_len: int = 2048,
+    mean_prompt: float = 161.0,
+    mean_output: float = 338.0,
+    sigma_prompt: float = 1.0,
+    sigma_output: float = 1.0,
+    arrival_rate: float | None = None,
+) -> Trace:
     """Draw a seeded chat-like trace (see the module docstring for the distribution).
 
     Args:
@@ -97,10 +116,14 @@ def chat_trace(num_requests: int, *, seed: int = 0, max_seq_len: int = 2048, mea
     if max_seq_len < 2:
         raise ValueError(f"max_seq_len must be >= 2 tokens, got {max_seq_len}")
     if mean_prompt <= 0 or mean_output <= 0 or sigma_prompt < 0 or sigma_output < 0:
-        raise ValueError(f"means must be > 0 and sigmas >= 0, got mean_prompt={mean_prompt}, "
-                         f"mean_output={mean_output}, sigma_prompt={sigma_prompt}, sigma_output={sigma_output}")
+        raise ValueError(
+            f"means must be > 0 and sigmas >= 0, got mean_prompt={mean_prompt}, "
+            f"mean_output={mean_output}, sigma_prompt={sigma_prompt}, sigma_output={sigma_output}"
+        )
     if arrival_rate is not None and arrival_rate <= 0:
-        raise ValueError(f"arrival_rate must be > 0 requests per step (or None), got {arrival_rate}")
+        raise ValueError(
+            f"arrival_rate must be > 0 requests per step (or None), got {arrival_rate}"
+        )
     rng = np.random.default_rng(seed)
     prompt = np.minimum(_lognormal(rng, mean_prompt, sigma_prompt, num_requests), max_seq_len - 1)
     cap = rng.choice(np.array(MAX_TOKENS_CHOICES), size=num_requests)
@@ -109,5 +132,7 @@ def chat_trace(num_requests: int, *, seed: int = 0, max_seq_len: int = 2048, mea
     if arrival_rate is None:
         arrival = np.zeros(num_requests, dtype=np.int64)
     else:
-        arrival = np.floor(np.cumsum(rng.exponential(1.0 / arrival_rate, num_requests))).astype(np.int64)
+        arrival = np.floor(np.cumsum(rng.exponential(1.0 / arrival_rate, num_requests))).astype(
+            np.int64
+        )
     return Trace(arrival, prompt, output, max_tokens.astype(np.int64), max_seq_len, seed)

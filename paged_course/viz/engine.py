@@ -24,7 +24,9 @@ def batching_schedules(output_lens: list[int], slots: int) -> dict:
         ValueError: ``slots < 1`` or a length < 1.
     """
     if slots < 1 or any(n < 1 for n in output_lens):
-        raise ValueError(f"need slots >= 1 and lengths >= 1, got slots={slots}, lengths={output_lens}")
+        raise ValueError(
+            f"need slots >= 1 and lengths >= 1, got slots={slots}, lengths={output_lens}"
+        )
     static, t = [], 0
     for first in range(0, len(output_lens), slots):
         batch = output_lens[first : first + slots]
@@ -39,9 +41,14 @@ def batching_schedules(output_lens: list[int], slots: int) -> dict:
         free_at[slot] += n
     continuous_steps = max(free_at)
     work = sum(output_lens)
-    return {"static": static, "continuous": continuous, "static_steps": static_steps,
-            "continuous_steps": continuous_steps, "static_busy": work / (slots * static_steps),
-            "continuous_busy": work / (slots * continuous_steps)}
+    return {
+        "static": static,
+        "continuous": continuous,
+        "static_steps": static_steps,
+        "continuous_steps": continuous_steps,
+        "static_busy": work / (slots * static_steps),
+        "continuous_busy": work / (slots * continuous_steps),
+    }
 
 
 def plot_batching(output_lens: list[int], slots: int = 4):
@@ -59,21 +66,41 @@ def plot_batching(output_lens: list[int], slots: int = 4):
             for first in range(0, len(output_lens), slots):
                 batch = output_lens[first : first + slots]
                 for i, n in enumerate(batch):
-                    ax.add_patch(Rectangle((t + n, i), max(batch) - n, 0.85, fill=False, hatch="///",
-                                           ec="#999999", lw=0))
+                    ax.add_patch(
+                        Rectangle(
+                            (t + n, i),
+                            max(batch) - n,
+                            0.85,
+                            fill=False,
+                            hatch="///",
+                            ec="#999999",
+                            lw=0,
+                        )
+                    )
                 t += max(batch)
                 ax.axvline(t, color="black", lw=0.8, ls=":")
-        ax.set(xlim=(0, max(sched["static_steps"], sched["continuous_steps"])), ylim=(-0.1, slots),
-               yticks=[i + 0.42 for i in range(slots)], yticklabels=[f"slot {i}" for i in range(slots)])
-        ax.set_title(f"{kind} batching: {steps} iterations, {sched[f'{kind}_busy']:.0%} of slot-iterations "
-                     "produce a token", fontsize=9)
+        ax.set(
+            xlim=(0, max(sched["static_steps"], sched["continuous_steps"])),
+            ylim=(-0.1, slots),
+            yticks=[i + 0.42 for i in range(slots)],
+            yticklabels=[f"slot {i}" for i in range(slots)],
+        )
+        ax.set_title(
+            f"{kind} batching: {steps} iterations, {sched[f'{kind}_busy']:.0%} of slot-iterations "
+            "produce a token",
+            fontsize=9,
+        )
     axes[-1].set_xlabel("decode iteration")
     fig.tight_layout()
     return fig
 
 
-def plot_block_tables(tables: dict[str, list[int]], num_blocks: int, block_size: int,
-                      lengths: dict[str, int] | None = None):
+def plot_block_tables(
+    tables: dict[str, list[int]],
+    num_blocks: int,
+    block_size: int,
+    lengths: dict[str, int] | None = None,
+):
     """The KV pool as a row of ``num_blocks`` blocks, colored by the sequence(s) whose block table holds each.
 
     ``tables`` maps a sequence label to its block table; ``lengths`` (tokens) is printed in the legend.
@@ -91,15 +118,32 @@ def plot_block_tables(tables: dict[str, list[int]], num_blocks: int, block_size:
             n = len(owners[b])
             ax.add_patch(Rectangle((b, k / n), 0.92, 1 / n, color=colors[i], alpha=0.85))
         if len(owners.get(b, [])) > 1:
-            ax.text(b + 0.46, 0.5, f"x{len(owners[b])}", ha="center", va="center", fontsize=7, color="white")
+            ax.text(
+                b + 0.46,
+                0.5,
+                f"x{len(owners[b])}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
         ax.text(b + 0.46, -0.25, str(b), ha="center", va="center", fontsize=7)
     for i, (label, table) in enumerate(tables.items()):
         fill = f", {lengths[label]} tokens" if lengths and label in lengths else ""
-        ax.text(num_blocks + 0.3, 1 - (i + 0.5) / len(tables), f"{label}: {table}{fill}", fontsize=8,
-                color=colors[i], va="center")
+        ax.text(
+            num_blocks + 0.3,
+            1 - (i + 0.5) / len(tables),
+            f"{label}: {table}{fill}",
+            fontsize=8,
+            color=colors[i],
+            va="center",
+        )
     ax.set(xlim=(0, num_blocks + 0.1), ylim=(-0.5, 1.05), xticks=[], yticks=[])
-    ax.set_title(f"KV pool: {num_blocks} blocks x {block_size} slots; color = sequence whose block table "
-                 "points there", fontsize=9)
+    ax.set_title(
+        f"KV pool: {num_blocks} blocks x {block_size} slots; color = sequence whose block table "
+        "points there",
+        fontsize=9,
+    )
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
     return fig
@@ -113,7 +157,13 @@ def plot_timeline(history: list[dict], num_blocks: int):
     used = np.array([h["used_blocks"] for h in history])
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 4), sharex=True)
     ax1.bar(steps, prefill, color="#e76f51", label="prefill tokens")
-    ax1.bar(steps, decode, bottom=prefill, color="#2a9d8f", label="decode tokens (one per running sequence)")
+    ax1.bar(
+        steps,
+        decode,
+        bottom=prefill,
+        color="#2a9d8f",
+        label="decode tokens (one per running sequence)",
+    )
     ax1.set(ylabel="tokens / step")
     ax1.legend(fontsize=8)
     ax2.plot(steps, used, color="#264653")

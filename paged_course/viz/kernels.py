@@ -36,8 +36,14 @@ def _split_ranges(num_logical: int, width: int, num_splits: int) -> list[tuple[i
     return [(i * per_split, min((i + 1) * per_split, num_logical)) for i in range(num_splits)]
 
 
-def plot_program_reads(block_tables: list[list[int]], context_lens: list[int], block_size: int, num_blocks: int,
-                       num_splits: int = 1, ax=None):
+def plot_program_reads(
+    block_tables: list[list[int]],
+    context_lens: list[int],
+    block_size: int,
+    num_blocks: int,
+    num_splits: int = 1,
+    ax=None,
+):
     """Pool slots read by each program (sequence ``s``, split ``i``) of ``paged_attention_decode``.
 
     ``block_tables[s]`` lists physical blocks in logical order (its length is the table width, the
@@ -47,7 +53,9 @@ def plot_program_reads(block_tables: list[list[int]], context_lens: list[int], b
     width = max(len(row) for row in block_tables)
     programs = [(s, i) for s in range(len(block_tables)) for i in range(num_splits)]
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(7.0, 0.22 * num_blocks * block_size + 2.5), 0.5 * len(programs) + 1.6))
+        _, ax = plt.subplots(
+            figsize=(max(7.0, 0.22 * num_blocks * block_size + 2.5), 0.5 * len(programs) + 1.6)
+        )
     cmap = plt.get_cmap("tab10")
     for row, (s, split) in enumerate(programs):
         n = context_lens[s]
@@ -58,25 +66,59 @@ def plot_program_reads(block_tables: list[list[int]], context_lens: list[int], b
             physical = block_tables[s][b]
             for t in range(block_size):
                 real = b * block_size + t < n
-                ax.add_patch(Rectangle((physical * block_size + t, row), 1, 0.8, facecolor=color,
-                                       alpha=1.0 if real else 0.18, edgecolor="white", linewidth=0.4))
-            ax.text(physical * block_size + block_size / 2, row + 0.4, f"L{b}", ha="center", va="center",
-                    fontsize=7, color="white" if b * block_size < n else "black")
+                ax.add_patch(
+                    Rectangle(
+                        (physical * block_size + t, row),
+                        1,
+                        0.8,
+                        facecolor=color,
+                        alpha=1.0 if real else 0.18,
+                        edgecolor="white",
+                        linewidth=0.4,
+                    )
+                )
+            ax.text(
+                physical * block_size + block_size / 2,
+                row + 0.4,
+                f"L{b}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if b * block_size < n else "black",
+            )
         if first >= last:
-            ax.text(0.5, row + 0.4, "no token: lse = -inf, merges as a no-op", fontsize=7, va="center", color="gray")
+            ax.text(
+                0.5,
+                row + 0.4,
+                "no token: lse = -inf, merges as a no-op",
+                fontsize=7,
+                va="center",
+                color="gray",
+            )
     for b in range(num_blocks + 1):
         ax.axvline(b * block_size, color="#999999", linewidth=0.6)
-    labels = [f"seq {s}" + (f", split {i}" if num_splits > 1 else "") + f" (ctx {context_lens[s]})"
-              for s, i in programs]
+    labels = [
+        f"seq {s}" + (f", split {i}" if num_splits > 1 else "") + f" (ctx {context_lens[s]})"
+        for s, i in programs
+    ]
     ax.set_yticks(np.arange(len(programs)) + 0.4, labels)
-    ax.set_xticks(np.arange(num_blocks) * block_size + block_size / 2, [f"blk {b}" for b in range(num_blocks)],
-                  fontsize=7)
+    ax.set_xticks(
+        np.arange(num_blocks) * block_size + block_size / 2,
+        [f"blk {b}" for b in range(num_blocks)],
+        fontsize=7,
+    )
     ax.set_xlim(0, num_blocks * block_size)
     ax.set_ylim(len(programs), -0.2)
-    ax.set_xlabel(f"KV pool slots ({num_blocks} physical blocks x {block_size}); 'L<b>' = logical block b; "
-                  "dark = read and used, light = loaded but masked (past the context)", fontsize=8)
-    ax.set_title(f"one program per (sequence, KV head{', split' if num_splits > 1 else ''}): the slots it reads",
-                 fontsize=10, loc="left")
+    ax.set_xlabel(
+        f"KV pool slots ({num_blocks} physical blocks x {block_size}); 'L<b>' = logical block b; "
+        "dark = read and used, light = loaded but masked (past the context)",
+        fontsize=8,
+    )
+    ax.set_title(
+        f"one program per (sequence, KV head{', split' if num_splits > 1 else ''}): the slots it reads",
+        fontsize=10,
+        loc="left",
+    )
     ax.figure.tight_layout()
     return ax.figure
 
@@ -86,7 +128,7 @@ def online_softmax_trace(scores, block: int) -> dict:
     scores = [float(x) for x in scores]
     m, l, steps = float("-inf"), 0.0, []  # noqa: E741
     for start in range(0, len(scores), block):
-        chunk = scores[start:start + block]
+        chunk = scores[start : start + block]
         m_new = max(m, max(chunk))
         l = l * math.exp(m - m_new) + sum(math.exp(x - m_new) for x in chunk)  # noqa: E741
         m = m_new
@@ -103,11 +145,20 @@ def plot_online_softmax(scores, block: int, ax=None):
     seen = trace["seen"]
     ax[0].step(seen, trace["m"], where="post", marker="o", label="running max m")
     ax[0].axhline(m_final, color="gray", linestyle="--", label="max of the whole row")
-    ax[0].plot(np.arange(1, len(scores) + 1), scores, ".", color="#bbbbbb", label="scores", zorder=0)
+    ax[0].plot(
+        np.arange(1, len(scores) + 1), scores, ".", color="#bbbbbb", label="scores", zorder=0
+    )
     ax[0].set_xlabel("scores seen")
     ax[0].legend(fontsize=7)
     rescaled = [den * math.exp(m - m_final) for m, den in zip(trace["m"], trace["l"])]
-    ax[1].step(seen, trace["l"], where="post", marker="s", color="C3", label="l as stored (relative to current m)")
+    ax[1].step(
+        seen,
+        trace["l"],
+        where="post",
+        marker="s",
+        color="C3",
+        label="l as stored (relative to current m)",
+    )
     ax[1].step(seen, rescaled, where="post", marker="o", color="C1", label="l * exp(m - m_final)")
     ax[1].axhline(l_final, color="gray", linestyle="--", label="sum exp(x - max) of the whole row")
     ax[1].set_xlabel("scores seen")
@@ -125,9 +176,17 @@ def plot_split_weights(lse, ax=None):
     weights = np.exp(lse - top)
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 2.6))
-    ax.bar(np.arange(len(lse)), weights, color=["C2" if np.isfinite(x) else "lightgray" for x in lse])
+    ax.bar(
+        np.arange(len(lse)), weights, color=["C2" if np.isfinite(x) else "lightgray" for x in lse]
+    )
     for i, x in enumerate(lse):
-        ax.text(i, weights[i] + 0.02, "empty" if not np.isfinite(x) else f"{weights[i]:.2f}", ha="center", fontsize=8)
+        ax.text(
+            i,
+            weights[i] + 0.02,
+            "empty" if not np.isfinite(x) else f"{weights[i]:.2f}",
+            ha="center",
+            fontsize=8,
+        )
     ax.set_xticks(np.arange(len(lse)), [f"split {i}" for i in range(len(lse))])
     ax.set_ylabel("merge weight")
     ax.set_ylim(0, 1.15)
@@ -143,16 +202,26 @@ def program_reads_explorer(block_tables, context_lens, block_size: int, num_bloc
         return plot_program_reads(block_tables, context_lens, block_size, num_blocks)
 
     def draw(num_splits: int = 1):
-        fig = plot_program_reads(block_tables, context_lens, block_size, num_blocks, num_splits=num_splits)
+        fig = plot_program_reads(
+            block_tables, context_lens, block_size, num_blocks, num_splits=num_splits
+        )
         plt.show()
         return fig
 
     width = max(len(row) for row in block_tables)
-    return widgets.interactive(draw, num_splits=widgets.IntSlider(value=1, min=1, max=max(1, width), step=1))
+    return widgets.interactive(
+        draw, num_splits=widgets.IntSlider(value=1, min=1, max=max(1, width), step=1)
+    )
 
 
-def plot_tile_gather(block_table: list[int], context_len: int, block_size: int, block_n: int, num_blocks: int,
-                     ax=None):
+def plot_tile_gather(
+    block_table: list[int],
+    context_len: int,
+    block_size: int,
+    block_n: int,
+    num_blocks: int,
+    ax=None,
+):
     """Pool slots read by each KV tile of ``block_n`` tokens for one sequence (tuned kernel).
 
     Tile ``j`` covers positions ``j * block_n ... j * block_n + block_n - 1``; position ``t`` reads slot
@@ -160,7 +229,9 @@ def plot_tile_gather(block_table: list[int], context_len: int, block_size: int, 
     """
     num_tiles = -(-context_len // block_n)
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(7.0, 0.22 * num_blocks * block_size + 2.5), 0.5 * num_tiles + 1.6))
+        _, ax = plt.subplots(
+            figsize=(max(7.0, 0.22 * num_blocks * block_size + 2.5), 0.5 * num_tiles + 1.6)
+        )
     cmap = plt.get_cmap("tab10")
     for tile in range(num_tiles):
         for n in range(block_n):
@@ -168,26 +239,57 @@ def plot_tile_gather(block_table: list[int], context_len: int, block_size: int, 
             if t >= context_len:  # masked: no block is looked up, nothing is read
                 continue
             slot = block_table[t // block_size] * block_size + t % block_size
-            ax.add_patch(Rectangle((slot, tile), 1, 0.8, facecolor=cmap(tile % 10), edgecolor="white", linewidth=0.4))
-        blocks = sorted({block_table[t // block_size] for t in range(tile * block_n, min((tile + 1) * block_n,
-                                                                                           context_len))})
-        ax.text(num_blocks * block_size + 0.5, tile + 0.4, f"tile {tile}: blocks {blocks}", fontsize=7, va="center")
+            ax.add_patch(
+                Rectangle(
+                    (slot, tile),
+                    1,
+                    0.8,
+                    facecolor=cmap(tile % 10),
+                    edgecolor="white",
+                    linewidth=0.4,
+                )
+            )
+        blocks = sorted(
+            {
+                block_table[t // block_size]
+                for t in range(tile * block_n, min((tile + 1) * block_n, context_len))
+            }
+        )
+        ax.text(
+            num_blocks * block_size + 0.5,
+            tile + 0.4,
+            f"tile {tile}: blocks {blocks}",
+            fontsize=7,
+            va="center",
+        )
     for b in range(num_blocks + 1):
         ax.axvline(b * block_size, color="#999999", linewidth=0.6)
-    ax.set_yticks(np.arange(num_tiles) + 0.4, [f"tile {j} (tokens {j * block_n}-{(j + 1) * block_n - 1})"
-                                               for j in range(num_tiles)])
-    ax.set_xticks(np.arange(num_blocks) * block_size + block_size / 2, [f"blk {b}" for b in range(num_blocks)],
-                  fontsize=7)
+    ax.set_yticks(
+        np.arange(num_tiles) + 0.4,
+        [f"tile {j} (tokens {j * block_n}-{(j + 1) * block_n - 1})" for j in range(num_tiles)],
+    )
+    ax.set_xticks(
+        np.arange(num_blocks) * block_size + block_size / 2,
+        [f"blk {b}" for b in range(num_blocks)],
+        fontsize=7,
+    )
     ax.set_xlim(0, num_blocks * block_size + 0.3 * num_blocks * block_size)
     ax.set_ylim(num_tiles, -0.2)
-    ax.set_xlabel(f"KV pool slots ({num_blocks} blocks x {block_size}); block table {block_table}, context "
-                  f"{context_len}", fontsize=8)
-    ax.set_title(f"tiles of {block_n} tokens: each position gathers its own block", fontsize=10, loc="left")
+    ax.set_xlabel(
+        f"KV pool slots ({num_blocks} blocks x {block_size}); block table {block_table}, context "
+        f"{context_len}",
+        fontsize=8,
+    )
+    ax.set_title(
+        f"tiles of {block_n} tokens: each position gathers its own block", fontsize=10, loc="left"
+    )
     ax.figure.tight_layout()
     return ax.figure
 
 
-def plot_lab_steps(run: dict | None, steps: list[tuple[str, str]], shapes: list[tuple[int, int]], ax=None):
+def plot_lab_steps(
+    run: dict | None, steps: list[tuple[str, str]], shapes: list[tuple[int, int]], ax=None
+):
     """% of peak HBM bandwidth for each lab step (bars) at each (batch, context), from
     ``paged_course.bench.kernel.committed_kernel_runs``; a step without a number is drawn as a grey
     "not measured" placeholder, never guessed. ``steps`` is ``[(id, label), ...]``."""
@@ -204,8 +306,15 @@ def plot_lab_steps(run: dict | None, steps: list[tuple[str, str]], shapes: list[
                 if i == len(shapes) // 2:  # one label per step
                     ax.text(j, 4, "not measured yet", ha="center", fontsize=7, color="gray")
             else:
-                ax.bar(x, row["pct_peak"], width, color=f"C{i}", label=f"batch {batch}, context {context}"
-                       if j == 0 or not any(measured.get((s, batch, context)) for s, _ in steps[:j]) else None)
+                ax.bar(
+                    x,
+                    row["pct_peak"],
+                    width,
+                    color=f"C{i}",
+                    label=f"batch {batch}, context {context}"
+                    if j == 0 or not any(measured.get((s, batch, context)) for s, _ in steps[:j])
+                    else None,
+                )
                 ax.text(x, row["pct_peak"] + 1, f"{row['pct_peak']:.1f}%", ha="center", fontsize=7)
     ax.set_xticks(range(len(steps)), [label for _, label in steps], fontsize=7, rotation=12)
     ax.set_ylabel("% of peak HBM bandwidth")
@@ -225,7 +334,9 @@ def plot_kernel_bench(rows, steps, split_rows, group_rows, peak, device_name, co
     ax = axes[0, 0]
     main = [r for r in rows if r["block_size"] == 16]
     labels = [f"B{r['batch']}/{r['context']}" for r in main]
-    for k, side in enumerate(["tuned", "contiguous", "teaching", "sdpa", "flash_attn", "flashinfer"]):
+    for k, side in enumerate(
+        ["tuned", "contiguous", "teaching", "sdpa", "flash_attn", "flashinfer"]
+    ):
         ys = [r["rates"][side]["gbps"] if side in r["rates"] else np.nan for r in main]
         if not np.all(np.isnan(ys)):
             ax.plot(range(len(main)), ys, marker="o", color=f"C{k}", label=side)
@@ -240,8 +351,12 @@ def plot_kernel_bench(rows, steps, split_rows, group_rows, peak, device_name, co
     width = 0.8 / max(1, len(shapes))
     for i, shape in enumerate(shapes):
         sel = {r["step"]: r for r in steps if (r["batch"], r["context"]) == shape}
-        ax.bar([j + (i - (len(shapes) - 1) / 2) * width for j in range(len(ids))],
-               [sel[s]["gbps"] if s in sel else 0 for s in ids], width, label=f"B{shape[0]} ctx {shape[1]}")
+        ax.bar(
+            [j + (i - (len(shapes) - 1) / 2) * width for j in range(len(ids))],
+            [sel[s]["gbps"] if s in sel else 0 for s in ids],
+            width,
+            label=f"B{shape[0]} ctx {shape[1]}",
+        )
     if peak:
         ax.axhline(peak, color="gray", linestyle="--")
     ax.set_xticks(range(len(ids)), ids, fontsize=8)
@@ -250,21 +365,41 @@ def plot_kernel_bench(rows, steps, split_rows, group_rows, peak, device_name, co
     ax = axes[1, 0]
     for r in split_rows:
         splits = sorted(r["ms_by_splits"], key=int)
-        ax.plot([int(s) for s in splits], [r["ms_by_splits"][s] * 1e3 for s in splits], marker="o",
-                label=f"B{r['batch']} ctx {r['context']} (heuristic: {r['heuristic_splits']})")
+        ax.plot(
+            [int(s) for s in splits],
+            [r["ms_by_splits"][s] * 1e3 for s in splits],
+            marker="o",
+            label=f"B{r['batch']} ctx {r['context']} (heuristic: {r['heuristic_splits']})",
+        )
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="num_splits", ylabel="us", yscale="log", title="split-K: forced counts vs the heuristic's pick")
+    ax.set(
+        xlabel="num_splits",
+        ylabel="us",
+        yscale="log",
+        title="split-K: forced counts vs the heuristic's pick",
+    )
     ax.legend(fontsize=7)
     ax = axes[1, 1]
     for k, impl in enumerate(dict.fromkeys(r["impl"] for r in group_rows)):
         sel = [r for r in group_rows if r["impl"] == impl]
-        ax.plot([r["intensity"] for r in sel], [r["gbps"] for r in sel], marker="o", color=f"C{k}", label=impl)
+        ax.plot(
+            [r["intensity"] for r in sel],
+            [r["gbps"] for r in sel],
+            marker="o",
+            color=f"C{k}",
+            label=impl,
+        )
         for r in sel:
             ax.annotate(f"G{r['group']}", (r["intensity"], r["gbps"]), fontsize=6)
     if peak:
         ax.axhline(peak, color="gray", linestyle="--", label="memory roof (peak HBM)")
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flops / byte)", ylabel="achieved GB/s",
-           title="roofline: every decode is far left of the compute roof")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (flops / byte)",
+        ylabel="achieved GB/s",
+        title="roofline: every decode is far left of the compute roof",
+    )
     ax.legend(fontsize=7)
     fig.suptitle(f"bench kernel on {device_name} ({config})")
     fig.tight_layout()
@@ -274,7 +409,10 @@ def plot_kernel_bench(rows, steps, split_rows, group_rows, peak, device_name, co
 def plot_cpu_check(rows):
     """The CPU benchmark's figure: interpreter seconds per call of both kernels (not kernel speed)."""
     fig, ax = plt.subplots(figsize=(7, 3))
-    labels = [f"B{r['batch']}/ctx{r['context']}/bs{r['block_size']}/s{r['num_splits']}/{r['dtype']}" for r in rows]
+    labels = [
+        f"B{r['batch']}/ctx{r['context']}/bs{r['block_size']}/s{r['num_splits']}/{r['dtype']}"
+        for r in rows
+    ]
     y = np.arange(len(rows))
     ax.barh(y - 0.2, [r["tuned_interpreter_s"] for r in rows], 0.4, label="tuned")
     ax.barh(y + 0.2, [r["teaching_interpreter_s"] for r in rows], 0.4, label="teaching")

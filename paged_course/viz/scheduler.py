@@ -20,13 +20,23 @@ from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from paged_course.viz.kv_pool import plot_pool
 
-STATE_COLORS = {"waiting": "#d9d9d9", "running": "#2ca02c", "preempted": "#ff7f0e", "swapped": "#9467bd"}
+STATE_COLORS = {
+    "waiting": "#d9d9d9",
+    "running": "#2ca02c",
+    "preempted": "#ff7f0e",
+    "swapped": "#9467bd",
+}
 
 
 def plot_timelines(res, ax=None, max_requests: int | None = 40, title: str | None = None):
     """Gantt chart of ``res.timelines`` (first ``max_requests`` requests by arrival)."""
-    rids = sorted(res.timelines, key=lambda r: (res.requests[r]["arrival_s"], int(r.lstrip("r") or 0)
-                                                 if r.lstrip("r").isdigit() else 0))[:max_requests]
+    rids = sorted(
+        res.timelines,
+        key=lambda r: (
+            res.requests[r]["arrival_s"],
+            int(r.lstrip("r") or 0) if r.lstrip("r").isdigit() else 0,
+        ),
+    )[:max_requests]
     if ax is None:
         _, ax = plt.subplots(figsize=(9, min(0.16 * len(rids), 6) + 1.2))
     for row, rid in enumerate(rids):
@@ -38,8 +48,17 @@ def plot_timelines(res, ax=None, max_requests: int | None = 40, title: str | Non
     ax.set_yticks([])
     ax.set_ylabel(f"requests ({len(rids)})")
     ax.set_xlabel("time (s, cost model)")
-    ax.set_title(title or f"{res.name}: {res.total_s:.1f} s, {res.throughput:.0f} tokens/s", fontsize=9, loc="left")
-    ax.legend([Patch(color=c) for c in STATE_COLORS.values()], list(STATE_COLORS), fontsize=7, loc="upper right")
+    ax.set_title(
+        title or f"{res.name}: {res.total_s:.1f} s, {res.throughput:.0f} tokens/s",
+        fontsize=9,
+        loc="left",
+    )
+    ax.legend(
+        [Patch(color=c) for c in STATE_COLORS.values()],
+        list(STATE_COLORS),
+        fontsize=7,
+        loc="upper right",
+    )
     return ax.figure
 
 
@@ -70,15 +89,32 @@ class Stepper:
     ``scheduler_cls``: the engine's ``Scheduler`` or a subclass (the learner's, chapter 06).
     """
 
-    def __init__(self, requests, block_size: int = 4, num_gpu_blocks: int = 8, num_cpu_blocks: int = 0,
-                 preemption_mode: str = "recompute", watermark: float = 0.0, max_model_len: int = 64,
-                 scheduler_cls=Scheduler):
+    def __init__(
+        self,
+        requests,
+        block_size: int = 4,
+        num_gpu_blocks: int = 8,
+        num_cpu_blocks: int = 0,
+        preemption_mode: str = "recompute",
+        watermark: float = 0.0,
+        max_model_len: int = 64,
+        scheduler_cls=Scheduler,
+    ):
         self.requests = list(requests)
         self.sched = scheduler_cls(
-            SchedulerConfig(max_num_seqs=8, max_model_len=max_model_len, preemption_mode=preemption_mode,
-                            max_num_batched_tokens=max(max_model_len, 64)),
-            CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-                        watermark=watermark))
+            SchedulerConfig(
+                max_num_seqs=8,
+                max_model_len=max_model_len,
+                preemption_mode=preemption_mode,
+                max_num_batched_tokens=max(max_model_len, 64),
+            ),
+            CacheConfig(
+                block_size=block_size,
+                num_gpu_blocks=num_gpu_blocks,
+                num_cpu_blocks=num_cpu_blocks,
+                watermark=watermark,
+            ),
+        )
         self.groups: dict[str, SequenceGroup] = {}
         self.step_no, self.log = 0, []
         self.max_model_len = max_model_len
@@ -87,8 +123,11 @@ class Stepper:
         for i, (name, prompt_len, new, at) in enumerate(self.requests):
             if at == self.step_no:
                 prompt = [100 * (i + 1) + j for j in range(prompt_len)]
-                g = SequenceGroup(name, [Sequence(i, prompt, self.sched.cache_config.block_size)],
-                                  SamplingParams(max_tokens=new))
+                g = SequenceGroup(
+                    name,
+                    [Sequence(i, prompt, self.sched.cache_config.block_size)],
+                    SamplingParams(max_tokens=new),
+                )
                 self.groups[name] = g
                 self.sched.add_request(g)
         out = self.sched.schedule()
@@ -101,21 +140,30 @@ class Stepper:
         self.step_no += 1
         parts = [f"step {self.step_no}:"]
         if out.prefills:
-            parts.append("prefill " + ", ".join(f"{g.seq_group.request_id}({g.num_tokens})" for g in out.prefills))
+            parts.append(
+                "prefill "
+                + ", ".join(f"{g.seq_group.request_id}({g.num_tokens})" for g in out.prefills)
+            )
         if out.decodes:
             parts.append("decode " + ", ".join(g.seq_group.request_id for g in out.decodes))
-        for label, seqs in (("preempted", out.preempted), ("swapped in", out.swapped_in),
-                            ("ignored", out.ignored), ("exhausted", out.exhausted)):
+        for label, seqs in (
+            ("preempted", out.preempted),
+            ("swapped in", out.swapped_in),
+            ("ignored", out.ignored),
+            ("exhausted", out.exhausted),
+        ):
             if seqs:
                 parts.append(f"{label} " + ", ".join(seq.group.request_id for seq in seqs))
         self.log.append(" ".join(parts) if len(parts) > 1 else parts[0] + " nothing to run")
         return self.log[-1]
 
     def queues(self) -> dict[str, list[str]]:
-        return {"waiting": [s.group.request_id for s in self.sched.waiting],
-                "running": [s.group.request_id for s in self.sched.running],
-                "swapped": [s.group.request_id for s in self.sched.swapped],
-                "finished": [n for n, g in self.groups.items() if g.is_finished]}
+        return {
+            "waiting": [s.group.request_id for s in self.sched.waiting],
+            "running": [s.group.request_id for s in self.sched.running],
+            "swapped": [s.group.request_id for s in self.sched.swapped],
+            "finished": [n for n, g in self.groups.items() if g.is_finished],
+        }
 
     def draw(self, ax=None):
         """The GPU pool (colour = request) with the queues and the last log line as the title."""
@@ -124,13 +172,18 @@ class Stepper:
         for name, g in self.groups.items():
             seq = g.seqs[0]
             on_gpu = seq.status is SequenceStatus.RUNNING
-            tables[name] = (bm.get_block_table(seq) if on_gpu else [], seq.num_computed_tokens if on_gpu else 0)
+            tables[name] = (
+                bm.get_block_table(seq) if on_gpu else [],
+                seq.num_computed_tokens if on_gpu else 0,
+            )
         fig = plot_pool(tables or {"-": ([], 0)}, bm.num_gpu_blocks, bs, ax=ax)
         ax = fig.axes[0] if ax is None else ax
         q = self.queues()
         text = "\n".join(f"{k}: {' '.join(v) or '-'}" for k, v in q.items())
         ax.set_title("")  # replace plot_pool's title with the step log and the queues
-        ax.set_title((self.log[-1] if self.log else "before step 1") + "\n" + text, fontsize=7, loc="left")
+        ax.set_title(
+            (self.log[-1] if self.log else "before step 1") + "\n" + text, fontsize=7, loc="left"
+        )
         return fig
 
 
@@ -163,7 +216,10 @@ def stepper_widget(make_stepper, static_steps: int = 8):
 
     state = {"stepper": make_stepper()}
     out, log = widgets.Output(), widgets.Textarea(layout=widgets.Layout(width="95%", height="90px"))
-    step_btn, reset_btn = widgets.Button(description="schedule() once"), widgets.Button(description="reset")
+    step_btn, reset_btn = (
+        widgets.Button(description="schedule() once"),
+        widgets.Button(description="reset"),
+    )
 
     def redraw():
         with out:
@@ -175,7 +231,8 @@ def stepper_widget(make_stepper, static_steps: int = 8):
 
     def on_step(_):
         if state["stepper"].sched.has_unfinished_requests() or state["stepper"].step_no <= max(
-                r[3] for r in state["stepper"].requests):
+            r[3] for r in state["stepper"].requests
+        ):
             state["stepper"].step()
         redraw()
 

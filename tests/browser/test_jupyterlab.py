@@ -31,7 +31,9 @@ CHAPTERS = bc.find_notebooks([])
 
 
 def _need_browser() -> None:
-    missing = [exe for exe in (lab_browser.CHROMIUM, lab_browser.CHROMEDRIVER) if not Path(exe).exists()]
+    missing = [
+        exe for exe in (lab_browser.CHROMIUM, lab_browser.CHROMEDRIVER) if not Path(exe).exists()
+    ]
     if missing:
         message = f"{', '.join(missing)} missing: apt-get install chromium chromium-driver"
         if os.environ.get("CI"):
@@ -40,7 +42,9 @@ def _need_browser() -> None:
 
 
 def _failures(result) -> str:
-    return f"{result.notebook} in JupyterLab ({result.seconds:.1f} s):\n  " + "\n  ".join(result.failures)
+    return f"{result.notebook} in JupyterLab ({result.seconds:.1f} s):\n  " + "\n  ".join(
+        result.failures
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -57,13 +61,15 @@ def chapter_session():
 @pytest.mark.parametrize(
     "notebook",
     CHAPTERS or [pytest.param(None, marks=pytest.mark.skip(reason="no chapters/NN_*.ipynb yet"))],
-    ids=[p.stem for p in CHAPTERS] or ["no-chapters"])
+    ids=[p.stem for p in CHAPTERS] or ["no-chapters"],
+)
 def test_chapter_renders_runs_and_answers_in_jupyterlab(chapter_session, notebook):
     lab, driver = chapter_session
     result = bc.check_notebook(driver, lab, notebook, REPO, OUT, CHAPTER_TIMEOUT)
     assert result.ok, _failures(result)
-    assert result.screenshot is not None and result.screenshot.stat().st_size > 10_000, \
+    assert result.screenshot is not None and result.screenshot.stat().st_size > 10_000, (
         f"no screenshot of {notebook.name} in {OUT}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,21 +91,29 @@ widgets.VBox([slider, out])"""
 SCRATCH = {
     "good": [PLOT, SLIDER],
     # a widget view whose model the page never received (what a stale saved output looks like)
-    "model_not_found": [PLOT, "from IPython.display import display\n"
-                              "view = {'model_id': 'deadbeef', 'version_major': 2, 'version_minor': 0}\n"
-                              "display({'application/vnd.jupyter.widget-view+json': view, "
-                              "'text/plain': 'IntSlider(value=3)'}, raw=True)"],
+    "model_not_found": [
+        PLOT,
+        "from IPython.display import display\n"
+        "view = {'model_id': 'deadbeef', 'version_major': 2, 'version_minor': 0}\n"
+        "display({'application/vnd.jupyter.widget-view+json': view, "
+        "'text/plain': 'IntSlider(value=3)'}, raw=True)",
+    ],
     # a widget whose JavaScript module does not exist in the page
-    "js_missing": [PLOT, "import ipywidgets as w\nfrom traitlets import Unicode\n"
-                         "class Ghost(w.DOMWidget):\n"
-                         "    _view_name = Unicode('GhostView').tag(sync=True)\n"
-                         "    _view_module = Unicode('no-such-widget-module').tag(sync=True)\n"
-                         "    _view_module_version = Unicode('1.0.0').tag(sync=True)\n"
-                         "Ghost()"],
+    "js_missing": [
+        PLOT,
+        "import ipywidgets as w\nfrom traitlets import Unicode\n"
+        "class Ghost(w.DOMWidget):\n"
+        "    _view_name = Unicode('GhostView').tag(sync=True)\n"
+        "    _view_module = Unicode('no-such-widget-module').tag(sync=True)\n"
+        "    _view_module_version = Unicode('1.0.0').tag(sync=True)\n"
+        "Ghost()",
+    ],
     # a figure that reaches the page only as its text repr
-    "figure_text": ["import matplotlib.pyplot as plt\nfrom IPython.display import display\n"
-                    "get_ipython().display_formatter.formatters['image/png'].enabled = False\n"
-                    "fig = plt.figure()\nplt.plot([1, 2])\ndisplay(fig)\nplt.close(fig)"],
+    "figure_text": [
+        "import matplotlib.pyplot as plt\nfrom IPython.display import display\n"
+        "get_ipython().display_formatter.formatters['image/png'].enabled = False\n"
+        "fig = plt.figure()\nplt.plot([1, 2])\ndisplay(fig)\nplt.close(fig)"
+    ],
     # the kernel cannot import something: a traceback, and the cells after it never run
     "error": [PLOT, "import paged_module_that_does_not_exist", "print('never runs')"],
     # a slider nobody listens to: moving it changes no output
@@ -118,7 +132,9 @@ EXPECTED = {
 def scratch(tmp_path_factory):
     _need_browser()
     folder = tmp_path_factory.mktemp("scratch_notebooks")
-    kernelspec = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    kernelspec = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+    }
     for name, cells in SCRATCH.items():
         nb = nbformat.v4.new_notebook(metadata=kernelspec)
         nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
@@ -129,7 +145,9 @@ def scratch(tmp_path_factory):
 
 def test_checker_passes_a_good_notebook(scratch, tmp_path):
     folder, lab, driver = scratch
-    result = bc.check_notebook(driver, lab, folder / "good.ipynb", folder, tmp_path, CHAPTER_TIMEOUT)
+    result = bc.check_notebook(
+        driver, lab, folder / "good.ipynb", folder, tmp_path, CHAPTER_TIMEOUT
+    )
     assert result.ok, _failures(result)
     assert any(note.startswith("first widget answered") for note in result.notes), result.notes
 
@@ -137,8 +155,11 @@ def test_checker_passes_a_good_notebook(scratch, tmp_path):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_checker_fails_a_broken_notebook(scratch, tmp_path, name):
     folder, lab, driver = scratch
-    result = bc.check_notebook(driver, lab, folder / f"{name}.ipynb", folder, tmp_path, CHAPTER_TIMEOUT)
+    result = bc.check_notebook(
+        driver, lab, folder / f"{name}.ipynb", folder, tmp_path, CHAPTER_TIMEOUT
+    )
     assert not result.ok, f"the browser check passed the broken notebook {name!r}: {result.notes}"
-    assert any(EXPECTED[name] in failure for failure in result.failures), \
+    assert any(EXPECTED[name] in failure for failure in result.failures), (
         f"{name}: expected a failure containing {EXPECTED[name]!r}, got {result.failures}"
+    )
     assert result.screenshot is not None, f"no screenshot for {name}"

@@ -19,7 +19,10 @@ def impl(pytestconfig):
     package = pytestconfig.getoption("--impl")
 
     def load(name: str):
-        if package not in ("solutions", "exercises"):  # a folder of planted wrong answers (course mutants)
+        if package not in (
+            "solutions",
+            "exercises",
+        ):  # a folder of planted wrong answers (course mutants)
             path = Path(package) / f"{name}.py"
             module_name = f"_impl_{abs(hash((str(path.resolve()), path.stat().st_mtime_ns)))}_{name}"  # edits reload
             if module_name not in sys.modules:

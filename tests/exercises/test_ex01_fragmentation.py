@@ -21,6 +21,7 @@ KINDS = ("real", "reserved", "internal")
 
 # ---- references written out slot by slot / block by block ------------------------------------------------
 
+
 def _ref_kinds(tokens: int, final: int, held: int) -> tuple[int, int, int]:
     """Walk the held slots one by one: a token now, a future token of this request, or never one."""
     counts = [0, 0, 0]
@@ -40,7 +41,11 @@ def ref_can_allocate(self, num_tokens):
     need = _ceil_blocks(num_tokens, self.block_size)
     if self.num_blocks - need < self.watermark_blocks:
         return AllocStatus.NEVER
-    return AllocStatus.OK if self.num_free_blocks - need >= self.watermark_blocks else AllocStatus.LATER
+    return (
+        AllocStatus.OK
+        if self.num_free_blocks - need >= self.watermark_blocks
+        else AllocStatus.LATER
+    )
 
 
 def ref_grow(self, req, num_tokens):
@@ -70,13 +75,25 @@ def _with(cls, **methods):
 
 # ---- ch01.ex1: slot_kinds ------------------------------------------------------------------------------
 
+
 def _requests(rule: str, seed: int, n: int = 300):
     """Random (tokens now, final tokens, held slots) with hand-picked block-boundary cases in front."""
     rng = np.random.default_rng(seed)
     final = rng.integers(1, 400, size=n)
     tokens = 1 + (rng.random(n) * final).astype(np.int64)  # 1 .. final
-    edges = [(1, 1), (16, 16), (16, 40), (17, 33), (1, 16), (15, 17), (32, 32), (33, 64), (4, 5), (8, 8)]
-    tokens[:len(edges)], final[:len(edges)] = zip(*edges)
+    edges = [
+        (1, 1),
+        (16, 16),
+        (16, 40),
+        (17, 33),
+        (1, 16),
+        (15, 17),
+        (32, 32),
+        (33, 64),
+        (4, 5),
+        (8, 8),
+    ]
+    tokens[: len(edges)], final[: len(edges)] = zip(*edges)
     if rule == "static":
         held = np.full(n, 512)
     elif rule == "contiguous":
@@ -96,12 +113,16 @@ def test_slot_kinds_slot_by_slot(impl, rule):
     got = ex.slot_kinds(tokens, final, held)
     assert len(got) == 3, "slot_kinds returns (real, reserved, internal)"
     got = [np.asarray(a) for a in got]
-    expected = np.array([_ref_kinds(t, f, h) for t, f, h in zip(tokens.tolist(), final.tolist(), held.tolist())]).T
+    expected = np.array(
+        [_ref_kinds(t, f, h) for t, f, h in zip(tokens.tolist(), final.tolist(), held.tolist())]
+    ).T
     for name, g, e in zip(KINDS, got, expected):
         assert g.shape == tokens.shape, f"{name}: one count per request"
         i = int(np.flatnonzero(g != e)[0]) if not np.array_equal(g, e) else 0
-        assert int(g[i]) == int(e[i]), (f"{name} slots ({rule}): a request with {tokens[i]} tokens now, "
-                                        f"{final[i]} at its end and {held[i]} held slots")
+        assert int(g[i]) == int(e[i]), (
+            f"{name} slots ({rule}): a request with {tokens[i]} tokens now, "
+            f"{final[i]} at its end and {held[i]} held slots"
+        )
     assert (got[0] + got[1] + got[2] == held).all(), "real + reserved + internal = the held slots"
 
 
@@ -116,23 +137,37 @@ def test_slot_kinds_in_the_simulator(impl, block_size):
         for name in KINDS:
             a, b = getattr(ref, name), getattr(mine, name)
             step = _first_difference(a, b)
-            assert int(b[step]) == int(a[step]), (f"{manager} manager, block_size {block_size}: {name} slots of all "
-                                                  f"running requests together at step {step} of the run")
+            assert int(b[step]) == int(a[step]), (
+                f"{manager} manager, block_size {block_size}: {name} slots of all "
+                f"running requests together at step {step} of the run"
+            )
 
 
 # ---- ch01.ex2: can_allocate ----------------------------------------------------------------------------
+
 
 @pytest.mark.exercise("ch01.ex2", points=2)
 def test_can_allocate_by_hand(impl):
     ex = impl("ex01_fragmentation")
     m = ex.PagedManager(20, 4, watermark=0.1)  # keeps 2 blocks free
     m.allocate(0, 49)  # 13 blocks held, 7 free
-    why = {8: "2 blocks leave 5 free", 20: "5 blocks leave exactly the 2 watermark blocks",
-           21: "6 blocks would leave 1 (fewer than the watermark)", 72: "18 blocks fit an empty pool beside the 2",
-           73: "19 blocks never fit beside the 2 watermark blocks, even in an empty pool of 20"}
-    for n, expected in ((8, AllocStatus.OK), (20, AllocStatus.OK), (21, AllocStatus.LATER), (72, AllocStatus.LATER),
-                        (73, AllocStatus.NEVER)):
-        assert m.can_allocate(n) == expected, f"{n} tokens, 7 of 20 blocks free, watermark 2: {why[n]}"
+    why = {
+        8: "2 blocks leave 5 free",
+        20: "5 blocks leave exactly the 2 watermark blocks",
+        21: "6 blocks would leave 1 (fewer than the watermark)",
+        72: "18 blocks fit an empty pool beside the 2",
+        73: "19 blocks never fit beside the 2 watermark blocks, even in an empty pool of 20",
+    }
+    for n, expected in (
+        (8, AllocStatus.OK),
+        (20, AllocStatus.OK),
+        (21, AllocStatus.LATER),
+        (72, AllocStatus.LATER),
+        (73, AllocStatus.NEVER),
+    ):
+        assert m.can_allocate(n) == expected, (
+            f"{n} tokens, 7 of 20 blocks free, watermark 2: {why[n]}"
+        )
     assert (m.held, m.num_free_blocks) == ({0: 13}, 7), "can_allocate changes nothing"
 
 
@@ -155,7 +190,8 @@ def test_can_allocate_against_the_watermark_rule(impl, block_size):
         got = m.can_allocate(num_tokens)
         assert got == expected, (
             f"admission of {num_tokens} tokens (block_size {block_size}) into {num_blocks} blocks with "
-            f"{m.num_free_blocks} free and watermark_blocks {m.watermark_blocks}: expected {expected}, got {got}")
+            f"{m.num_free_blocks} free and watermark_blocks {m.watermark_blocks}: expected {expected}, got {got}"
+        )
         assert (dict(m.held), m.num_free_blocks) == before, "can_allocate changes nothing"
 
 
@@ -163,22 +199,42 @@ def _tight_traces():
     """Small traces on tight pools: waiting, watermark rejections, preemptions and truncations."""
     out = []
     for seed, bs in ((1, 4), (2, 16), (3, 4)):
-        trace = chat_trace(80, seed=seed, max_seq_len=256, mean_prompt=30, mean_output=50, arrival_rate=0.5)
+        trace = chat_trace(
+            80, seed=seed, max_seq_len=256, mean_prompt=30, mean_output=50, arrival_rate=0.5
+        )
         out.append((trace, 40 * bs, bs, 0.1))
-    out.append((Trace.from_lengths([6, 3, 30, 9], [20, 5, 4, 9], arrival=[0, 0, 1, 2], max_seq_len=40), 16, 4, 0.0))
-    out.append((Trace.from_lengths([5, 50, 3, 12], [9, 2, 30, 4], arrival=[0, 0, 3, 3], max_seq_len=60), 48, 4, 0.25))
+    out.append(
+        (
+            Trace.from_lengths([6, 3, 30, 9], [20, 5, 4, 9], arrival=[0, 0, 1, 2], max_seq_len=40),
+            16,
+            4,
+            0.0,
+        )
+    )
+    out.append(
+        (
+            Trace.from_lengths([5, 50, 3, 12], [9, 2, 30, 4], arrival=[0, 0, 3, 3], max_seq_len=60),
+            48,
+            4,
+            0.25,
+        )
+    )
     return out
 
 
 def _same_run(ref, mine, what: str) -> None:
-    assert mine.rejected.tolist() == ref.rejected.tolist(), f"{what}: the requests rejected at arrival (NEVER)"
+    assert mine.rejected.tolist() == ref.rejected.tolist(), (
+        f"{what}: the requests rejected at arrival (NEVER)"
+    )
     for name in ("running", "waiting", "real", "reserved", "internal"):
         a, b = getattr(ref, name), getattr(mine, name)
         assert len(b) == len(a), f"{what}: the run's length in steps"
         step = _first_difference(a, b)
         assert int(b[step]) == int(a[step]), f"{what}: {name} at step {step} of the run"
     assert mine.preemptions == ref.preemptions, f"{what}: preemptions in the whole run"
-    assert mine.truncated.tolist() == ref.truncated.tolist(), f"{what}: requests cut short (alone, out of blocks)"
+    assert mine.truncated.tolist() == ref.truncated.tolist(), (
+        f"{what}: requests cut short (alone, out of blocks)"
+    )
 
 
 @pytest.mark.exercise("ch01.ex2", points=2)
@@ -193,6 +249,7 @@ def test_admission_in_the_simulator(impl):
 
 # ---- ch01.ex3: grow ------------------------------------------------------------------------------------
 
+
 @pytest.mark.exercise("ch01.ex3", points=2)
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_grow_takes_a_block_only_when_the_last_one_is_full(impl, block_size):
@@ -202,8 +259,10 @@ def test_grow_takes_a_block_only_when_the_last_one_is_full(impl, block_size):
     for tokens in range(block_size, 3 * block_size + 2):
         assert m.grow(7, tokens) == [], "a block is free: nobody is preempted"
         expected = _ceil_blocks(tokens, block_size)
-        assert m.held[7] == expected, (f"with block_size {block_size}, {tokens} tokens live in {expected} blocks, "
-                                       f"the request holds {m.held[7]}")
+        assert m.held[7] == expected, (
+            f"with block_size {block_size}, {tokens} tokens live in {expected} blocks, "
+            f"the request holds {m.held[7]}"
+        )
         assert m.num_free_blocks == 10 - expected, "every block taken leaves the free count"
 
 
@@ -212,22 +271,34 @@ def test_grow_preempts_the_most_recently_admitted(impl):
     ex = impl("ex01_fragmentation")
     cls = _with(ex.PagedManager, can_allocate=ref_can_allocate)
     m = cls(5, 4, 0.0)
-    for req, tokens in ((3, 8), (1, 3), (5, 4), (2, 4)):  # admission order 3, 1, 5, 2: the pool is full
+    for req, tokens in (
+        (3, 8),
+        (1, 3),
+        (5, 4),
+        (2, 4),
+    ):  # admission order 3, 1, 5, 2: the pool is full
         m.allocate(req, tokens)
-    assert m.grow(1, 4) == [] and m.held[1] == 1, "the last block of request 1 still has room: nothing happens"
+    assert m.grow(1, 4) == [] and m.held[1] == 1, (
+        "the last block of request 1 still has room: nothing happens"
+    )
     assert m.grow(3, 9) == [2], "no free block: the request admitted last (2) is preempted"
-    assert m.held == {3: 3, 1: 1, 5: 1} and m.num_free_blocks == 0, \
+    assert m.held == {3: 3, 1: 1, 5: 1} and m.num_free_blocks == 0, (
         "the victim's block goes to the grower; the others keep theirs"
+    )
     assert m.grow(5, 5) == [5], "the grower is itself the newest: it is preempted and takes nothing"
-    assert m.held == {3: 3, 1: 1} and m.num_free_blocks == 1, "the preempted grower's block is free again"
+    assert m.held == {3: 3, 1: 1} and m.num_free_blocks == 1, (
+        "the preempted grower's block is free again"
+    )
     m.allocate(8, 4)
     assert m.grow(8, 5) == [8], "the newest request preempts itself rather than an older one"
-    assert m.grow(1, 5) == [] and m.held == {3: 3, 1: 2} and m.num_free_blocks == 0, \
+    assert m.grow(1, 5) == [] and m.held == {3: 3, 1: 2} and m.num_free_blocks == 0, (
         "the block it released serves the next grower"
+    )
     alone = cls(2, 4, 0.0)
     alone.allocate(0, 8)
-    assert alone.grow(0, 9) == [0] and alone.held == {} and alone.num_free_blocks == 2, \
+    assert alone.grow(0, 9) == [0] and alone.held == {} and alone.num_free_blocks == 2, (
         "alone with no free block: the request preempts itself and releases its blocks"
+    )
 
 
 class _Model:
@@ -260,7 +331,12 @@ def test_grow_on_random_histories(impl, block_size):
     rng = np.random.default_rng(10 + block_size)
     for history in range(30):
         num_blocks = int(rng.integers(3, 12))
-        m, model, tokens, nxt = cls(num_blocks, block_size, 0.0), _Model(num_blocks, block_size), {}, 0
+        m, model, tokens, nxt = (
+            cls(num_blocks, block_size, 0.0),
+            _Model(num_blocks, block_size),
+            {},
+            0,
+        )
         for step in range(80):
             if rng.random() < 0.3 and model.free_blocks() > 0:  # admit a new request
                 n = int(rng.integers(1, model.free_blocks() * block_size + 1))
@@ -272,12 +348,15 @@ def test_grow_on_random_histories(impl, block_size):
                 tokens[req] += 1
                 expected = model.grow(req, tokens[req])
                 got = m.grow(req, tokens[req])
-                assert got == expected, (f"history {history}, step {step}: request {req} grows to {tokens[req]} "
-                                         f"tokens: preempted {expected} expected, got {got}")
+                assert got == expected, (
+                    f"history {history}, step {step}: request {req} grows to {tokens[req]} "
+                    f"tokens: preempted {expected} expected, got {got}"
+                )
             held = {r: b for r, b in model.running}
             assert m.held == held and m.num_free_blocks == model.free_blocks(), (
                 f"history {history}, step {step}: blocks held {held} with {model.free_blocks()} free expected, "
-                f"got {m.held} with {m.num_free_blocks} free")
+                f"got {m.held} with {m.num_free_blocks} free"
+            )
 
 
 @pytest.mark.exercise("ch01.ex3", points=2)

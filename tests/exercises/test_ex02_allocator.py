@@ -120,13 +120,16 @@ class Model:
 
 # ---- ch02.ex1: the free queue --------------------------------------------------------------------------
 
+
 @pytest.mark.exercise("ch02.ex1", points=1)
 @pytest.mark.parametrize("n", [0, 1, 5, 12])
 def test_a_fresh_queue_holds_every_id_in_order(impl, n):
     q = impl("ex02_allocator").FreeBlockQueue(n)
     assert list(q) == list(range(n)), "a fresh queue holds 0 .. n-1, front first"
     assert len(q) == n
-    assert [q.popleft() for _ in range(n)] == list(range(n)), "popleft hands out the front: 0, 1, 2, ..."
+    assert [q.popleft() for _ in range(n)] == list(range(n)), (
+        "popleft hands out the front: 0, 1, 2, ..."
+    )
     assert len(q) == 0 and list(q) == []
     with pytest.raises(IndexError):
         q.popleft()
@@ -136,7 +139,9 @@ def test_a_fresh_queue_holds_every_id_in_order(impl, n):
 def test_remove_from_the_front_the_middle_and_the_back(impl):
     q = impl("ex02_allocator").FreeBlockQueue(7)
     q.remove(3)
-    assert list(q) == [0, 1, 2, 4, 5, 6], "remove takes an id out of the middle and keeps the order of the rest"
+    assert list(q) == [0, 1, 2, 4, 5, 6], (
+        "remove takes an id out of the middle and keeps the order of the rest"
+    )
     q.remove(0)
     q.remove(6)
     assert list(q) == [1, 2, 4, 5] and len(q) == 4, "remove works at the front and at the back too"
@@ -162,7 +167,9 @@ def test_random_queue_histories_match_a_list(impl, seed):
         for step in range(150):
             op = rng.choice(["popleft", "append", "append", "remove", "remove"])
             if op == "popleft" and model:
-                assert q.popleft() == model.pop(0), f"history {history}, step {step}: popleft is not the front"
+                assert q.popleft() == model.pop(0), (
+                    f"history {history}, step {step}: popleft is not the front"
+                )
             elif op == "append" and len(model) < n:
                 b = rng.choice([b for b in range(n) if b not in model])
                 q.append(b)
@@ -172,10 +179,13 @@ def test_random_queue_histories_match_a_list(impl, seed):
                 q.remove(b)
                 model.remove(b)
             assert list(q) == model, f"history {history}, step {step} ({op}): the queue front first"
-            assert len(q) == len(model), f"history {history}, step {step} ({op}): len counts the queued ids"
+            assert len(q) == len(model), (
+                f"history {history}, step {step} ({op}): len counts the queued ids"
+            )
 
 
 # ---- ch02.ex2: allocate_many ---------------------------------------------------------------------------
+
 
 @pytest.mark.exercise("ch02.ex2", points=2)
 @pytest.mark.parametrize("n", [1, 6, 11])
@@ -184,7 +194,9 @@ def test_a_fresh_pool_hands_out_ids_in_order(alloc_cls, n):
     first = a.allocate_many(n // 2)
     assert first == list(range(n // 2)), "a fresh pool hands out ids in order"
     assert a.allocate() == n // 2, "allocate takes the next one"
-    assert a.allocate_many(n - n // 2 - 1) == list(range(n // 2 + 1, n)), "and the next call continues there"
+    assert a.allocate_many(n - n // 2 - 1) == list(range(n // 2 + 1, n)), (
+        "and the next call continues there"
+    )
     assert a._ref_counts == [1] * n, "an allocated block is held once"
     assert (a.num_free_blocks, a.num_used_blocks) == (0, n)
     assert a.allocate_many(0) == [], "zero blocks: nothing to do, even when nothing is free"
@@ -196,13 +208,19 @@ def test_allocate_many_is_all_or_nothing(alloc_cls):
     before = _state(a)
     with pytest.raises(NoFreeBlocksError) as err:
         a.allocate_many(4)
-    assert (err.value.requested, err.value.available) == (4, 3), "the error gives the blocks requested and free"
+    assert (err.value.requested, err.value.available) == (4, 3), (
+        "the error gives the blocks requested and free"
+    )
     assert _state(a) == before, "a failed allocate_many changes nothing: no block leaves the queue"
-    assert a.allocate_many(3) == [5, 2, 7], "exactly as many as are free: all of them, in queue order"
+    assert a.allocate_many(3) == [5, 2, 7], (
+        "exactly as many as are free: all of them, in queue order"
+    )
     assert [a._ref_counts[b] for b in (5, 2, 7)] == [1, 1, 1]
     with pytest.raises(NoFreeBlocksError) as err:
         a.allocate()
-    assert (err.value.requested, err.value.available) == (1, 0), "allocate() on an empty pool: requested 1, free 0"
+    assert (err.value.requested, err.value.available) == (1, 0), (
+        "allocate() on an empty pool: requested 1, free 0"
+    )
 
 
 @pytest.mark.exercise("ch02.ex2", points=2)
@@ -224,23 +242,30 @@ def test_allocate_many_takes_the_front_of_any_queue(alloc_cls, seed):
         got = a.allocate_many(k)
         assert got == free[:k], f"queue {free}: allocate_many({k}) takes the first {k}, in order"
         assert list(a._free) == free[k:], "the rest of the queue stays, in order"
-        assert [a._ref_counts[b] for b in got] == [1] * k and all(a._ref_counts[b] == c for b, c in held.items()), \
-            "new blocks are held once; blocks held before keep their counts"
+        assert [a._ref_counts[b] for b in got] == [1] * k and all(
+            a._ref_counts[b] == c for b, c in held.items()
+        ), "new blocks are held once; blocks held before keep their counts"
 
 
 # ---- ch02.ex3: the id and count check ------------------------------------------------------------------
+
 
 @pytest.mark.exercise("ch02.ex3", points=1)
 @pytest.mark.parametrize("bad", [-1, -7, 7, 100, 2.0, "3", None])
 def test_ids_outside_the_pool_are_rejected_by_name(alloc_cls, bad):
     a = _pool(alloc_cls, 7, [4, 1, 6], {0: 1, 2: 2, 3: 1, 5: 1})
     before = _state(a)
-    for op, call in (("incref", a.incref), ("ref_count", a.ref_count), ("free", lambda b: a._check(b, "free"))):
+    for op, call in (
+        ("incref", a.incref),
+        ("ref_count", a.ref_count),
+        ("free", lambda b: a._check(b, "free")),
+    ):
         with pytest.raises(ValueError) as err:
             call(bad)
         message = str(err.value)
-        assert message.startswith(op) and repr(bad) in message and "0..6" in message, \
+        assert message.startswith(op) and repr(bad) in message and "0..6" in message, (
             f"{op}({bad!r}): the message names the operation, the id and the range 0..6; got {message!r}"
+        )
     assert _state(a) == before, "a rejected call changes nothing"
 
 
@@ -248,7 +273,9 @@ def test_ids_outside_the_pool_are_rejected_by_name(alloc_cls, bad):
 def test_a_free_block_has_count_0_and_cannot_be_shared(alloc_cls):
     a = _pool(alloc_cls, 5, [3, 0], {1: 1, 2: 3, 4: 1})
     before = _state(a)
-    assert [a.ref_count(b) for b in range(5)] == [0, 1, 3, 0, 1], "ref_count reads the count, 0 for a free block"
+    assert [a.ref_count(b) for b in range(5)] == [0, 1, 3, 0, 1], (
+        "ref_count reads the count, 0 for a free block"
+    )
     for b in (3, 0):
         with pytest.raises(ValueError, match="already free") as err:
             a.incref(b)
@@ -256,18 +283,23 @@ def test_a_free_block_has_count_0_and_cannot_be_shared(alloc_cls):
         with pytest.raises(ValueError, match="already free"):
             a._check(b, "free")
     assert _state(a) == before, "a rejected call changes nothing"
-    assert a._check(2, "free") == 3 and a._check(3, "take", in_use=False) == 0, "_check returns the count"
+    assert a._check(2, "free") == 3 and a._check(3, "take", in_use=False) == 0, (
+        "_check returns the count"
+    )
     a.incref(1)
     assert a.ref_count(1) == 2, "incref adds a holder to a block in use"
 
 
 # ---- ch02.ex4: free_many -------------------------------------------------------------------------------
 
+
 @pytest.mark.exercise("ch02.ex4", points=2)
 def test_freed_blocks_join_the_back_in_the_order_given(checked_cls):
     a = _pool(checked_cls, 6, [5], {0: 1, 1: 1, 2: 1, 3: 3, 4: 1})
     a.free_many([4, 1, 3, 0])
-    assert list(a._free) == [5, 4, 1, 0], "a block reaches the back of the queue when its count hits 0, in order"
+    assert list(a._free) == [5, 4, 1, 0], (
+        "a block reaches the back of the queue when its count hits 0, in order"
+    )
     assert a._ref_counts == [0, 0, 1, 2, 0, 0], "every listed block loses one holder"
     a.free(3)
     a.free(3)
@@ -284,11 +316,15 @@ def test_free_many_is_all_or_nothing(checked_cls):
     for ids in ([0, 3, 2], [4, 9], [1, 0, 0], [3, -1], [4, 1.0], [0, 3, 4, 3]):
         with pytest.raises(ValueError):
             a.free_many(ids)
-        assert _state(a) == before, f"free_many({ids}) fails: it frees nothing, not even the valid ids before it"
+        assert _state(a) == before, (
+            f"free_many({ids}) fails: it frees nothing, not even the valid ids before it"
+        )
     with pytest.raises(ValueError, match="already free"):
         a.free(2)  # a double free
     a.free_many(iter([1, 1, 0]))
-    assert list(a._free) == [2, 5, 1, 0], "an id listed twice with two holders is freed twice; iterators work"
+    assert list(a._free) == [2, 5, 1, 0], (
+        "an id listed twice with two holders is freed twice; iterators work"
+    )
 
 
 @pytest.mark.exercise("ch02.ex4", points=2, uses=("ch02.ex2",))
@@ -307,7 +343,9 @@ def test_random_allocate_and_free_histories_match_the_model(checked_cls, seed):
                 with pytest.raises(NoFreeBlocksError):
                     a.allocate_many(k)
             else:
-                assert a.allocate_many(k) == want, f"step {step}: allocate_many({k}) != the queue front"
+                assert a.allocate_many(k) == want, (
+                    f"step {step}: allocate_many({k}) != the queue front"
+                )
         else:
             if op == "free":
                 ids = rng.sample(held, rng.randint(0, min(3, len(held)))) if held else []
@@ -323,16 +361,21 @@ def test_random_allocate_and_free_histories_match_the_model(checked_cls, seed):
                     fn(arg)
             else:
                 fn(arg)
-        assert _state(a) == (m.free, m.refs), f"step {step} ({op}): the free queue or the counts differ"
+        assert _state(a) == (m.free, m.refs), (
+            f"step {step} ({op}): the free queue or the counts differ"
+        )
 
 
 # ---- ch02.ex5: take ------------------------------------------------------------------------------------
+
 
 @pytest.mark.exercise("ch02.ex5", points=3)
 def test_take_pulls_a_given_free_block_out_of_the_queue(checked_cls):
     a = _pool(checked_cls, 7, [4, 1, 6, 0, 3], {2: 1, 5: 2})
     a.take(6)
-    assert list(a._free) == [4, 1, 0, 3], "take removes the block from the middle; the rest keep their order"
+    assert list(a._free) == [4, 1, 0, 3], (
+        "take removes the block from the middle; the rest keep their order"
+    )
     assert a._ref_counts[6] == 1 and a.num_free_blocks == 4, "a taken block is held once"
     a.take(4)
     a.take(3)
@@ -364,7 +407,9 @@ def test_random_histories_with_take_match_the_model(checked_cls, seed):
         free, held = list(m.free), [b for b in range(n) if m.refs[b]]
         op = rng.choice(["allocate", "free", "take", "take"])
         if op == "allocate" and free:
-            assert a.allocate() == m.allocate_many(1)[0], f"step {step}: allocate != the queue front"
+            assert a.allocate() == m.allocate_many(1)[0], (
+                f"step {step}: allocate != the queue front"
+            )
         elif op == "free" and held:
             b = rng.choice(held)
             a.free(b)
@@ -376,16 +421,27 @@ def test_random_histories_with_take_match_the_model(checked_cls, seed):
                     a.take(b)
             else:
                 a.take(b)
-        assert _state(a) == (m.free, m.refs), f"step {step} ({op}): the free queue or the counts differ"
+        assert _state(a) == (m.free, m.refs), (
+            f"step {step} ({op}): the free queue or the counts differ"
+        )
 
 
 def _block_manager_run(allocator_cls):
     """A scripted prefix-caching history through the engine's block manager: hits on blocks in use
     (incref), hits on freed cached blocks (take), evictions, growth and frees tail first."""
-    bm = BlockSpaceManager(block_size=4, num_gpu_blocks=12, watermark=0.0, enable_prefix_caching=True,
-                           allocator_cls=allocator_cls)
+    bm = BlockSpaceManager(
+        block_size=4,
+        num_gpu_blocks=12,
+        watermark=0.0,
+        enable_prefix_caching=True,
+        allocator_cls=allocator_cls,
+    )
     shared = [7, 3, 9, 1, 4, 4, 2, 8]
-    seqs = [Sequence(0, shared + [5, 6, 1], 4), Sequence(1, shared + [9], 4), Sequence(2, list(range(20, 33)), 4)]
+    seqs = [
+        Sequence(0, shared + [5, 6, 1], 4),
+        Sequence(1, shared + [9], 4),
+        Sequence(2, list(range(20, 33)), 4),
+    ]
     log = []
     for seq in seqs:
         bm.allocate(seq)
@@ -396,10 +452,14 @@ def _block_manager_run(allocator_cls):
     log.append(("grow", bm.get_block_table(seqs[0])))
     for seq in seqs[:2]:
         bm.free(seq)
-    again = Sequence(3, shared + [5, 6, 1, 40, 41, 42], 4)  # hits the freed cached blocks of sequence 0
+    again = Sequence(
+        3, shared + [5, 6, 1, 40, 41, 42], 4
+    )  # hits the freed cached blocks of sequence 0
     bm.allocate(again)
     log.append(("hit freed", bm.get_block_table(again), bm.num_cached_tokens(again)))
-    fresh = Sequence(4, list(range(60, 75)), 4)  # needs blocks: evicts from the front of the free queue
+    fresh = Sequence(
+        4, list(range(60, 75)), 4
+    )  # needs blocks: evicts from the front of the free queue
     bm.allocate(fresh)
     log.append(("evict", bm.get_block_table(fresh)))
     for seq in (seqs[2], again, fresh):
@@ -413,4 +473,6 @@ def test_the_whole_allocator_inside_the_engines_block_manager(impl):
     ex = impl("ex02_allocator")
     expected, got = _block_manager_run(ReferenceAllocator), _block_manager_run(ex.BlockAllocator)
     for want, have in zip(expected, got):
-        assert have == want, f"block manager step '{want[0]}': block tables, hits or the free queue differ"
+        assert have == want, (
+            f"block manager step '{want[0]}': block tables, hits or the free queue differ"
+        )

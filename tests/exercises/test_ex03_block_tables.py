@@ -26,7 +26,9 @@ def _slot(table: list[int], p: int, block_size: int) -> int:
     return table[p // block_size] * block_size + p % block_size
 
 
-def _pool(context_lens, num_kv_heads, head_dim, block_size, seed, fill=float("nan"), dtype=torch.float32):
+def _pool(
+    context_lens, num_kv_heads, head_dim, block_size, seed, fill=float("nan"), dtype=torch.float32
+):
     """A pool filled with ``fill`` holding each sequence's signed random K/V in shuffled blocks.
 
     Unused table entries hold -1, a stale id just past the pool, or one far past it."""
@@ -36,8 +38,10 @@ def _pool(context_lens, num_kv_heads, head_dim, block_size, seed, fill=float("na
     ids = torch.randperm(num_blocks, generator=gen).tolist()
     width = max(need) + 2
     junk = [-1, num_blocks + 2, 10**6]
-    tables = torch.tensor([[junk[(s + j) % 3] for j in range(width)] for s in range(len(context_lens))],
-                          dtype=torch.int32)
+    tables = torch.tensor(
+        [[junk[(s + j) % 3] for j in range(width)] for s in range(len(context_lens))],
+        dtype=torch.int32,
+    )
     key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), fill)
     value_cache = key_cache.clone()
     clean = []
@@ -50,12 +54,24 @@ def _pool(context_lens, num_kv_heads, head_dim, block_size, seed, fill=float("na
             key_cache[table[p // block_size], p % block_size] = k[p]
             value_cache[table[p // block_size], p % block_size] = v[p]
         clean.append((k.to(dtype), v.to(dtype)))
-    return key_cache.to(dtype), value_cache.to(dtype), tables, torch.tensor(context_lens, dtype=torch.int32), clean
+    return (
+        key_cache.to(dtype),
+        value_cache.to(dtype),
+        tables,
+        torch.tensor(context_lens, dtype=torch.int32),
+        clean,
+    )
 
 
 def _lens(block_size: int, seed: int) -> list[int]:
     rng = random.Random(seed)
-    return [1, block_size, block_size + 1, rng.randint(2, 3 * block_size), rng.randint(2, 3 * block_size)]
+    return [
+        1,
+        block_size,
+        block_size + 1,
+        rng.randint(2, 3 * block_size),
+        rng.randint(2, 3 * block_size),
+    ]
 
 
 def _reference_gather(key_cache, value_cache, block_tables, context_lens):
@@ -88,7 +104,9 @@ def _naive(query, clean, scale, num_kv_heads):
 
 def _assert_close(out, expected, dtype, what):
     err = (out.double() - expected).abs().max().item()
-    assert err < TOL[dtype], f"{what}: max |out - reference| = {err:.3g} (tolerance {TOL[dtype]:g} in {dtype})"
+    assert err < TOL[dtype], (
+        f"{what}: max |out - reference| = {err:.3g} (tolerance {TOL[dtype]:g} in {dtype})"
+    )
 
 
 @pytest.fixture
@@ -108,8 +126,12 @@ def test_slot_mapping_at_block_boundaries(impl):
     for length in range(1, 13):
         got = ex.slot_mapping([table], [length - 1], [1], 4)
         expected = table[(length - 1) // 4] * 4 + (length - 1) % 4
-        assert list(got) == [expected], f"length {length}: the last token's slot should be {expected}, got {got}"
-    assert ex.slot_mapping([table], [7], [2], 4) == [47, 48], "positions 7, 8: offset 3 of block 11, offset 0 of 12"
+        assert list(got) == [expected], (
+            f"length {length}: the last token's slot should be {expected}, got {got}"
+        )
+    assert ex.slot_mapping([table], [7], [2], 4) == [47, 48], (
+        "positions 7, 8: offset 3 of block 11, offset 0 of 12"
+    )
 
 
 @pytest.mark.exercise("ch03.ex1", points=2)
@@ -124,18 +146,30 @@ def test_slot_mapping_for_a_packed_batch(impl, block_size):
     for kind in ["prefill", "decode", "chunk", "decode", "edge", "prefill", "empty"]:
         length = rng.randint(block_size + 2, 3 * block_size)
         table = [pool.pop() for _ in range(-(-length // block_size))]
-        start, n = {"prefill": (0, length), "decode": (length - 1, 1), "empty": (length, 0),
-                    "chunk": (length // 2 - 1, length - length // 2 + 1),
-                    "edge": (block_size, length - block_size)}[kind]
+        start, n = {
+            "prefill": (0, length),
+            "decode": (length - 1, 1),
+            "empty": (length, 0),
+            "chunk": (length // 2 - 1, length - length // 2 + 1),
+            "edge": (block_size, length - block_size),
+        }[kind]
         tables.append(table)
         starts.append(start)
         counts.append(n)
     got = ex.slot_mapping(tables, starts, counts, block_size)
-    expected = [_slot(t, p, block_size) for t, s, n in zip(tables, starts, counts) for p in range(s, s + n)]
-    assert isinstance(got, list), f"the engine's slot_mapping part returns a list of ints, got {type(got).__name__}"
-    assert got == expected, "slot = table[p // block_size] * block_size + p % block_size, sequences in batch order"
+    expected = [
+        _slot(t, p, block_size) for t, s, n in zip(tables, starts, counts) for p in range(s, s + n)
+    ]
+    assert isinstance(got, list), (
+        f"the engine's slot_mapping part returns a list of ints, got {type(got).__name__}"
+    )
+    assert got == expected, (
+        "slot = table[p // block_size] * block_size + p % block_size, sequences in batch order"
+    )
     with pytest.raises(ValueError):
-        ex.slot_mapping([[3]], [block_size], [1], block_size)  # position past the table's only block
+        ex.slot_mapping(
+            [[3]], [block_size], [1], block_size
+        )  # position past the table's only block
 
 
 # ---------------------------------------------------------------------------------------- ch03.ex2
@@ -143,9 +177,13 @@ def _write_case(block_size, seed, dtype=torch.float32, num_kv_heads=2, head_dim=
     gen = torch.Generator().manual_seed(seed)
     num_blocks = 6
     num_slots = num_blocks * block_size
-    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
+    key_cache = torch.full(
+        (num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype
+    )
     value_cache = key_cache.clone()
-    slots = torch.randperm(num_slots - 1, generator=gen)[: num_slots // 2]  # shuffled; never the pool's last slot
+    slots = torch.randperm(num_slots - 1, generator=gen)[
+        : num_slots // 2
+    ]  # shuffled; never the pool's last slot
     slots[[1, 4, 5]] = -1  # padding tokens: store nothing (and not at row -1, the last slot)
     key = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen)
     value = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen)
@@ -164,17 +202,30 @@ def test_write_kv_stores_each_token_at_its_slot(impl, block_size):
             continue
         written.add(slot)
         block, offset = slot // block_size, slot % block_size
-        assert torch.equal(key_cache[block, offset], key[i]), \
+        assert torch.equal(key_cache[block, offset], key[i]), (
             f"token {i}: its key must sit at slot {slot} = block {block}, offset {offset}"
-        assert torch.equal(value_cache[block, offset], value[i]), \
+        )
+        assert torch.equal(value_cache[block, offset], value[i]), (
             f"token {i}: its value must sit at slot {slot} = block {block}, offset {offset}"
+        )
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        untouched = [x for x in range(cache.shape[0] * block_size)
-                     if x not in written and not torch.isnan(cache[x // block_size, x % block_size]).all()]
-        assert not untouched, f"{name}: slots {untouched[:5]} were not in the slot mapping but changed " \
-                              "(a slot of -1 stores nothing)"
+        untouched = [
+            x
+            for x in range(cache.shape[0] * block_size)
+            if x not in written and not torch.isnan(cache[x // block_size, x % block_size]).all()
+        ]
+        assert not untouched, (
+            f"{name}: slots {untouched[:5]} were not in the slot mapping but changed "
+            "(a slot of -1 stores nothing)"
+        )
     with pytest.raises(ValueError):
-        ex.write_kv(key_cache, value_cache, key, value, torch.full_like(slots, key_cache.shape[0] * block_size))
+        ex.write_kv(
+            key_cache,
+            value_cache,
+            key,
+            value,
+            torch.full_like(slots, key_cache.shape[0] * block_size),
+        )
 
 
 @pytest.mark.exercise("ch03.ex2", points=1)
@@ -192,9 +243,15 @@ def test_write_kv_into_one_layer_of_an_engine_pool(impl, dtype):
     keep = slots >= 0
     flat_k = pool.kv[1, 0].reshape(-1, 2, 8)
     flat_v = pool.kv[1, 1].reshape(-1, 2, 8)
-    assert torch.equal(flat_k[slots[keep]], key[keep].to(dtype)), "layer 1's keys must be in the pool, in its dtype"
-    assert torch.equal(flat_v[slots[keep]], value[keep].to(dtype)), "layer 1's values must be in the pool"
-    assert torch.isnan(pool.kv[0]).all() and torch.isnan(pool.kv[2]).all(), "layers 0 and 2 must be untouched"
+    assert torch.equal(flat_k[slots[keep]], key[keep].to(dtype)), (
+        "layer 1's keys must be in the pool, in its dtype"
+    )
+    assert torch.equal(flat_v[slots[keep]], value[keep].to(dtype)), (
+        "layer 1's values must be in the pool"
+    )
+    assert torch.isnan(pool.kv[0]).all() and torch.isnan(pool.kv[2]).all(), (
+        "layers 0 and 2 must be untouched"
+    )
 
 
 # ---------------------------------------------------------------------------------------- ch03.ex3
@@ -203,16 +260,26 @@ def test_write_kv_into_one_layer_of_an_engine_pool(impl, dtype):
 def test_gather_kv_through_shuffled_tables(impl, block_size):
     ex = impl("ex03_block_tables")
     lens = _lens(block_size, seed=20 + block_size)
-    key_cache, value_cache, tables, context_lens, clean = _pool(lens, 2, 8, block_size, seed=block_size)
+    key_cache, value_cache, tables, context_lens, clean = _pool(
+        lens, 2, 8, block_size, seed=block_size
+    )
     key, value, valid = ex.gather_kv(key_cache, value_cache, tables, context_lens)
-    assert key.shape[0] == len(lens) and key.shape[1] >= max(lens) and key.shape[2:] == (2, 8), \
+    assert key.shape[0] == len(lens) and key.shape[1] >= max(lens) and key.shape[2:] == (2, 8), (
         f"key must be [num_seqs, L >= {max(lens)}, kv_heads, head_dim], got {list(key.shape)}"
-    assert value.shape == key.shape and valid.shape == key.shape[:2] and valid.dtype == torch.bool, \
-        "value has key's shape; valid is bool [num_seqs, L]"
+    )
+    assert (
+        value.shape == key.shape and valid.shape == key.shape[:2] and valid.dtype == torch.bool
+    ), "value has key's shape; valid is bool [num_seqs, L]"
     for s, n in enumerate(lens):
-        assert torch.equal(key[s, :n], clean[s][0]), f"sequence {s}: keys of positions 0..{n - 1} differ"
-        assert torch.equal(value[s, :n], clean[s][1]), f"sequence {s}: values of positions 0..{n - 1} differ"
-        assert valid[s, :n].all() and not valid[s, n:].any(), f"sequence {s}: valid must be exactly p < {n}"
+        assert torch.equal(key[s, :n], clean[s][0]), (
+            f"sequence {s}: keys of positions 0..{n - 1} differ"
+        )
+        assert torch.equal(value[s, :n], clean[s][1]), (
+            f"sequence {s}: values of positions 0..{n - 1} differ"
+        )
+        assert valid[s, :n].all() and not valid[s, n:].any(), (
+            f"sequence {s}: valid must be exactly p < {n}"
+        )
 
 
 @pytest.mark.exercise("ch03.ex3", points=1)
@@ -220,13 +287,16 @@ def test_gather_kv_through_shuffled_tables(impl, block_size):
 def test_gather_kv_ignores_unused_table_entries(impl, dtype):
     # Every row ends in -1 padding and stale ids beyond the pool (pool of 9 blocks; ids 11 and 1000000).
     ex = impl("ex03_block_tables")
-    key_cache, value_cache, tables, context_lens, clean = _pool([3, 9, 1], 2, 8, 4, seed=5, dtype=dtype)
+    key_cache, value_cache, tables, context_lens, clean = _pool(
+        [3, 9, 1], 2, 8, 4, seed=5, dtype=dtype
+    )
     assert (tables >= key_cache.shape[0]).any() and (tables < 0).any()
     key, value, valid = ex.gather_kv(key_cache, value_cache, tables, context_lens)
     assert key.dtype == dtype and value.dtype == dtype, f"gathered K/V keep the cache dtype {dtype}"
     for s, n in enumerate([3, 9, 1]):
-        assert torch.equal(key[s, :n], clean[s][0]) and torch.equal(value[s, :n], clean[s][1]), \
+        assert torch.equal(key[s, :n], clean[s][0]) and torch.equal(value[s, :n], clean[s][1]), (
             f"sequence {s}: K/V of positions 0..{n - 1} differ"
+        )
 
 
 # ---------------------------------------------------------------------------------------- ch03.ex4
@@ -238,12 +308,17 @@ def test_decode_attention_matches_reference(ex4, block_size, group):
     key_cache, value_cache, tables, context_lens, clean = _pool(lens, 2, 16, block_size, seed=group)
     query = torch.randn(len(lens), 2 * group, 16, generator=torch.Generator().manual_seed(99))
     out = ex4.decode_attention(query, key_cache, value_cache, tables, context_lens, SCALE)
-    assert out.shape == query.shape and out.dtype == torch.float32, \
+    assert out.shape == query.shape and out.dtype == torch.float32, (
         f"output must be [num_seqs, num_heads, head_dim] {list(query.shape)} float32, got {list(out.shape)} {out.dtype}"
+    )
     assert torch.isfinite(out).all(), "NaN stored past a context leaked into the output"
-    _assert_close(out, _naive(query, clean, SCALE, 2), torch.float32,
-                  f"GQA group {group} (query head h reads KV head h // {group}), block size {block_size}, "
-                  f"scale {SCALE}")
+    _assert_close(
+        out,
+        _naive(query, clean, SCALE, 2),
+        torch.float32,
+        f"GQA group {group} (query head h reads KV head h // {group}), block size {block_size}, "
+        f"scale {SCALE}",
+    )
 
 
 @pytest.mark.exercise("ch03.ex4", points=1)
@@ -255,7 +330,9 @@ def test_decode_attention_in_half_precision(ex4, dtype):
     out = ex4.decode_attention(query, key_cache, value_cache, tables, context_lens, 0.3)
     assert out.dtype == dtype, f"return the query dtype {dtype}, got {out.dtype}"
     assert torch.isfinite(out).all(), "NaN stored past a context leaked into the output"
-    _assert_close(out, _naive(query, clean, 0.3, 2), dtype, f"{dtype} inputs, scale 0.3 (softmax in float32)")
+    _assert_close(
+        out, _naive(query, clean, 0.3, 2), dtype, f"{dtype} inputs, scale 0.3 (softmax in float32)"
+    )
 
 
 @pytest.mark.exercise("ch03.ex4", points=1)
@@ -269,10 +346,18 @@ def test_decode_attention_ignores_garbage_past_the_context(ex4, fill):
     for p in range(5):
         key_cache[[3, 1][p // 4], p % 4], value_cache[[3, 1][p // 4], p % 4] = k[p], v[p]
     query = torch.randn(1, 2, 16, generator=gen)
-    out = ex4.decode_attention(query, key_cache, value_cache, torch.tensor([[3, 1, -1]], dtype=torch.int32),
-                               torch.tensor([5], dtype=torch.int32), SCALE)
+    out = ex4.decode_attention(
+        query,
+        key_cache,
+        value_cache,
+        torch.tensor([[3, 1, -1]], dtype=torch.int32),
+        torch.tensor([5], dtype=torch.int32),
+        SCALE,
+    )
     assert torch.isfinite(out).all(), f"{fill} stored past the context reached the output"
-    _assert_close(out, _naive(query, [(k, v)], SCALE, 2), torch.float32, f"{fill} stored past the context")
+    _assert_close(
+        out, _naive(query, [(k, v)], SCALE, 2), torch.float32, f"{fill} stored past the context"
+    )
 
 
 @pytest.mark.exercise("ch03.ex4", points=2)
@@ -284,11 +369,18 @@ def test_decode_attention_fp16_scores_in_fp32(ex4):
     for p in range(3):
         value_cache[1, p] = p + 1.0
     query = torch.full((1, 1, 64), 32.0, dtype=torch.float16)
-    out = ex4.decode_attention(query, key_cache, value_cache, torch.tensor([[1, -1]], dtype=torch.int32),
-                               torch.tensor([3], dtype=torch.int32), 0.125)
+    out = ex4.decode_attention(
+        query,
+        key_cache,
+        value_cache,
+        torch.tensor([[1, -1]], dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32),
+        0.125,
+    )
     assert out.dtype == torch.float16, f"return the query dtype, got {out.dtype}"
-    assert torch.equal(out, torch.full_like(out, 2.0)), \
+    assert torch.equal(out, torch.full_like(out, 2.0)), (
         f"expected 2.0 everywhere (equal scores, values 1, 2, 3), got {out.unique().tolist()}"
+    )
 
 
 @pytest.mark.exercise("ch03.ex4", points=1, uses=("ch03.ex3",))
@@ -297,11 +389,19 @@ def test_decode_attention_part_with_your_gather(impl, block_size):
     # The engine's part as a whole: your gather_kv, then your attention; stale ids and -1 in every table.
     ex = impl("ex03_block_tables")
     lens = _lens(block_size, seed=7 * block_size)
-    key_cache, value_cache, tables, context_lens, clean = _pool(lens, 2, 16, block_size, seed=block_size + 1)
+    key_cache, value_cache, tables, context_lens, clean = _pool(
+        lens, 2, 16, block_size, seed=block_size + 1
+    )
     query = torch.randn(len(lens), 8, 16, generator=torch.Generator().manual_seed(block_size))
     out = ex.decode_attention(query, key_cache, value_cache, tables, context_lens, SCALE)
     assert torch.isfinite(out).all(), "NaN stored past a context leaked into the output"
-    _assert_close(out, _naive(query, clean, SCALE, 2), torch.float32,
-                  f"decode_attention with your gather_kv, GQA group 4, block size {block_size}")
+    _assert_close(
+        out,
+        _naive(query, clean, SCALE, 2),
+        torch.float32,
+        f"decode_attention with your gather_kv, GQA group 4, block size {block_size}",
+    )
     with pytest.raises(ValueError):
-        ex.decode_attention(query[:, :3], key_cache, value_cache, tables, context_lens, SCALE)  # 3 % 2 heads
+        ex.decode_attention(
+            query[:, :3], key_cache, value_cache, tables, context_lens, SCALE
+        )  # 3 % 2 heads

@@ -19,6 +19,8 @@ import torch
 
 NEG_INF = float("-inf")
 SCALE = 0.3  # not head_dim ** -0.5
+
+
 def _empty_state(rows: int, dim: int):
     return torch.full((rows,), NEG_INF), torch.zeros(rows), torch.zeros(rows, dim)
 
@@ -33,7 +35,9 @@ def _fold(ex, scores, values, cuts):
 
 
 @pytest.mark.exercise("ch04.ex1", points=2)
-@pytest.mark.timeout(60)  # the first ch04 test imports Triton: 2.4 s on a cold 2-vCPU machine (0.3 s warm)
+@pytest.mark.timeout(
+    60
+)  # the first ch04 test imports Triton: 2.4 s on a cold 2-vCPU machine (0.3 s warm)
 def test_update_single_block_from_empty_state(impl):
     ex = impl("ex04_online_softmax")
     gen = torch.Generator().manual_seed(0)
@@ -52,14 +56,20 @@ def test_update_chained_equals_softmax(impl, seed):
     ex = impl("ex04_online_softmax")
     gen = torch.Generator().manual_seed(seed)
     length = 23 + seed
-    scores = torch.randn(4, length, generator=gen) * 150  # exp(150) overflows float32: subtract the max
+    scores = (
+        torch.randn(4, length, generator=gen) * 150
+    )  # exp(150) overflows float32: subtract the max
     scores[:, -1] += 400  # the max arrives in the last block: earlier blocks must be rescaled
     values = torch.randn(length, 7, generator=gen)
     m, l, acc = _fold(ex, scores, values, cuts=[5, 6, 13])  # noqa: E741 (ragged blocks: 5, 1, 7, rest)
     expected = torch.softmax(scores.double(), dim=1) @ values.double()
     out = acc / l[:, None]
-    assert torch.isfinite(out).all(), "overflow: scores must be shifted by the running max before exp"
-    assert torch.allclose(out.double(), expected, atol=1e-5), "acc / l after all blocks must equal softmax @ V"
+    assert torch.isfinite(out).all(), (
+        "overflow: scores must be shifted by the running max before exp"
+    )
+    assert torch.allclose(out.double(), expected, atol=1e-5), (
+        "acc / l after all blocks must equal softmax @ V"
+    )
     assert torch.equal(m, scores.max(dim=1).values), "m must end as the max over every block"
 
 
@@ -76,11 +86,18 @@ def test_update_masked_slots_and_masked_blocks(impl):
     keep = torch.isfinite(scores)
     for r in range(2):
         expected = torch.softmax(scores[r, keep[r]].double(), 0) @ values[keep[r]].double()
-        assert torch.isfinite(out[r]).all(), f"row {r}: a fully masked block gave NaN (exp(-inf - -inf))"
-        assert torch.allclose(out[r].double(), expected, atol=1e-5), f"row {r}: masked slots must weigh 0"
-    m0, l0, acc0 = ex.online_softmax_update(*_empty_state(1, 4), torch.full((1, 3), NEG_INF), values[:3])
-    assert m0.item() == NEG_INF and l0.item() == 0 and not acc0.any(), \
+        assert torch.isfinite(out[r]).all(), (
+            f"row {r}: a fully masked block gave NaN (exp(-inf - -inf))"
+        )
+        assert torch.allclose(out[r].double(), expected, atol=1e-5), (
+            f"row {r}: masked slots must weigh 0"
+        )
+    m0, l0, acc0 = ex.online_softmax_update(
+        *_empty_state(1, 4), torch.full((1, 3), NEG_INF), values[:3]
+    )
+    assert m0.item() == NEG_INF and l0.item() == 0 and not acc0.any(), (
         "an all-masked block on an empty state is a no-op"
+    )
 
 
 # ------------------------------------------------------------------------------- ch04.ex2: the Triton kernel
@@ -94,7 +111,9 @@ def _triton_or_skip():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _paged_inputs(lens, num_heads, num_kv_heads, head_dim, block_size, seed, scale_q=1.0, dtype=torch.float32):
+def _paged_inputs(
+    lens, num_heads, num_kv_heads, head_dim, block_size, seed, scale_q=1.0, dtype=torch.float32
+):
     """Signed random q/K/V; the pool is a view into a NaN-filled buffer one block larger on each side (plus one),
     so that the -1 and the stale ids (num_blocks, num_blocks + 1) in unused table entries point at NaN."""
     gen = torch.Generator().manual_seed(seed)
@@ -103,10 +122,12 @@ def _paged_inputs(lens, num_heads, num_kv_heads, head_dim, block_size, seed, sca
     perm = torch.randperm(num_blocks, generator=gen)
     width = max(need) + 2
     junk = torch.tensor([-1, num_blocks, num_blocks + 1], dtype=torch.int32)
-    tables = junk[(torch.arange(len(lens))[:, None] + torch.arange(width)[None, :]) % 3].contiguous()
+    tables = junk[
+        (torch.arange(len(lens))[:, None] + torch.arange(width)[None, :]) % 3
+    ].contiguous()
     start = 0
     for s, k in enumerate(need):
-        tables[s, :k] = perm[start:start + k].int()
+        tables[s, :k] = perm[start : start + k].int()
         start += k
     storage = torch.full((num_blocks + 3, block_size, num_kv_heads, head_dim), float("nan"))
     for s, n in enumerate(lens):
@@ -116,7 +137,7 @@ def _paged_inputs(lens, num_heads, num_kv_heads, head_dim, block_size, seed, sca
     values = torch.full_like(storage, float("nan"))
     values[~torch.isnan(storage)] = torch.randn(int((~torch.isnan(storage)).sum()), generator=gen)
     storage, values = storage.to(dtype), values.to(dtype)
-    key_cache, value_cache = storage[1:1 + num_blocks], values[1:1 + num_blocks]
+    key_cache, value_cache = storage[1 : 1 + num_blocks], values[1 : 1 + num_blocks]
     query = (torch.randn(len(lens), num_heads, head_dim, generator=gen) * scale_q).to(dtype)
     return query, key_cache, value_cache, tables, torch.tensor(lens, dtype=torch.int32)
 
@@ -134,7 +155,10 @@ def _naive(query, key_cache, value_cache, tables, lens, scale, positions=None):
         blocks = [int(tables[s, p // block_size]) for p in pos]
         offs = [p % block_size for p in pos]
         for h in range(num_heads):
-            k, v = key_cache[blocks, offs, h // group].double(), value_cache[blocks, offs, h // group].double()
+            k, v = (
+                key_cache[blocks, offs, h // group].double(),
+                value_cache[blocks, offs, h // group].double(),
+            )
             x = k @ query[s, h].double() * scale
             out[s, h] = torch.softmax(x, 0) @ v
             lse[s, h] = torch.logsumexp(x, 0)
@@ -154,14 +178,24 @@ def _run(ex, inputs, scale, device):
 def test_kernel_matches_reference(impl, block_size, group):
     device = _triton_or_skip()
     ex = impl("ex04_online_softmax")
-    inputs = _paged_inputs([1, block_size, block_size + 1, 3 * block_size + 2], 2 * group, 2, 16, block_size,
-                           seed=block_size + group)
+    inputs = _paged_inputs(
+        [1, block_size, block_size + 1, 3 * block_size + 2],
+        2 * group,
+        2,
+        16,
+        block_size,
+        seed=block_size + group,
+    )
     out = _run(ex, inputs, SCALE, device)
     assert torch.isfinite(out).all(), "the output holds NaN: something past a context leaked in"
-    assert out.abs().sum() > 0, "the output is all zeros: the loop never folds a block into m, l and acc"
+    assert out.abs().sum() > 0, (
+        "the output is all zeros: the loop never folds a block into m, l and acc"
+    )
     err = (out.double() - _naive(*inputs, SCALE)[0]).abs().max().item()
-    assert err < 1e-5, f"kernel output differs from the reference by {err:.3g} (GQA group {group}, block size " \
-                       f"{block_size}, scale {SCALE})"
+    assert err < 1e-5, (
+        f"kernel output differs from the reference by {err:.3g} (GQA group {group}, block size "
+        f"{block_size}, scale {SCALE})"
+    )
 
 
 @pytest.mark.triton
@@ -171,10 +205,14 @@ def test_kernel_large_scores_and_head_dim_24(impl):
     ex = impl("ex04_online_softmax")
     # q scaled by 60: scores reach a few hundred, so exp() without the running max overflows float32
     inputs = _paged_inputs([7, 2, 13], 6, 2, 24, 4, seed=9, scale_q=60.0)
-    out = _run(ex, inputs, 24 ** -0.5, device)
-    assert torch.isfinite(out).all(), "NaN/inf in the output: subtract the running max and rescale l and acc"
-    err = (out.double() - _naive(*inputs, 24 ** -0.5)[0]).abs().max().item()
-    assert err < 1e-4, f"kernel output differs from the reference by {err:.3g} (scores in the hundreds)"
+    out = _run(ex, inputs, 24**-0.5, device)
+    assert torch.isfinite(out).all(), (
+        "NaN/inf in the output: subtract the running max and rescale l and acc"
+    )
+    err = (out.double() - _naive(*inputs, 24**-0.5)[0]).abs().max().item()
+    assert err < 1e-4, (
+        f"kernel output differs from the reference by {err:.3g} (scores in the hundreds)"
+    )
 
 
 @pytest.mark.triton
@@ -185,10 +223,14 @@ def test_kernel_half_precision(impl, dtype):
     ex = impl("ex04_online_softmax")
     inputs = _paged_inputs([3, 8, 9], 4, 2, 16, 8, seed=2, dtype=dtype)
     out = _run(ex, inputs, SCALE, device)
-    assert out.dtype == dtype and torch.isfinite(out).all(), f"a finite {dtype} output, got {out.dtype}"
+    assert out.dtype == dtype and torch.isfinite(out).all(), (
+        f"a finite {dtype} output, got {out.dtype}"
+    )
     err = (out.double() - _naive(*inputs, SCALE)[0]).abs().max().item()
     tol = {torch.float16: 3e-3, torch.bfloat16: 2.5e-2}[dtype]
-    assert err < tol, f"{dtype}: kernel output differs from the reference by {err:.3g} (accumulate in float32)"
+    assert err < tol, (
+        f"{dtype}: kernel output differs from the reference by {err:.3g} (accumulate in float32)"
+    )
 
 
 @pytest.mark.triton
@@ -206,23 +248,32 @@ def test_kernel_splits_write_each_partial_and_its_lse(impl, num_splits):
     shape = (len(lens), 4, num_splits)
     partial = torch.full((*shape, 16), float("nan"), device=device)
     lse = torch.full(shape, float("nan"), device=device)
-    ex.decode_splits(*[t.to(device) for t in inputs], scale=SCALE, num_splits=num_splits, partial=partial, lse=lse)
+    ex.decode_splits(
+        *[t.to(device) for t in inputs],
+        scale=SCALE,
+        num_splits=num_splits,
+        partial=partial,
+        lse=lse,
+    )
     partial, lse = partial.cpu(), lse.cpu()
     for i in range(num_splits):
         owned = lambda s, n, i=i: [p for p in range(i * per * 4, (i + 1) * per * 4) if p < n]  # noqa: E731
         want_out, want_lse = _naive(*inputs, SCALE, positions=owned)
         empty = torch.isinf(want_lse)
-        assert torch.equal(partial[:, :, i][empty], torch.zeros_like(partial[:, :, i][empty])), \
+        assert torch.equal(partial[:, :, i][empty], torch.zeros_like(partial[:, :, i][empty])), (
             f"split {i}: a split with no token must write a partial output of 0 (NaN or garbage found)"
-        assert torch.equal(lse[:, :, i][empty], want_lse[empty].float()), \
+        )
+        assert torch.equal(lse[:, :, i][empty], want_lse[empty].float()), (
             f"split {i}: a split with no token must write lse = -inf"
+        )
         if empty.all():
             continue
         err_out = (partial[:, :, i][~empty].double() - want_out[~empty]).abs().max().item()
         err_lse = (lse[:, :, i][~empty].double() - want_lse[~empty]).abs().max().item()
-        assert err_out < 1e-5 and err_lse < 1e-4, \
-            f"split {i} of {num_splits}: partial off by {err_out:.3g}, lse off by {err_lse:.3g} (it owns blocks " \
+        assert err_out < 1e-5 and err_lse < 1e-4, (
+            f"split {i} of {num_splits}: partial off by {err_out:.3g}, lse off by {err_lse:.3g} (it owns blocks "
             f"{i * per}..{(i + 1) * per - 1} of each table, only those inside the context)"
+        )
 
 
 # ----------------------------------------------------------------------------- ch04.ex4: the split-K merge
@@ -250,15 +301,19 @@ def test_merge_equals_one_softmax_over_all_splits(impl, seed):
     ex = impl("ex04_online_softmax")
     partial, lse, scores, values = _split_case(seed)
     out, lse_total = ex.merge_splits(partial.clone(), lse.clone())
-    assert out.shape == (3, 2, 5) and lse_total.shape == (3, 2), \
+    assert out.shape == (3, 2, 5) and lse_total.shape == (3, 2), (
         f"merge_splits gives out [..., D] and lse [...], got {list(out.shape)} and {list(lse_total.shape)}"
-    assert torch.isfinite(out).all(), \
+    )
+    assert torch.isfinite(out).all(), (
         "NaN/inf in the merged output: shift by the largest lse, and an empty split (lse -inf, partial NaN) weighs 0"
+    )
     expected = torch.softmax(scores, -1) @ values
     err = (out.double() - expected).abs().max().item()
     assert err < 1e-5, f"merged output differs from one softmax over all 40 tokens by {err:.3g}"
     err_lse = (lse_total.double() - torch.logsumexp(scores, -1)).abs().max().item()
-    assert err_lse < 1e-3, f"merged lse must be the log-sum-exp of all the tokens: off by {err_lse:.3g}"
+    assert err_lse < 1e-3, (
+        f"merged lse must be the log-sum-exp of all the tokens: off by {err_lse:.3g}"
+    )
 
 
 @pytest.mark.exercise("ch04.ex4", points=2)
@@ -268,7 +323,9 @@ def test_merge_rows_with_only_empty_splits(impl):
     partial[1] = float("nan")  # sequence 1 has a context of 0: every split empty
     lse[1] = NEG_INF
     out, lse_total = ex.merge_splits(partial.clone(), lse.clone())
-    assert torch.equal(out[1], torch.zeros_like(out[1])), "a row whose splits are all empty merges to 0, not NaN"
+    assert torch.equal(out[1], torch.zeros_like(out[1])), (
+        "a row whose splits are all empty merges to 0, not NaN"
+    )
     assert torch.isinf(lse_total[1]).all() and (lse_total[1] < 0).all(), "and its lse is -inf"
     expected = torch.softmax(scores[[0, 2]], -1) @ values
     err = (out[[0, 2]].double() - expected).abs().max().item()
@@ -286,6 +343,10 @@ def test_split_k_decode_equals_one_pass(impl, num_splits):
     inputs = _paged_inputs([1, 9, 30], 6, 2, 16, 4, seed=11)
     out = torch.full_like(inputs[0], float("nan")).to(device)
     ex.paged_decode(*[t.to(device) for t in inputs], scale=SCALE, num_splits=num_splits, out=out)
-    assert torch.isfinite(out.cpu()).all(), "split-K output holds NaN (an empty split must merge as a no-op)"
+    assert torch.isfinite(out.cpu()).all(), (
+        "split-K output holds NaN (an empty split must merge as a no-op)"
+    )
     err = (out.cpu().double() - _naive(*inputs, SCALE)[0]).abs().max().item()
-    assert err < 1e-5, f"paged_decode with {num_splits} splits differs from the reference by {err:.3g}"
+    assert err < 1e-5, (
+        f"paged_decode with {num_splits} splits differs from the reference by {err:.3g}"
+    )

@@ -41,7 +41,7 @@ def strong(parent, tokens):
 def ref_keys(tokens, bs, hash_fn):
     keys, parent = [], ROOT_KEY
     for i in range(len(tokens) // bs):
-        parent = hash_fn(parent, tuple(tokens[i * bs:(i + 1) * bs]))
+        parent = hash_fn(parent, tuple(tokens[i * bs : (i + 1) * bs]))
         keys.append(parent)
     return keys
 
@@ -75,9 +75,18 @@ def lockstep(cls, copy_on_write, seed, bs, num_blocks, hash_fn, ops=120):
     """One random trace (admissions with shared heads, decodes, forks, frees) through the reference block
     manager and through one with the learner's part; everything observable must agree after each op."""
     rng = random.Random(seed)
-    ref = BlockSpaceManager(bs, num_blocks, watermark=0.0, enable_prefix_caching=True, hash_fn=hash_fn)
-    you = BlockSpaceManager(bs, num_blocks, watermark=0.0, enable_prefix_caching=True, hash_fn=hash_fn,
-                            prefix_cache_cls=cls, copy_on_write=copy_on_write)
+    ref = BlockSpaceManager(
+        bs, num_blocks, watermark=0.0, enable_prefix_caching=True, hash_fn=hash_fn
+    )
+    you = BlockSpaceManager(
+        bs,
+        num_blocks,
+        watermark=0.0,
+        enable_prefix_caching=True,
+        hash_fn=hash_fn,
+        prefix_cache_cls=cls,
+        copy_on_write=copy_on_write,
+    )
     stems = [[rng.randrange(1, 6) for _ in range(5 * bs)] for _ in range(3)]
     live: list[tuple[Sequence, Sequence]] = []
     hits = forks = evictions = 0
@@ -85,20 +94,25 @@ def lockstep(cls, copy_on_write, seed, bs, num_blocks, hash_fn, ops=120):
         kind = rng.random()
         where = f"seed {seed}, block size {bs}, operation {op}"
         if kind < 0.4 or not live:
-            prompt = rng.choice(stems)[:rng.randrange(1, 4 * bs)] + [rng.randrange(1, 6)] * rng.randrange(3)
+            prompt = rng.choice(stems)[: rng.randrange(1, 4 * bs)] + [
+                rng.randrange(1, 6)
+            ] * rng.randrange(3)
             a, b = seq_of(prompt, bs), Sequence(next(_ids), list(prompt), bs)
             can = ref.can_allocate(a)
-            assert you.can_allocate(b) == can, f"{where}: can_allocate differs from the reference (cached prefix)"
+            assert you.can_allocate(b) == can, (
+                f"{where}: can_allocate differs from the reference (cached prefix)"
+            )
             if not can:
                 continue
             cached_before = {x for x in range(num_blocks) if x in ref.prefix_cache}
             ref.allocate(a)
             you.allocate(b)
-            fresh = ref.get_block_table(a)[a.num_cached_tokens // bs:]
+            fresh = ref.get_block_table(a)[a.num_cached_tokens // bs :]
             evictions += any(x in cached_before for x in fresh)
-            assert b.num_cached_tokens == a.num_cached_tokens, \
-                f"{where}: prompt {prompt}: {b.num_cached_tokens} tokens from cache, the reference finds " \
+            assert b.num_cached_tokens == a.num_cached_tokens, (
+                f"{where}: prompt {prompt}: {b.num_cached_tokens} tokens from cache, the reference finds "
                 f"{a.num_cached_tokens}"
+            )
             hits += a.num_cached_tokens > 0
             live.append((a, b))
         elif kind < 0.75:
@@ -124,12 +138,16 @@ def lockstep(cls, copy_on_write, seed, bs, num_blocks, hash_fn, ops=120):
             ref.free(a)
             you.free(b)
         for a, b in live:
-            assert you.get_block_table(b) == ref.get_block_table(a), \
-                f"{where}: block table {you.get_block_table(b)} of sequence {b.token_ids}, the reference has " \
+            assert you.get_block_table(b) == ref.get_block_table(a), (
+                f"{where}: block table {you.get_block_table(b)} of sequence {b.token_ids}, the reference has "
                 f"{ref.get_block_table(a)}"
-        assert len(you.prefix_cache) == len(ref.prefix_cache), \
+            )
+        assert len(you.prefix_cache) == len(ref.prefix_cache), (
             f"{where}: {len(you.prefix_cache)} cached blocks, the reference has {len(ref.prefix_cache)}"
-        assert you.get_num_free_gpu_blocks() == ref.get_num_free_gpu_blocks(), f"{where}: free blocks differ"
+        )
+        assert you.get_num_free_gpu_blocks() == ref.get_num_free_gpu_blocks(), (
+            f"{where}: free blocks differ"
+        )
     return hits, forks, evictions
 
 
@@ -137,21 +155,39 @@ def engine_run(cls, copy_on_write, hash_fn, bs=4, num_blocks=14, seed=0):
     """Three waves of requests sharing heads (n = 2 for some), through the scheduler and a content-checked
     fake engine. Returns every request's tokens and the prefix-cache hit rate."""
     rng = random.Random(seed)
-    manager = BlockSpaceManager(bs, num_blocks, watermark=0.0, enable_prefix_caching=True, hash_fn=hash_fn,
-                                prefix_cache_cls=cls, copy_on_write=copy_on_write)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=12),
-                      CacheConfig(block_size=bs, num_gpu_blocks=num_blocks, watermark=0.0,
-                                  enable_prefix_caching=True), manager)
+    manager = BlockSpaceManager(
+        bs,
+        num_blocks,
+        watermark=0.0,
+        enable_prefix_caching=True,
+        hash_fn=hash_fn,
+        prefix_cache_cls=cls,
+        copy_on_write=copy_on_write,
+    )
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=12),
+        CacheConfig(
+            block_size=bs, num_gpu_blocks=num_blocks, watermark=0.0, enable_prefix_caching=True
+        ),
+        manager,
+    )
     engine = CheckedEngine(sched)
-    heads = [[1, 2, 3, 4, 5, 6, 7, 8], [4, 3, 2, 1, 8, 7, 6, 5], [1, 2, 3, 4, 9, 9, 9, 9]]  # collide under `weak`
+    heads = [
+        [1, 2, 3, 4, 5, 6, 7, 8],
+        [4, 3, 2, 1, 8, 7, 6, 5],
+        [1, 2, 3, 4, 9, 9, 9, 9],
+    ]  # collide under `weak`
     groups, ids = [], itertools.count()
     for wave in range(3):
         for r in range(4):
             tail = [rng.randrange(10, 20) for _ in range(rng.randrange(4))]
-            prompt = rng.choice(heads)[:rng.choice([4, 6, 8])] + tail
+            prompt = rng.choice(heads)[: rng.choice([4, 6, 8])] + tail
             n = 2 if (wave + r) % 3 == 0 else 1
-            group = SequenceGroup(f"w{wave}r{r}", [Sequence(next(ids), prompt, bs)],
-                                  SamplingParams(n=n, max_tokens=rng.randrange(2, 6)))
+            group = SequenceGroup(
+                f"w{wave}r{r}",
+                [Sequence(next(ids), prompt, bs)],
+                SamplingParams(n=n, max_tokens=rng.randrange(2, 6)),
+            )
             sched.add_request(group)
             groups.append(group)
         engine.run(max_steps=300)
@@ -174,10 +210,13 @@ def test_keys_chain_every_full_block(impl, bs):
             if seq is None:
                 continue
             got = cls(bs, hash_fn).update_hashes(seq)
-            assert got == ref_keys(tokens, bs, hash_fn), \
-                f"{n} tokens, block {bs}: key(i) = hash_fn(key(i-1), tuple(block i)), key(-1) = ROOT_KEY, " \
+            assert got == ref_keys(tokens, bs, hash_fn), (
+                f"{n} tokens, block {bs}: key(i) = hash_fn(key(i-1), tuple(block i)), key(-1) = ROOT_KEY, "
                 "full blocks only"
-            assert got is seq.block_hashes, "update_hashes extends seq.block_hashes in place and returns it"
+            )
+            assert got is seq.block_hashes, (
+                "update_hashes extends seq.block_hashes in place and returns it"
+            )
 
 
 @pytest.mark.exercise("ch05.ex1", points=1)
@@ -188,7 +227,9 @@ def test_each_block_is_hashed_once_as_the_sequence_grows(impl, bs):
 
     def counting(parent, tokens):
         calls.append(tokens)
-        return weak(parent, tokens) * 1000 + len(calls)  # depends on the call order: a re-hash shows
+        return weak(parent, tokens) * 1000 + len(
+            calls
+        )  # depends on the call order: a re-hash shows
 
     cache = mix(ex, "update_hashes")(bs, counting)
     seq = seq_of([3, 1, 4], bs)
@@ -197,9 +238,12 @@ def test_each_block_is_hashed_once_as_the_sequence_grows(impl, bs):
         seq.append_token_id(t)
         cache.update_hashes(seq)
     full = len(seq) // bs
-    assert len(calls) == full, f"{len(calls)} hash calls for {full} full blocks: each block is hashed once"
-    assert calls == [tuple(seq.token_ids[i * bs:(i + 1) * bs]) for i in range(full)], \
+    assert len(calls) == full, (
+        f"{len(calls)} hash calls for {full} full blocks: each block is hashed once"
+    )
+    assert calls == [tuple(seq.token_ids[i * bs : (i + 1) * bs]) for i in range(full)], (
         "blocks are hashed in order, each as a tuple of its tokens"
+    )
     assert len(seq.block_hashes) == full
 
 
@@ -211,8 +255,9 @@ def test_existing_keys_are_kept_and_extended(impl):
     seq.block_hashes = [3, 4]  # the keys of the first two blocks, computed earlier
     got = cache.update_hashes(seq)
     k2 = weak(4, (9, 10, 11, 12))
-    assert got == [3, 4, k2, weak(k2, (13, 14, 15, 16))], \
+    assert got == [3, 4, k2, weak(k2, (13, 14, 15, 16))], (
         "the keys already on the sequence are kept; the next key chains the last one"
+    )
 
 
 # ================================================================ ch05.ex2: the verified lookup
@@ -222,22 +267,28 @@ def test_lookup_hash_collision_is_a_miss(impl):
     cls = mix(ex, "lookup")
     assert weak(ROOT_KEY, (1, 2, 3, 4)) == weak(ROOT_KEY, (4, 3, 2, 1))
     cache = cache_with(cls, 4, weak, [([1, 2, 3, 4, 9], [5, 2])])
-    assert cache.lookup(seq_of([4, 3, 2, 1, 9], 4), 1) == [], \
+    assert cache.lookup(seq_of([4, 3, 2, 1, 9], 4), 1) == [], (
         "hash collision: the key matches but the tokens differ, so it is a miss"
-    assert cache.lookup(seq_of([1, 2, 3, 4, 9], 4), 1) == [5], "the block with the right tokens hits"
+    )
+    assert cache.lookup(seq_of([1, 2, 3, 4, 9], 4), 1) == [5], (
+        "the block with the right tokens hits"
+    )
     # block 0 misses; block 1 = [1,2,3,4] has the key of the cached first block (weak(0, ...) twice)
-    assert cache.lookup(seq_of([4, 3, 2, 1, 1, 2, 3, 4, 0], 4), 2) == [], \
+    assert cache.lookup(seq_of([4, 3, 2, 1, 1, 2, 3, 4, 0], 4), 2) == [], (
         "the first miss ends the prefix: a later block can never hit (its K/V depend on the missed block)"
+    )
 
 
 @pytest.mark.exercise("ch05.ex2", points=2)
 def test_lookup_chained_keys(impl):
     ex = impl("ex05_prefix_cache")
     cache = cache_with(mix(ex, "lookup"), 4, weak, [([1, 2, 3, 4, 5, 6, 7, 8], [6, 3])])
-    assert cache.lookup(seq_of([9, 9, 9, 9, 5, 6, 7, 8, 0], 4), 2) == [], \
+    assert cache.lookup(seq_of([9, 9, 9, 9, 5, 6, 7, 8, 0], 4), 2) == [], (
         "chained keys: block [5,6,7,8] after another parent is a miss"
-    assert cache.lookup(seq_of([1, 2, 3, 4, 1, 2, 3, 4, 0], 4), 2) == [6], \
+    )
+    assert cache.lookup(seq_of([1, 2, 3, 4, 1, 2, 3, 4, 0], 4), 2) == [6], (
         "chained keys: [1,2,3,4,1,2,3,4] hits exactly one block"
+    )
     assert cache.lookup(seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0], 4), 2) == [6, 3]
 
 
@@ -246,9 +297,12 @@ def test_lookup_never_more_than_max_blocks(impl):
     ex = impl("ex05_prefix_cache")
     cache = cache_with(mix(ex, "lookup"), 4, strong, [(list(range(1, 13)), [7, 1, 4])])
     seq = seq_of(list(range(1, 13)), 4)
-    assert cache.lookup(seq, 2) == [7, 1], \
+    assert cache.lookup(seq, 2) == [7, 1], (
         "fully cached prompt: at most max_blocks blocks (its last token is computed, so its last block is not hit)"
-    assert cache.lookup(seq, 0) == [] and cache.lookup(seq, -1) == [], "max_blocks 0 (or below): no hit"
+    )
+    assert cache.lookup(seq, 0) == [] and cache.lookup(seq, -1) == [], (
+        "max_blocks 0 (or below): no hit"
+    )
     assert cache.lookup(seq_of(list(range(1, 14)), 4), 9) == [7, 1, 4]
 
 
@@ -256,25 +310,37 @@ def test_lookup_never_more_than_max_blocks(impl):
 def test_lookup_verifies_the_parent_entry(impl):
     ex = impl("ex05_prefix_cache")
     # (1,2,3,4) and (4,3,2,1) collide as first blocks. [A, B] is cached in blocks 10, 11; A' alone in 12.
-    cache = cache_with(mix(ex, "lookup"), 4, weak, [([1, 2, 3, 4, 5, 6, 7, 8], [10, 11]), ([4, 3, 2, 1, 9], [12])])
+    cache = cache_with(
+        mix(ex, "lookup"), 4, weak, [([1, 2, 3, 4, 5, 6, 7, 8], [10, 11]), ([4, 3, 2, 1, 9], [12])]
+    )
     got = cache.lookup(seq_of([4, 3, 2, 1, 5, 6, 7, 8, 0], 4), 2)
-    assert got == [12], \
+    assert got == [12], (
         "block 11 holds [5,6,7,8] computed after [1,2,3,4], not after the [4,3,2,1] that hit: its parent must match"
+    )
 
 
 @pytest.mark.exercise("ch05.ex2", points=1)
 def test_lookup_changes_nothing(impl):
     ex = impl("ex05_prefix_cache")
-    cache = cache_with(mix(ex, "lookup"), 4, weak, [([1, 2, 3, 4, 5, 6, 7, 8], [0, 1]), ([1, 2, 3, 4, 5], [0])])
+    cache = cache_with(
+        mix(ex, "lookup"), 4, weak, [([1, 2, 3, 4, 5, 6, 7, 8], [0, 1]), ([1, 2, 3, 4, 5], [0])]
+    )
 
     def snapshot():
-        return ({k: [e.block_id for e in v] for k, v in cache._by_key.items()}, dict(cache._by_block),
-                cache._next_uid, cache.queried_tokens, cache.hit_tokens)
+        return (
+            {k: [e.block_id for e in v] for k, v in cache._by_key.items()},
+            dict(cache._by_block),
+            cache._next_uid,
+            cache.queried_tokens,
+            cache.hit_tokens,
+        )
 
     before = snapshot()
     for _ in range(2):
         assert cache.lookup(seq_of([1, 2, 3, 4, 5, 6, 7, 8, 9], 4), 2) == [0, 1]
-    assert snapshot() == before, "lookup is pure: the block manager takes the blocks and records the query"
+    assert snapshot() == before, (
+        "lookup is pure: the block manager takes the blocks and records the query"
+    )
 
 
 @pytest.mark.exercise("ch05.ex2", points=1)
@@ -289,16 +355,22 @@ def test_lookup_matches_the_reference_on_random_caches(impl, seed):
     rng.shuffle(ids)
     hits = 0
     for _ in range(60):
-        prompt = rng.choice(stems)[:rng.randrange(1, 5 * bs)] + [rng.randrange(1, 5) for _ in range(rng.randrange(3))]
+        prompt = rng.choice(stems)[: rng.randrange(1, 5 * bs)] + [
+            rng.randrange(1, 5) for _ in range(rng.randrange(3))
+        ]
         seq = seq_of(prompt, bs)
         max_blocks = rng.randrange(-1, 6)
         want = RefCache.lookup(cache, seq_of(prompt, bs), max_blocks)
         got = cache.lookup(seq, max_blocks)
-        assert got == want, f"seed {seed}, query {prompt}, max_blocks {max_blocks}: hits {got}, expected {want}"
+        assert got == want, (
+            f"seed {seed}, query {prompt}, max_blocks {max_blocks}: hits {got}, expected {want}"
+        )
         hits += len(want)
         table = want + [ids.pop() for _ in range(len(prompt) // bs - len(want))]
         RefCache.insert(cache, seq, table, len(want), len(prompt) // bs)
-        if rng.random() < 0.3 and len(cache):  # evict a random cached block: later chains through it break
+        if rng.random() < 0.3 and len(
+            cache
+        ):  # evict a random cached block: later chains through it break
             RefCache.evict(cache, rng.choice(list(cache._by_block)))
     assert hits > 0, "the test data must contain hits"
 
@@ -316,7 +388,9 @@ def test_lookup_in_the_engine_serves_each_token_its_own_prefix(impl):
     ex = impl("ex05_prefix_cache")
     want = engine_run(RefCache, ref_copy_on_write, weak)
     got = engine_run(mix(ex, "lookup"), ref_copy_on_write, weak)
-    assert got == want, "same requests, same tokens, same hit rate as with the reference prefix cache"
+    assert got == want, (
+        "same requests, same tokens, same hit rate as with the reference prefix cache"
+    )
     assert want[1] > 0
 
 
@@ -334,10 +408,15 @@ def test_insert_registers_chained_entries(impl, bs):
     for i in range(3):
         entry = cache._by_block.get(table[i])
         assert entry is not None, f"logical block {i} (physical {table[i]}) must be cached"
-        assert entry.block_id == table[i] and entry.key == keys[i], f"block {i}: its physical block, its chained key"
-        assert tuple(entry.token_ids) == tuple(tokens[i * bs:(i + 1) * bs]), f"block {i}: the entry stores its tokens"
-        assert entry.parent_uid == (uids[-1] if uids else 0), \
+        assert entry.block_id == table[i] and entry.key == keys[i], (
+            f"block {i}: its physical block, its chained key"
+        )
+        assert tuple(entry.token_ids) == tuple(tokens[i * bs : (i + 1) * bs]), (
+            f"block {i}: the entry stores its tokens"
+        )
+        assert entry.parent_uid == (uids[-1] if uids else 0), (
             f"block {i}: parent_uid is the uid of the previous block's entry (0 for block 0)"
+        )
         assert entry in cache._by_key.get(keys[i], []), f"block {i}: findable under its key"
         uids.append(entry.uid)
     assert len(set(uids)) == 3 and min(uids) >= 1, "every entry gets a fresh uid (>= 1)"
@@ -353,14 +432,22 @@ def test_insert_keeps_existing_entries_and_chains_after_shared_hits(impl):
     assert cache.insert(first, [2, 5, 7], 0, 2) == 2
     old = {b: cache._by_block[b] for b in (2, 5)}
     first.append_token_id(10), first.append_token_id(11), first.append_token_id(12)
-    assert cache.insert(first, [2, 5, 7], 0, 3) == 1, "blocks already cached are kept: one new entry"
+    assert cache.insert(first, [2, 5, 7], 0, 3) == 1, (
+        "blocks already cached are kept: one new entry"
+    )
     assert all(cache._by_block[b] is e for b, e in old.items()), "existing entries are not replaced"
     assert sum(len(v) for v in cache._by_key.values()) == 3, "no duplicate entry for a cached block"
     # a second sequence that hit blocks 2 and 5 and computes its own third block in block 4
     second = seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 1], 4)
     assert cache.insert(second, [2, 5, 4], 2, 3) == 1
-    assert cache._by_block[4].parent_uid == old[5].uid, "a new block chains the entry of the hit before it"
-    assert RefCache.lookup(cache, seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 1], 4), 3) == [2, 5, 4]
+    assert cache._by_block[4].parent_uid == old[5].uid, (
+        "a new block chains the entry of the hit before it"
+    )
+    assert RefCache.lookup(cache, seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 1], 4), 3) == [
+        2,
+        5,
+        4,
+    ]
 
 
 @pytest.mark.exercise("ch05.ex3", points=2)
@@ -368,18 +455,23 @@ def test_insert_stops_where_the_parent_is_not_cached(impl):
     ex = impl("ex05_prefix_cache")
     cache = mix(ex, "insert")(4, weak)
     seq = seq_of(list(range(1, 13)), 4)
-    assert cache.insert(seq, [0, 1, 2], 1, 3) == 0 and len(cache) == 0, \
+    assert cache.insert(seq, [0, 1, 2], 1, 3) == 0 and len(cache) == 0, (
         "block 0 is not cached: its children cannot be (a chain is only as long as its cached head)"
+    )
     assert cache.insert(seq, [0, 1, 2], 0, 2) == 2
     RefCache.evict(cache, 1)
-    assert cache.insert(seq, [0, 1, 2], 2, 3) == 0 and 2 not in cache, "block 1 was evicted: block 2 is not cached"
+    assert cache.insert(seq, [0, 1, 2], 2, 3) == 0 and 2 not in cache, (
+        "block 1 was evicted: block 2 is not cached"
+    )
 
 
 @pytest.mark.exercise("ch05.ex3", points=1)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_insert_in_the_block_manager_agrees_with_the_reference(impl, seed):
     ex = impl("ex05_prefix_cache")
-    hits, _, _ = lockstep(mix(ex, "insert"), ref_copy_on_write, seed, (2, 4, 4)[seed], 12, (weak, strong, weak)[seed])
+    hits, _, _ = lockstep(
+        mix(ex, "insert"), ref_copy_on_write, seed, (2, 4, 4)[seed], 12, (weak, strong, weak)[seed]
+    )
     assert hits > 0
 
 
@@ -388,7 +480,9 @@ def test_insert_in_the_engine_serves_each_token_its_own_prefix(impl):
     ex = impl("ex05_prefix_cache")
     want = engine_run(RefCache, ref_copy_on_write, weak, seed=1)
     got = engine_run(mix(ex, "insert"), ref_copy_on_write, weak, seed=1)
-    assert got == want, "same requests, same tokens, same hit rate as with the reference prefix cache"
+    assert got == want, (
+        "same requests, same tokens, same hit rate as with the reference prefix cache"
+    )
 
 
 # ================================================================ ch05.ex4: eviction of one block
@@ -400,14 +494,22 @@ def test_evict_forgets_that_block_only(impl):
     cache = cache_with(cls, 4, weak, [([1, 2, 3, 4, 5, 6, 7, 8], [3, 0]), ([1, 2, 3, 4, 9], [6])])
     key = weak(ROOT_KEY, (1, 2, 3, 4))
     assert cache.evict(3) is True, "evict returns True for a cached block"
-    assert 3 not in cache and all(e.block_id != 3 for v in cache._by_key.values() for e in v), \
+    assert 3 not in cache and all(e.block_id != 3 for v in cache._by_key.values() for e in v), (
         "an evicted block must never be hit again: its entry leaves both maps"
-    assert [e.block_id for e in cache._by_key.get(key, [])] == [6], "the other block under the same key stays cached"
+    )
+    assert [e.block_id for e in cache._by_key.get(key, [])] == [6], (
+        "the other block under the same key stays cached"
+    )
     assert RefCache.lookup(cache, seq_of([1, 2, 3, 4, 0], 4), 1) == [6]
-    assert cache.evict(3) is False and cache.evict(99) is False, "evicting a block that is not cached returns False"
-    assert cache.evict(6) is True and key not in cache._by_key, \
+    assert cache.evict(3) is False and cache.evict(99) is False, (
+        "evicting a block that is not cached returns False"
+    )
+    assert cache.evict(6) is True and key not in cache._by_key, (
         "no empty list is left under a key (the map would grow with every key ever seen)"
-    assert 0 in cache and len(cache) == 1, "evicting a parent leaves its child's entry (it simply cannot be reached)"
+    )
+    assert 0 in cache and len(cache) == 1, (
+        "evicting a parent leaves its child's entry (it simply cannot be reached)"
+    )
 
 
 @pytest.mark.exercise("ch05.ex4", points=1)
@@ -424,14 +526,19 @@ def test_evict_in_the_engine_serves_each_token_its_own_prefix(impl):
     ex = impl("ex05_prefix_cache")
     want = engine_run(RefCache, ref_copy_on_write, weak, num_blocks=9, seed=2)
     got = engine_run(mix(ex, "evict"), ref_copy_on_write, weak, num_blocks=9, seed=2)
-    assert got == want, "same requests, same tokens, same hit rate as with the reference prefix cache"
+    assert got == want, (
+        "same requests, same tokens, same hit rate as with the reference prefix cache"
+    )
 
 
 # ================================================================ ch05.ex5: the eviction order (LRU)
 def _manager_state(m):
     alloc = m.gpu_allocator
-    return alloc.free_queue(), [alloc.ref_count(b) for b in range(m.num_gpu_blocks)], \
-        {b for b in range(m.num_gpu_blocks) if b in m.prefix_cache}
+    return (
+        alloc.free_queue(),
+        [alloc.ref_count(b) for b in range(m.num_gpu_blocks)],
+        {b for b in range(m.num_gpu_blocks) if b in m.prefix_cache},
+    )
 
 
 @pytest.mark.exercise("ch05.ex5", points=2)
@@ -439,16 +546,21 @@ def test_eviction_order_shared_head_stays_longest(impl):
     ex = impl("ex05_prefix_cache")
     m = BlockSpaceManager(4, 12, watermark=0.0, enable_prefix_caching=True)
     shared = [1, 2, 3, 4, 5, 6, 7, 8]
-    a, b, c = (Sequence(i, p, 4) for i, p in enumerate(
-        [shared + [11, 12, 13, 14, 15], shared + [21, 22, 23, 24, 25], [31, 32, 33, 34, 35, 36]]))
+    a, b, c = (
+        Sequence(i, p, 4)
+        for i, p in enumerate(
+            [shared + [11, 12, 13, 14, 15], shared + [21, 22, 23, 24, 25], [31, 32, 33, 34, 35, 36]]
+        )
+    )
     for s in (a, b, c):
         m.allocate(s)
     queue, refs, cached = _manager_state(m)
     tables = [m.get_block_table(s) for s in (c, a, b)]
     got = ex.eviction_order(queue, refs, tables, cached)
     # C frees 7 then 6 (cached); A frees 3, 2 (cached), not 0 and 1 (B holds them); B frees 5, 4 (cached), 1, 0
-    assert got == [6, 2, 4, 1, 0], \
+    assert got == [6, 2, 4, 1, 0], (
         "least recently freed first, each sequence's tail before its head: the shared head is evicted last"
+    )
     for s in (c, a, b):
         m.free(s)
     assert got == [x for x in m.gpu_allocator.free_queue() if x in m.prefix_cache]
@@ -460,7 +572,9 @@ def test_eviction_order_changes_none_of_its_arguments(impl):
     queue, refs, tables, cached = [5, 4], [1, 2, 1, 1, 0, 0], [[1, 0], [3, 1, 2]], {0, 1, 2, 4}
     copies = (list(queue), list(refs), [list(t) for t in tables], set(cached))
     got = ex.eviction_order(queue, refs, tables, cached)
-    assert got == [4, 0, 2, 1], "free queue first (never-used or freed earlier), then each table tail first"
+    assert got == [4, 0, 2, 1], (
+        "free queue first (never-used or freed earlier), then each table tail first"
+    )
     assert (queue, refs, tables, cached) == copies, "eviction_order must not change its arguments"
 
 
@@ -474,7 +588,9 @@ def test_eviction_order_predicts_the_block_manager(impl, seed):
     stems = [[rng.randrange(1, 4) for _ in range(4 * bs)] for _ in range(2)]
     seqs, ids = [], itertools.count()
     for _ in range(rng.randrange(4, 8)):  # admissions with shared heads, some decode, some fork
-        prompt = rng.choice(stems)[:rng.randrange(bs, 4 * bs)] + [rng.randrange(4, 9) for _ in range(rng.randrange(3))]
+        prompt = rng.choice(stems)[: rng.randrange(bs, 4 * bs)] + [
+            rng.randrange(4, 9) for _ in range(rng.randrange(3))
+        ]
         seq = Sequence(next(ids), prompt, bs)
         if not m.can_allocate(seq):
             break
@@ -496,7 +612,9 @@ def test_eviction_order_predicts_the_block_manager(impl, seed):
     for s in finishing:
         m.free(s)
     want = [b for b in m.gpu_allocator.free_queue() if b in m.prefix_cache]
-    assert got == want, f"seed {seed}: predicted eviction order {got}, the block manager's free queue gives {want}"
+    assert got == want, (
+        f"seed {seed}: predicted eviction order {got}, the block manager's free queue gives {want}"
+    )
     evicted = []  # new data takes blocks from the front of the queue: the cached ones go in that order
     while m.get_num_free_gpu_blocks():
         filler = Sequence(next(ids), [100 + len(evicted)] * bs, bs)
@@ -528,9 +646,13 @@ def test_cow_copies_a_shared_partial_last_block(impl, bs):
     head, shared = table.block_ids
     new = alloc.allocate_many(1)[0]
     pairs = ex.copy_on_write(table, alloc, lambda: new)
-    assert pairs == [(shared, new)], "a shared, partially filled last block is copied: [(shared, private)]"
+    assert pairs == [(shared, new)], (
+        "a shared, partially filled last block is copied: [(shared, private)]"
+    )
     assert table.block_ids == [head, new], "the table now ends in its private block"
-    assert alloc.ref_count(shared) == 1, "the shared block loses exactly one holder (the sibling keeps it)"
+    assert alloc.ref_count(shared) == 1, (
+        "the shared block loses exactly one holder (the sibling keeps it)"
+    )
     assert alloc.ref_count(head) == 2, "full blocks stay shared"
     assert table.num_tokens == bs + 2
 
@@ -538,14 +660,25 @@ def test_cow_copies_a_shared_partial_last_block(impl, bs):
 @pytest.mark.exercise("ch05.ex6", points=2)
 def test_cow_never_copies_a_full_or_private_block(impl):
     ex = impl("ex05_prefix_cache")
-    for bs, blocks, tokens, holders in [(4, 2, 8, 2), (4, 2, 8, 3), (16, 1, 16, 2), (4, 2, 6, 1), (1, 3, 3, 2)]:
+    for bs, blocks, tokens, holders in [
+        (4, 2, 8, 2),
+        (4, 2, 8, 3),
+        (16, 1, 16, 2),
+        (4, 2, 6, 1),
+        (1, 3, 3, 2),
+    ]:
         alloc, table = _shared_table(bs, blocks, tokens, holders)
         before = (list(table.block_ids), [alloc.ref_count(b) for b in table.block_ids])
         what = "full" if tokens % bs == 0 else "private"
-        assert ex.copy_on_write(table, alloc, _no_allocate) == [], \
+        assert ex.copy_on_write(table, alloc, _no_allocate) == [], (
             f"a {what} last block ({tokens} tokens in blocks of {bs}, {holders} holders): no copy"
-        assert (table.block_ids, [alloc.ref_count(b) for b in table.block_ids]) == before, "nothing changes"
-    assert ex.copy_on_write(BlockTable(4), BlockAllocator(4), _no_allocate) == [], "no blocks: nothing to copy"
+        )
+        assert (table.block_ids, [alloc.ref_count(b) for b in table.block_ids]) == before, (
+            "nothing changes"
+        )
+    assert ex.copy_on_write(BlockTable(4), BlockAllocator(4), _no_allocate) == [], (
+        "no blocks: nothing to copy"
+    )
 
 
 @pytest.mark.exercise("ch05.ex6", points=1)

@@ -38,15 +38,33 @@ _ids = itertools.count()
 
 def make(rid, prompt, max_tokens, bs=4, n=1):
     prompt = list(range(1, prompt + 1)) if isinstance(prompt, int) else list(prompt)
-    return SequenceGroup(rid, [Sequence(next(_ids), prompt, bs)], SamplingParams(n=n, max_tokens=max_tokens))
+    return SequenceGroup(
+        rid, [Sequence(next(_ids), prompt, bs)], SamplingParams(n=n, max_tokens=max_tokens)
+    )
 
 
-def sched(cls, num_gpu_blocks, bs=4, max_model_len=32, mode="recompute", num_cpu_blocks=0, watermark=0.0,
-          prefix=False, **kw):
+def sched(
+    cls,
+    num_gpu_blocks,
+    bs=4,
+    max_model_len=32,
+    mode="recompute",
+    num_cpu_blocks=0,
+    watermark=0.0,
+    prefix=False,
+    **kw,
+):
     kw.setdefault("max_num_seqs", 4)
-    return cls(SchedulerConfig(max_model_len=max_model_len, preemption_mode=mode, **kw),
-               CacheConfig(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-                           watermark=watermark, enable_prefix_caching=prefix))
+    return cls(
+        SchedulerConfig(max_model_len=max_model_len, preemption_mode=mode, **kw),
+        CacheConfig(
+            block_size=bs,
+            num_gpu_blocks=num_gpu_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            watermark=watermark,
+            enable_prefix_caching=prefix,
+        ),
+    )
 
 
 def ids(seqs):
@@ -65,16 +83,28 @@ def random_spec(seed):
     mode = rng.choice(["recompute", "swap"])
     chunked = rng.random() < 0.8
     cpu = rng.randint(2, 8) if mode == "swap" else 0
-    cfg = dict(bs=bs, num_gpu_blocks=rng.randint(3, 9), mode=mode, num_cpu_blocks=cpu,
-               watermark=rng.choice([0.0, 0.0, 0.2]), prefix=rng.random() < 0.5, max_model_len=16,
-               max_num_seqs=rng.choice([2, 4]), enable_chunked_prefill=chunked,
-               max_num_batched_tokens=rng.choice([4, 6, 16]) if chunked else 16,
-               long_prefill_token_threshold=rng.choice([0, 0, 3]) * chunked)  # a threshold needs chunking
+    cfg = dict(
+        bs=bs,
+        num_gpu_blocks=rng.randint(3, 9),
+        mode=mode,
+        num_cpu_blocks=cpu,
+        watermark=rng.choice([0.0, 0.0, 0.2]),
+        prefix=rng.random() < 0.5,
+        max_model_len=16,
+        max_num_seqs=rng.choice([2, 4]),
+        enable_chunked_prefill=chunked,
+        max_num_batched_tokens=rng.choice([4, 6, 16]) if chunked else 16,
+        long_prefill_token_threshold=rng.choice([0, 0, 3]) * chunked,
+    )  # a threshold needs chunking
     reqs = []  # (arrival step, id, prompt, max_tokens, n)
     for i in range(rng.randint(2, 8)):
         p = rng.randint(1, 14)
-        prompt = [1 + rng.randrange(2)] * min(p, 4) + [10 + i] * max(0, p - 4)  # shared heads: prefix hits
-        reqs.append((rng.randint(0, 6), f"r{i}", prompt, rng.randint(1, 8), rng.choice([1, 1, 1, 2])))
+        prompt = [1 + rng.randrange(2)] * min(p, 4) + [10 + i] * max(
+            0, p - 4
+        )  # shared heads: prefix hits
+        reqs.append(
+            (rng.randint(0, 6), f"r{i}", prompt, rng.randint(1, 8), rng.choice([1, 1, 1, 2]))
+        )
     return cfg, sorted(reqs)
 
 
@@ -87,19 +117,33 @@ def run_spec(cls, cfg, reqs, max_steps=400):
     for t in itertools.count():
         while pending and pending[0][0] <= t:
             _, rid, prompt, m, n = pending.pop(0)
-            groups.append(SequenceGroup(rid, [Sequence(next(seq_ids), prompt, cfg["bs"])],
-                                        SamplingParams(n=n, max_tokens=m)))
+            groups.append(
+                SequenceGroup(
+                    rid,
+                    [Sequence(next(seq_ids), prompt, cfg["bs"])],
+                    SamplingParams(n=n, max_tokens=m),
+                )
+            )
             s.add_request(groups[-1])
         if not pending and not s.has_unfinished_requests():
             break
         assert t < max_steps, f"no progress after {max_steps} steps: a livelock"
         out = engine.step()
-        steps.append({"scheduled": [(x.seq.seq_id, x.start, x.num_tokens) for x in out.scheduled],
-                      "preempted": [x.seq_id for x in out.preempted], "swapped in": [x.seq_id for x in out.swapped_in],
-                      "ignored": [x.seq_id for x in out.ignored], "exhausted": [x.seq_id for x in out.exhausted],
-                      "swap out": list(out.blocks_to_swap_out), "swap in": list(out.blocks_to_swap_in),
-                      "copy": list(out.blocks_to_copy), "waiting": [x.seq_id for x in s.waiting],
-                      "running": [x.seq_id for x in s.running], "swapped": [x.seq_id for x in s.swapped]})
+        steps.append(
+            {
+                "scheduled": [(x.seq.seq_id, x.start, x.num_tokens) for x in out.scheduled],
+                "preempted": [x.seq_id for x in out.preempted],
+                "swapped in": [x.seq_id for x in out.swapped_in],
+                "ignored": [x.seq_id for x in out.ignored],
+                "exhausted": [x.seq_id for x in out.exhausted],
+                "swap out": list(out.blocks_to_swap_out),
+                "swap in": list(out.blocks_to_swap_in),
+                "copy": list(out.blocks_to_copy),
+                "waiting": [x.seq_id for x in s.waiting],
+                "running": [x.seq_id for x in s.running],
+                "swapped": [x.seq_id for x in s.swapped],
+            }
+        )
     assert_all_free(s)
     outputs = {g.request_id: [(x.status.value, x.output_token_ids) for x in g.seqs] for g in groups}
     return steps, outputs, (s.num_preemptions, s.num_recomputes, s.num_swap_outs, s.num_swap_ins)
@@ -113,11 +157,15 @@ def assert_lockstep(cls, seeds):
         got_steps, got_out, got_counts = run_spec(cls, cfg, reqs)
         for i, (got, want) in enumerate(zip(got_steps, want_steps)):
             for key in want:
-                assert got[key] == want[key], \
+                assert got[key] == want[key], (
                     f"seed {seed} ({cfg}), step {i + 1}: {key} {got[key]}, the reference decides {want[key]}"
-        assert len(got_steps) == len(want_steps), \
+                )
+        assert len(got_steps) == len(want_steps), (
             f"seed {seed}: {len(got_steps)} steps, the reference {len(want_steps)}"
-        assert got_out == want_out and got_counts == want_counts, f"seed {seed}: outputs or counters differ"
+        )
+        assert got_out == want_out and got_counts == want_counts, (
+            f"seed {seed}: outputs or counters differ"
+        )
         kinds = ("preempted", "swapped in", "ignored", "exhausted", "copy")
         seen |= {k for step in want_steps for k in kinds if step[k]}
         if any(n > 1 and start > 0 for step in want_steps for _, start, n in step["scheduled"]):
@@ -131,44 +179,68 @@ def assert_lockstep(cls, seeds):
 def test_chunk_caps_by_threshold_and_budget(impl, chunked):
     ex = impl("ex06_scheduler")
     cls = mix(ex, "_chunk")
-    for threshold in (0, 1, 4, 16) if chunked else (0,):  # a threshold cuts prompts: only with chunking on
-        s = sched(cls, 8, max_model_len=64, max_num_batched_tokens=64, enable_chunked_prefill=chunked,
-                  long_prefill_token_threshold=threshold)
+    for threshold in (
+        (0, 1, 4, 16) if chunked else (0,)
+    ):  # a threshold cuts prompts: only with chunking on
+        s = sched(
+            cls,
+            8,
+            max_model_len=64,
+            max_num_batched_tokens=64,
+            enable_chunked_prefill=chunked,
+            long_prefill_token_threshold=threshold,
+        )
         for remaining in (1, 2, 5, 16, 40):
             for budget in (0, 1, 3, 8, 16, 64):
                 n = min(remaining, threshold) if threshold else remaining
                 want = n if n <= budget else (budget if chunked else 0)
                 got = s._chunk(remaining, budget)
-                assert got == want, (f"{remaining} tokens left, budget {budget}, threshold {threshold}, chunked "
-                                     f"prefill {'on' if chunked else 'off'}: at most the threshold, never over the "
-                                     f"budget (cut when chunked, else wait): expected {want}")
+                assert got == want, (
+                    f"{remaining} tokens left, budget {budget}, threshold {threshold}, chunked "
+                    f"prefill {'on' if chunked else 'off'}: at most the threshold, never over the "
+                    f"budget (cut when chunked, else wait): expected {want}"
+                )
 
 
 @pytest.mark.exercise("ch06.ex1", points=1)
 @pytest.mark.parametrize("threshold, chunks", [(0, [16, 16, 8]), (6, [6, 6, 6, 6, 6, 6, 4])])
 def test_a_long_prompt_runs_in_chunks(impl, threshold, chunks):
     ex = impl("ex06_scheduler")
-    s = sched(mix(ex, "_chunk"), 16, max_model_len=64, max_num_batched_tokens=16,
-              long_prefill_token_threshold=threshold)
+    s = sched(
+        mix(ex, "_chunk"),
+        16,
+        max_model_len=64,
+        max_num_batched_tokens=16,
+        long_prefill_token_threshold=threshold,
+    )
     g = make("long", 40, 2)
     s.add_request(g)
     engine = CheckedEngine(s)
     engine.run()
     got = [x.num_tokens for out in engine.log for x in out.prefills]
-    assert got == chunks, f"a 40-token prompt, budget 16, threshold {threshold}: chunks {got}, expected {chunks}"
+    assert got == chunks, (
+        f"a 40-token prompt, budget 16, threshold {threshold}: chunks {got}, expected {chunks}"
+    )
     assert g.seqs[0].status is S.FINISHED_LENGTH and len(g.seqs[0].output_token_ids) == 2
 
 
 @pytest.mark.exercise("ch06.ex1", points=2)
 def test_threshold_leaves_budget_to_decodes_and_other_prompts(impl):
     ex = impl("ex06_scheduler")
-    s = sched(mix(ex, "_chunk"), 32, max_model_len=64, max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    s = sched(
+        mix(ex, "_chunk"),
+        32,
+        max_model_len=64,
+        max_num_batched_tokens=16,
+        long_prefill_token_threshold=8,
+    )
     for g in (make("A", 2, 6), make("long", 40, 1), make("B", 3, 4)):
         s.add_request(g)
     engine = CheckedEngine(s)
     first, second = engine.step(), engine.step()
-    assert plan(first) == [("A", 0, 2), ("long", 0, 8), ("B", 0, 3)], \
+    assert plan(first) == [("A", 0, 2), ("long", 0, 8), ("B", 0, 3)], (
         "the threshold caps the long prompt's chunk at 8, so B still fits the 16-token budget"
+    )
     assert plan(second) == [("A", 2, 1), ("long", 8, 8), ("B", 3, 1)]
     assert set(assert_lockstep(mix(ex, "_chunk"), range(12))) >= {"chunked"}
 
@@ -176,12 +248,20 @@ def test_threshold_leaves_budget_to_decodes_and_other_prompts(impl):
 @pytest.mark.exercise("ch06.ex1", points=2)
 def test_chunk_without_chunked_prefill_waits_for_the_whole_prompt(impl):
     ex = impl("ex06_scheduler")
-    s = sched(mix(ex, "_chunk"), 64, max_model_len=16, max_num_batched_tokens=16, max_num_seqs=2,
-              enable_chunked_prefill=False)
+    s = sched(
+        mix(ex, "_chunk"),
+        64,
+        max_model_len=16,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+        enable_chunked_prefill=False,
+    )
     for rid, p in [("A", 10), ("B", 7), ("C", 3)]:
         s.add_request(make(rid, p, 3))
     out = s.schedule()
-    assert plan(out) == [("A", 0, 10)], "B's 7 tokens do not fit the 6 left and are not cut; C may not overtake"
+    assert plan(out) == [("A", 0, 10)], (
+        "B's 7 tokens do not fit the 6 left and are not cut; C may not overtake"
+    )
 
 
 # ================================================================ ch06.ex2: running sequences first, preempt the newest
@@ -189,14 +269,17 @@ def test_chunk_without_chunked_prefill_waits_for_the_whole_prompt(impl):
 def test_the_victim_is_the_most_recently_admitted(impl):
     ex = impl("ex06_scheduler")
     s = sched(mix(ex, "_schedule_running"), 3)  # 3 blocks of 4
-    groups = [make(r, 4, 4) for r in "ABC"]  # each prompt fills one block; the next token needs a second
+    groups = [
+        make(r, 4, 4) for r in "ABC"
+    ]  # each prompt fills one block; the next token needs a second
     for g in groups:
         s.add_request(g)
     engine = CheckedEngine(s)
     engine.step()
     out = engine.step()
-    assert ids(out.preempted) == ["C", "B"], \
+    assert ids(out.preempted) == ["C", "B"], (
         "A grows into C's block (C, the newest, goes first); B then finds no block and nobody younger: itself"
+    )
     assert plan(out) == [("A", 4, 1)]
     engine.run()
     assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in groups)
@@ -211,8 +294,9 @@ def test_decodes_are_not_starved_by_a_long_prefill(impl):
     s.add_request(make("long", 30, 1))
     engine = CheckedEngine(s)
     assert plan(engine.step()) == [("A", 0, 1), ("long", 0, 7)]
-    assert plan(engine.step()) == [("A", 1, 1), ("long", 7, 7)], \
+    assert plan(engine.step()) == [("A", 1, 1), ("long", 7, 7)], (
         "running sequences in admission order: A's decode first, the long prompt's chunk takes what is left"
+    )
     engine.run()
     assert_all_free(s)
 
@@ -224,10 +308,13 @@ def test_alone_and_cannot_grow_ends_kv_exhausted(impl):
     g = make("X", 6, 10)
     s.add_request(g)
     engine = CheckedEngine(s)
-    assert engine.run(max_steps=10) == 4, "prefill + 2 decodes fill the 8 slots; step 4 finds it alone and full"
+    assert engine.run(max_steps=10) == 4, (
+        "prefill + 2 decodes fill the 8 slots; step 4 finds it alone and full"
+    )
     seq = g.seqs[0]
-    assert seq.status is S.FINISHED_KV_EXHAUSTED and len(seq.output_token_ids) == 3, \
+    assert seq.status is S.FINISHED_KV_EXHAUSTED and len(seq.output_token_ids) == 3, (
         "a sequence alone in the pool that cannot grow ends kv_cache_exhausted (no preempt/re-prefill loop)"
+    )
     assert s.num_preemptions == 0 and ids(engine.log[-1].exhausted) == ["X"]
     assert_all_free(s)
 
@@ -241,8 +328,9 @@ def test_two_requests_the_later_one_is_preempted_and_both_finish(impl):
     s.add_request(b)
     engine = CheckedEngine(s)
     engine.run(max_steps=30)
-    assert [ids(o.preempted) for o in engine.log if o.preempted] == [["B"]], \
+    assert [ids(o.preempted) for o in engine.log if o.preempted] == [["B"]], (
         "the younger request is preempted, once; the older one keeps decoding"
+    )
     assert engine.steps == 11 and all(len(g.seqs[0].output_token_ids) == 6 for g in (a, b))
     assert_all_free(s)
 
@@ -251,7 +339,9 @@ def test_two_requests_the_later_one_is_preempted_and_both_finish(impl):
 def test_running_step_matches_the_reference_on_random_runs(impl):
     ex = impl("ex06_scheduler")
     seen = assert_lockstep(mix(ex, "_schedule_running"), range(40))
-    assert seen >= {"preempted", "exhausted", "copy", "chunked"}, f"the random runs must cover every decision: {seen}"
+    assert seen >= {"preempted", "exhausted", "copy", "chunked"}, (
+        f"the random runs must cover every decision: {seen}"
+    )
 
 
 # ================================================================ ch06.ex3: preemption bookkeeping
@@ -272,8 +362,9 @@ def test_recompute_frees_resets_and_requeues_at_the_front(impl):
     assert ids(out.preempted) == ["C", "B"]
     for g in (b, c):
         seq = g.seqs[0]
-        assert seq.status is S.WAITING and seq.num_computed_tokens == 0, \
+        assert seq.status is S.WAITING and seq.num_computed_tokens == 0, (
             "preempted by recompute: WAITING with num_computed_tokens 0 (all its tokens are prefilled again)"
+        )
         assert not s.block_manager.has_blocks(seq), "preempted by recompute: its blocks are freed"
     assert ids(s.waiting) == ["B", "C"], "victims go back to the front of waiting, oldest first"
     assert (s.num_preemptions, s.num_recomputes, s.num_swap_outs) == (2, 2, 0)
@@ -290,10 +381,15 @@ def test_swap_moves_the_blocks_and_queues_by_arrival(impl):
     assert ids(out.preempted) == ["C", "B"]
     for g in (b, c):
         seq = g.seqs[0]
-        assert seq.status is S.SWAPPED and seq.num_computed_tokens == 4, "preempted by swap: SWAPPED, K/V kept on CPU"
-    assert ids(s.swapped) == ["B", "C"], "swapped is kept in arrival order (oldest first), whatever the eviction order"
-    assert len(out.blocks_to_swap_out) == 2 and s.block_manager.get_num_free_cpu_blocks() == 6, \
+        assert seq.status is S.SWAPPED and seq.num_computed_tokens == 4, (
+            "preempted by swap: SWAPPED, K/V kept on CPU"
+        )
+    assert ids(s.swapped) == ["B", "C"], (
+        "swapped is kept in arrival order (oldest first), whatever the eviction order"
+    )
+    assert len(out.blocks_to_swap_out) == 2 and s.block_manager.get_num_free_cpu_blocks() == 6, (
         "the victims' blocks go to the CPU pool: one (gpu, cpu) pair per block in blocks_to_swap_out"
+    )
     assert (s.num_preemptions, s.num_recomputes, s.num_swap_outs) == (2, 0, 2)
     engine.run()  # the checked engine proves the swapped K/V come back intact
     assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in (a, b, c))
@@ -304,7 +400,9 @@ def test_swap_moves_the_blocks_and_queues_by_arrival(impl):
 @pytest.mark.exercise("ch06.ex3", points=2)
 def test_swap_falls_back_to_recompute_when_the_cpu_pool_is_full(impl):
     ex = impl("ex06_scheduler")
-    s = sched(mix(ex, "_preempt"), 4, mode="swap", num_cpu_blocks=1)  # B's 2 blocks do not fit 1 CPU block
+    s = sched(
+        mix(ex, "_preempt"), 4, mode="swap", num_cpu_blocks=1
+    )  # B's 2 blocks do not fit 1 CPU block
     a, b = make("A", 7, 6), make("B", 7, 6)
     s.add_request(a)
     s.add_request(b)
@@ -332,8 +430,11 @@ def test_a_swapped_out_request_comes_back_after_the_other_finishes(impl):
     engine = CheckedEngine(s)
     engine.run(max_steps=30)
     in_steps = [i for i, o in enumerate(engine.log) if o.swapped_in]
-    assert in_steps == [6] and ids(engine.log[6].swapped_in) == ["B"] and len(engine.log[6].blocks_to_swap_in) == 2, \
-        "B comes back (its 2 blocks copied in) as soon as A is done and the pool has room"
+    assert (
+        in_steps == [6]
+        and ids(engine.log[6].swapped_in) == ["B"]
+        and len(engine.log[6].blocks_to_swap_in) == 2
+    ), "B comes back (its 2 blocks copied in) as soon as A is done and the pool has room"
     assert plan(engine.log[6]) == [("B", 8, 1)], "swapped back in: it continues where it stopped"
     assert s.num_swap_ins == 1 and a.seqs[0].output_token_ids == b.seqs[0].output_token_ids
     assert_all_free(s)
@@ -351,7 +452,9 @@ def test_swapped_come_back_oldest_first(impl):
     assert ids(engine.step().preempted) == ["D", "C"]
     engine.run(max_steps=80)
     back = [r for o in engine.log for r in ids(o.swapped_in) if r in "CD"]
-    assert back[:2] == ["C", "D"], "swapped sequences return oldest first (C before D, though D left first)"
+    assert back[:2] == ["C", "D"], (
+        "swapped sequences return oldest first (C before D, though D left first)"
+    )
     assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in groups)
     assert_all_free(s)
 
@@ -363,16 +466,24 @@ def test_a_swapped_sequence_that_cannot_return_alone_is_recomputed(impl):
     # (prompt 1) and fills 3 blocks; when A needs its second block, B is swapped out. After A is done
     # nothing runs, yet B's 3 blocks plus 1 to grow leave no block free: B goes back to waiting (recompute),
     # where it can never fit beside the watermark, and ends kv_cache_exhausted instead of waiting forever.
-    s = sched(mix(ex, "_schedule_swapped"), 4, mode="swap", num_cpu_blocks=8, watermark=0.25,
-              max_num_batched_tokens=4, max_num_seqs=2)
+    s = sched(
+        mix(ex, "_schedule_swapped"),
+        4,
+        mode="swap",
+        num_cpu_blocks=8,
+        watermark=0.25,
+        max_num_batched_tokens=4,
+        max_num_seqs=2,
+    )
     a, b = make("A", 1, 8), make("B", 12, 6)
     s.add_request(a)
     s.add_request(b)
     engine = CheckedEngine(s)
     engine.run(max_steps=40)
     assert [i for i, o in enumerate(engine.log) if o.preempted] == [4] and s.num_swap_outs == 1
-    assert [i for i, o in enumerate(engine.log) if o.exhausted] == [8] and s.num_swap_ins == 0, \
+    assert [i for i, o in enumerate(engine.log) if o.exhausted] == [8] and s.num_swap_ins == 0, (
         "while A runs, B waits in swapped; once nothing runs and B still does not fit, it is recomputed"
+    )
     assert a.seqs[0].status is S.FINISHED_LENGTH and b.seqs[0].status is S.FINISHED_KV_EXHAUSTED
     assert_all_free(s)
 
@@ -389,35 +500,57 @@ def test_swap_in_matches_the_reference_on_random_runs(impl):
 def test_admission_is_fcfs_within_seats_and_budget(impl):
     ex = impl("ex06_scheduler")
     cls = mix(ex, "_schedule_waiting")
-    s = sched(cls, 64, max_model_len=16, max_num_batched_tokens=16, max_num_seqs=2, enable_chunked_prefill=False)
+    s = sched(
+        cls,
+        64,
+        max_model_len=16,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+        enable_chunked_prefill=False,
+    )
     for rid, p in [("A", 10), ("B", 7), ("C", 3), ("D", 2)]:
         s.add_request(make(rid, p, 3))
-    assert plan(s.schedule()) == [("A", 0, 10)], "B (7 tokens) does not fit the 6 left; C and D may not overtake it"
+    assert plan(s.schedule()) == [("A", 0, 10)], (
+        "B (7 tokens) does not fit the 6 left; C and D may not overtake it"
+    )
     s = sched(cls, 64, max_model_len=32, max_num_batched_tokens=16, max_num_seqs=3)
     for g in (make("A", 3, 2, n=2), make("B", 3, 2, n=2)):
         s.add_request(g)
-    assert plan(s.schedule()) == [("A", 0, 3)], "a request with n = 2 takes two seats: B's two do not fit 3 seats"
+    assert plan(s.schedule()) == [("A", 0, 3)], (
+        "a request with n = 2 takes two seats: B's two do not fit 3 seats"
+    )
     s = sched(cls, 64, max_model_len=64, max_num_batched_tokens=16)
     for g in (make("A", 5, 2), make("B", 40, 2)):
         s.add_request(g)
-    assert plan(s.schedule()) == [("A", 0, 5), ("B", 0, 11)], "a prompt longer than the budget left is cut into it"
+    assert plan(s.schedule()) == [("A", 0, 5), ("B", 0, 11)], (
+        "a prompt longer than the budget left is cut into it"
+    )
 
 
 @pytest.mark.exercise("ch06.ex5", points=3)
 def test_the_watermark_keeps_blocks_free_at_admission(impl):
     ex = impl("ex06_scheduler")
-    s = sched(mix(ex, "_schedule_waiting"), 100, bs=1, max_model_len=200, watermark=0.1, max_num_batched_tokens=256)
+    s = sched(
+        mix(ex, "_schedule_waiting"),
+        100,
+        bs=1,
+        max_model_len=200,
+        watermark=0.1,
+        max_num_batched_tokens=256,
+    )
     big, fits = make("big", 91, 1, bs=1), make("fits", 90, 5, bs=1)
     s.add_request(big)
     s.add_request(fits)
     engine = CheckedEngine(s)
     out = engine.step()
-    assert ids(out.ignored) == ["big"] and "keeps 10" in big.seqs[0].finish_message, \
+    assert ids(out.ignored) == ["big"] and "keeps 10" in big.seqs[0].finish_message, (
         "a prompt that never fits beside the watermark is ignored with its reason, and does not block the queue"
+    )
     assert plan(out) == [("fits", 0, 90)]
     s.add_request(make("more", 1, 1, bs=1))
-    assert [r for r, _, _ in plan(engine.step())] == ["fits"], \
+    assert [r for r, _, _ in plan(engine.step())] == ["fits"], (
         "watermark: admitting 'more' would leave fewer than 10 of 100 blocks free, so it waits"
+    )
     engine.run()
     assert s.num_preemptions == 0
     assert_all_free(s)
@@ -432,7 +565,11 @@ def test_a_prompt_larger_than_the_cache_does_not_block_the_queue(impl):
     s.add_request(b)
     engine = CheckedEngine(s)
     first = engine.step()
-    assert ids(first.ignored) == ["A"] and a.seqs[0].status is S.FINISHED_IGNORED and a.seqs[0].finish_message
+    assert (
+        ids(first.ignored) == ["A"]
+        and a.seqs[0].status is S.FINISHED_IGNORED
+        and a.seqs[0].finish_message
+    )
     assert plan(first) == [("B", 0, 3)], "B must not wait behind a prompt that can never run"
     engine.run()
     assert_all_free(s)
@@ -441,13 +578,16 @@ def test_a_prompt_larger_than_the_cache_does_not_block_the_queue(impl):
 @pytest.mark.exercise("ch06.ex5", points=2)
 def test_prefix_cached_tokens_cost_no_budget(impl):
     ex = impl("ex06_scheduler")
-    s = sched(mix(ex, "_schedule_waiting"), 64, max_model_len=16, max_num_batched_tokens=16, prefix=True)
+    s = sched(
+        mix(ex, "_schedule_waiting"), 64, max_model_len=16, max_num_batched_tokens=16, prefix=True
+    )
     s.add_request(make("X", range(100, 116), 1))
     CheckedEngine(s).run()
     s.add_request(make("Y", range(100, 116), 1))  # 12 tokens cached (the last block is recomputed)
     s.add_request(make("Z", range(200, 212), 1))
-    assert plan(s.schedule()) == [("Y", 12, 4), ("Z", 0, 12)], \
+    assert plan(s.schedule()) == [("Y", 12, 4), ("Z", 0, 12)], (
         "cached tokens are computed already: Y costs 4 tokens of the budget, so Z's 12 fit too"
+    )
 
 
 @pytest.mark.exercise("ch06.ex5", points=3)

@@ -41,36 +41,59 @@ def _your_parts(impl) -> Parts:
 def model():
     """The built-in model, its tokenizer, and transformers' greedy tokens for the workload (computed once)."""
     net, tokenizer = load_default()
-    reference = copy.deepcopy(net)  # its own config object: the engine switches the model's attention
+    reference = copy.deepcopy(
+        net
+    )  # its own config object: the engine switches the model's attention
     prompts, params = _workload(tokenizer)
     use_attention(reference, "sdpa")
     with torch.inference_mode():
-        wants = [reference.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                    max_new_tokens=sp.max_tokens, do_sample=False, eos_token_id=None,
-                                    pad_token_id=0)[0, len(p):].tolist() for p, sp in zip(prompts, params)]
+        wants = [
+            reference.generate(
+                input_ids=torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=sp.max_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
+            for p, sp in zip(prompts, params)
+        ]
     return net, tokenizer, reference, wants
 
 
 def _workload(tokenizer):
     system = "You are a careful assistant. Answer in one short sentence.\n"
-    questions = ["What is a block table?", "Why page the KV cache?", "What does copy-on-write save?",
-                 "When is a request preempted?", "What is chunked prefill?", "Why keep a watermark?"]
+    questions = [
+        "What is a block table?",
+        "Why page the KV cache?",
+        "What does copy-on-write save?",
+        "When is a request preempted?",
+        "What is chunked prefill?",
+        "Why keep a watermark?",
+    ]
     prompts = [tokenizer(system + q)["input_ids"] for q in questions]
-    params = [SamplingParams(max_tokens=12 + 2 * (i % 3), ignore_eos=True, n=2 if i == 2 else 1)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(max_tokens=12 + 2 * (i % 3), ignore_eos=True, n=2 if i == 2 else 1)
+        for i in range(len(prompts))
+    ]
     return prompts, params
 
 
 @torch.inference_mode()
 def _check_against_transformers(reference, wants, prompts, params, outs):
     for prompt, sp, out, want in zip(prompts, params, outs, wants):
-        assert len(out.outputs) == sp.n, f"request {out.request_id}: {len(out.outputs)} outputs for n={sp.n}"
+        assert len(out.outputs) == sp.n, (
+            f"request {out.request_id}: {len(out.outputs)} outputs for n={sp.n}"
+        )
         for completion in out.outputs:
-            assert completion.finish_reason == "length", \
+            assert completion.finish_reason == "length", (
                 f"request {out.request_id} ended {completion.finish_reason}: {completion.finish_message}"
+            )
             agree = greedy_agreement(reference, prompt, completion.token_ids, want)
-            assert agree.ok, (f"request {out.request_id}: your engine gave {completion.token_ids}, transformers "
-                              f"{want} (first difference at token {agree.position}, not a near-tie)")
+            assert agree.ok, (
+                f"request {out.request_id}: your engine gave {completion.token_ids}, transformers "
+                f"{want} (first difference at token {agree.position}, not a near-tie)"
+            )
 
 
 @pytest.mark.timeout(300)
@@ -78,12 +101,22 @@ def _check_against_transformers(reference, wants, prompts, params, outs):
 def test_your_engine_matches_transformers_with_prefix_caching_and_copy_on_write(impl, model):
     net, tokenizer, reference, wants = model
     prompts, params = _workload(tokenizer)
-    llm = LLM(net, tokenizer=tokenizer, block_size=16, num_gpu_blocks=64, max_num_batched_tokens=48,
-              max_num_seqs=8, parts=_your_parts(impl), verbose=False)
+    llm = LLM(
+        net,
+        tokenizer=tokenizer,
+        block_size=16,
+        num_gpu_blocks=64,
+        max_num_batched_tokens=48,
+        max_num_seqs=8,
+        parts=_your_parts(impl),
+        verbose=False,
+    )
     outs = llm.generate(prompts, params, use_tqdm=False)
     stats = llm.stats()
     assert stats["prefix_cache_hit_rate"] > 0, "the shared system prompt must hit your prefix cache"
-    assert stats["cow_copies"] > 0, "n=2 sampling must copy a shared partial block (your copy_on_write)"
+    assert stats["cow_copies"] > 0, (
+        "n=2 sampling must copy a shared partial block (your copy_on_write)"
+    )
     assert stats["prefill_chunks"] > len(prompts), "a 48-token budget must chunk the prompts"
     _check_against_transformers(reference, wants, prompts, params, outs)
     assert stats["kv_blocks_used"] == 0, "every block is back in your allocator at the end"
@@ -95,9 +128,18 @@ def test_your_engine_matches_transformers_with_prefix_caching_and_copy_on_write(
 def test_your_engine_matches_transformers_under_preemption(impl, model, mode):
     net, tokenizer, reference, wants = model
     prompts, params = _workload(tokenizer)
-    llm = LLM(net, tokenizer=tokenizer, block_size=16, num_gpu_blocks=12, num_cpu_blocks=24 if mode == "swap" else 0,
-              preemption_mode=mode, max_num_batched_tokens=48, max_num_seqs=8, parts=_your_parts(impl),
-              verbose=False)
+    llm = LLM(
+        net,
+        tokenizer=tokenizer,
+        block_size=16,
+        num_gpu_blocks=12,
+        num_cpu_blocks=24 if mode == "swap" else 0,
+        preemption_mode=mode,
+        max_num_batched_tokens=48,
+        max_num_seqs=8,
+        parts=_your_parts(impl),
+        verbose=False,
+    )
     outs = llm.generate(prompts, params, use_tqdm=False)
     stats = llm.stats()
     assert stats["preemptions"] > 0, "12 blocks of 16 tokens are too few for every request at once"

@@ -1,6 +1,6 @@
 """Planted wrong answers for ``solutions/ex02_allocator.py`` (``python -m paged course mutants``)."""
 
-_QUEUE = '''
+_QUEUE = """
 def __init__(self, num_blocks: int):
     self._end = num_blocks
     self._next = [i + 1 for i in range(num_blocks)] + [0]
@@ -37,7 +37,7 @@ def __iter__(self):
     while block_id != self._end:
         yield block_id
         block_id = self._next[block_id]
-'''
+"""
 
 
 def _queue(old: str, new: str) -> str:
@@ -48,22 +48,26 @@ def _queue(old: str, new: str) -> str:
 MUTANTS = {
     "ch02.ex1": {
         "popleft hands out the back of the queue": _queue(
-            "front = self._next[self._end]", "front = self._prev[self._end]"),
+            "front = self._next[self._end]", "front = self._prev[self._end]"
+        ),
         "append puts the block at the front": _queue(
             """    back = self._prev[self._end]
     self._next[back], self._prev[block_id] = block_id, back
     self._next[block_id], self._prev[self._end] = self._end, block_id""",
             """    front = self._next[self._end]
     self._prev[front], self._next[block_id] = block_id, front
-    self._prev[block_id], self._next[self._end] = self._end, block_id"""),
+    self._prev[block_id], self._next[self._end] = self._end, block_id""",
+        ),
         "unlinking forgets the backward link": _queue(
-            "self._next[before], self._prev[after] = after, before", "self._next[before] = after"),
+            "self._next[before], self._prev[after] = after, before", "self._next[before] = after"
+        ),
         "remove forgets to count": _queue(
             """def remove(self, block_id: int) -> None:
     self._unlink(block_id)""",
             """def remove(self, block_id: int) -> None:
     self._unlink(block_id)
-    self._size += 1"""),
+    self._size += 1""",
+        ),
         "a plain list that removes by position instead of by id": """
             def __init__(self, num_blocks: int):
                 self._ids = list(range(num_blocks))

@@ -70,19 +70,31 @@ MUTANTS = {
     },
     "ch04.ex2": {
         "the last block's tail is not masked in the scores": _swap(
-            _KERNEL, '        s = tl.where(t_mask[None, :], s, float("-inf"))\n', ""),
+            _KERNEL, '        s = tl.where(t_mask[None, :], s, float("-inf"))\n', ""
+        ),
         "acc not rescaled by alpha": _swap(_KERNEL, "acc = acc * alpha[:, None] +", "acc = acc +"),
         "l not rescaled by alpha": _swap(_KERNEL, "l = l * alpha +", "l = l +"),
         "logical block used as the physical block (no table lookup)": _swap(
-            _KERNEL, "physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)", "physical = b.to(tl.int64)"),
+            _KERNEL,
+            "physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)",
+            "physical = b.to(tl.int64)",
+        ),
         "split range not clamped to the context (empty splits give NaN)": _swap(
-            _KERNEL, "last = tl.minimum(first + blocks_per_split, num_blocks)", "last = first + blocks_per_split"),
-        "every split starts at block 0": _swap(_KERNEL, "first = split * blocks_per_split", "first = split * 0"),
+            _KERNEL,
+            "last = tl.minimum(first + blocks_per_split, num_blocks)",
+            "last = first + blocks_per_split",
+        ),
+        "every split starts at block 0": _swap(
+            _KERNEL, "first = split * blocks_per_split", "first = split * 0"
+        ),
         "token mask one slot too long (<= context_len)": _swap(
-            _KERNEL, "offs_t < context_len", "offs_t <= context_len"),
+            _KERNEL, "offs_t < context_len", "offs_t <= context_len"
+        ),
         "values loaded without the token mask (0 x NaN from the tail)": _swap(
-            _KERNEL, "v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0)",
-            "v = tl.load(V + kv_offsets, mask=d_mask[None, :], other=0.0)"),
+            _KERNEL,
+            "v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0)",
+            "v = tl.load(V + kv_offsets, mask=d_mask[None, :], other=0.0)",
+        ),
     },
     "ch04.ex4": {
         "no shift by the largest lse (exp overflows)": """

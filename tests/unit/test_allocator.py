@@ -11,14 +11,18 @@ from paged.core.allocator import BlockAllocator, NoFreeBlocksError
 
 def test_allocate_hands_out_ids_in_order_and_counts_references():
     a = BlockAllocator(4)
-    assert [a.allocate() for _ in range(3)] == [0, 1, 2], "a fresh pool hands out blocks in id order"
+    assert [a.allocate() for _ in range(3)] == [0, 1, 2], (
+        "a fresh pool hands out blocks in id order"
+    )
     assert a.num_free_blocks == 1 and a.num_used_blocks == 3
     a.incref(1)
     assert a.ref_count(1) == 2, "incref adds one holder"
     a.free(1)
     assert a.ref_count(1) == 1 and a.num_free_blocks == 1, "a block with a holder left stays in use"
     a.free(1)
-    assert a.ref_count(1) == 0 and a.free_queue() == [3, 1], "a freed block goes to the back of the queue"
+    assert a.ref_count(1) == 0 and a.free_queue() == [3, 1], (
+        "a freed block goes to the back of the queue"
+    )
 
 
 def test_free_queue_is_fifo_so_the_least_recently_freed_block_is_reused_first():
@@ -79,7 +83,11 @@ def test_bad_pool_size():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["alloc", "incref", "free"]), st.integers(0, 10)), max_size=60))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["alloc", "incref", "free"]), st.integers(0, 10)), max_size=60
+    )
+)
 def test_random_operations_keep_counts_consistent(ops):
     a = BlockAllocator(6)
     holders: dict[int, int] = {}  # model: block -> references
@@ -106,7 +114,9 @@ def test_random_operations_keep_counts_consistent(ops):
         for b in range(6):
             assert a.ref_count(b) == holders.get(b, 0), "ref count = number of holders"
         assert a.num_free_blocks + len(holders) == 6, "free + used = total"
-        assert sorted(a.free_queue()) == [b for b in range(6) if b not in holders], "free queue = unheld blocks"
+        assert sorted(a.free_queue()) == [b for b in range(6) if b not in holders], (
+            "free queue = unheld blocks"
+        )
 
 
 def test_take_leaves_a_dead_entry_that_allocate_skips():
@@ -129,15 +139,26 @@ def test_free_of_a_bool_id_raises_instead_of_freeing_block_1():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["alloc", "alloc_many", "take", "share", "free", "free_many", "bad_free"]),
-                          st.integers(0, 30)), max_size=80))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["alloc", "alloc_many", "take", "share", "free", "free_many", "bad_free"]
+            ),
+            st.integers(0, 30),
+        ),
+        max_size=80,
+    )
+)
 def test_queue_order_matches_an_ordered_dict_model_with_take(ops):
     """Lazy deletion (dead entries) must give exactly the order of a queue that removes taken blocks."""
     from collections import OrderedDict
 
     n = 5
     a = BlockAllocator(n)
-    queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(n))  # model: the free queue, front first
+    queue: OrderedDict[int, None] = OrderedDict.fromkeys(
+        range(n)
+    )  # model: the free queue, front first
     refs = [0] * n
     for op, pick in ops:
         held = [b for b in range(n) if refs[b]]
@@ -176,20 +197,30 @@ def test_queue_order_matches_an_ordered_dict_model_with_take(ops):
                 queue[b] = None
             a.free(b)
         elif op == "free_many" and held:
-            ids = held[pick % len(held):][::-1]
+            ids = held[pick % len(held) :][::-1]
             for b in ids:
                 refs[b] -= 1
                 if refs[b] == 0:
                     queue[b] = None
             a.free_many(ids)
         elif op == "bad_free":
-            ids = held[:pick % 3] + [n + pick]  # valid ids, then an unknown one: nothing may change
+            ids = held[: pick % 3] + [
+                n + pick
+            ]  # valid ids, then an unknown one: nothing may change
             with pytest.raises(ValueError, match="not in"):
                 a.free_many(ids)
-            if held and refs[held[0]] == 1:  # a block listed twice with one holder: nothing may change
+            if (
+                held and refs[held[0]] == 1
+            ):  # a block listed twice with one holder: nothing may change
                 with pytest.raises(ValueError, match="listed 2 times but has 1 holders"):
                     a.free_many([held[0], held[0]])
-        assert a.free_queue() == list(queue), "free queue order = the model's (never-used, then by free time)"
+        assert a.free_queue() == list(queue), (
+            "free queue order = the model's (never-used, then by free time)"
+        )
         assert [a.ref_count(b) for b in range(n)] == refs, "ref counts = the model's"
-        assert a.num_free_blocks == len(queue) and a.num_used_blocks == n - len(queue), "free + used = total"
-        assert len(a._queue) <= 2 * n + 1, "dead entries are compacted: the deque stays O(num_blocks)"
+        assert a.num_free_blocks == len(queue) and a.num_used_blocks == n - len(queue), (
+            "free + used = total"
+        )
+        assert len(a._queue) <= 2 * n + 1, (
+            "dead entries are compacted: the deque stays O(num_blocks)"
+        )

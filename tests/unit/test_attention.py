@@ -36,7 +36,10 @@ def sdpa_reference(query, key_cache, value_cache, block_tables, context_lens, sc
     outs = []
     for s in range(query.shape[0]):
         table = block_tables[s].tolist()
-        slots = [table[p // block_size] * block_size + p % block_size for p in range(int(context_lens[s]))]
+        slots = [
+            table[p // block_size] * block_size + p % block_size
+            for p in range(int(context_lens[s]))
+        ]
         k = flat_k[slots].transpose(0, 1)[None]  # [1, KVH, L, D]
         v = flat_v[slots].transpose(0, 1)[None]
         q = query[s].float()[None, :, None]  # [1, H, 1, D]
@@ -44,8 +47,17 @@ def sdpa_reference(query, key_cache, value_cache, block_tables, context_lens, sc
     return torch.stack(outs)
 
 
-def make_batch(context_lens, num_heads, num_kv_heads, head_dim=16, block_size=4, num_blocks=None,
-               dtype=torch.float32, seed=0, fill=float("nan")):
+def make_batch(
+    context_lens,
+    num_heads,
+    num_kv_heads,
+    head_dim=16,
+    block_size=4,
+    num_blocks=None,
+    dtype=torch.float32,
+    seed=0,
+    fill=float("nan"),
+):
     """Signed random K/V in a pool whose unused slots hold ``fill``; shuffled block tables, -1 padded."""
     gen = torch.Generator().manual_seed(seed)
     need = [-(-n // block_size) for n in context_lens]
@@ -59,8 +71,12 @@ def make_batch(context_lens, num_heads, num_kv_heads, head_dim=16, block_size=4,
         ids = [perm.pop() for _ in range(need[s])]
         tables[s, : need[s]] = torch.tensor(ids, dtype=torch.int32)
         for p in range(n):
-            key_cache[ids[p // block_size], p % block_size] = torch.randn(num_kv_heads, head_dim, generator=gen)
-            value_cache[ids[p // block_size], p % block_size] = torch.randn(num_kv_heads, head_dim, generator=gen)
+            key_cache[ids[p // block_size], p % block_size] = torch.randn(
+                num_kv_heads, head_dim, generator=gen
+            )
+            value_cache[ids[p // block_size], p % block_size] = torch.randn(
+                num_kv_heads, head_dim, generator=gen
+            )
     query = torch.randn(len(context_lens), num_heads, head_dim, generator=gen)
     lens = torch.tensor(context_lens, dtype=torch.int32)
     return query.to(dtype), key_cache.to(dtype), value_cache.to(dtype), tables, lens
@@ -71,19 +87,27 @@ def make_batch(context_lens, num_heads, num_kv_heads, head_dim=16, block_size=4,
 def test_paged_references_match_sdpa(name, group):
     bs = 4
     lens = [1, bs, bs + 1, 11]  # one token, exactly one block, one past a block boundary, ragged
-    q, kc, vc, bt, cl = make_batch(lens, num_heads=2 * group, num_kv_heads=2, block_size=bs, seed=group)
+    q, kc, vc, bt, cl = make_batch(
+        lens, num_heads=2 * group, num_kv_heads=2, block_size=bs, seed=group
+    )
     out = PAGED[name](q, kc, vc, bt, cl)
     ref = sdpa_reference(q, kc, vc, bt, cl)
     assert out.shape == (4, 2 * group, 16) and out.dtype == torch.float32
     assert torch.isfinite(out).all(), "NaN from an unused slot leaked into the output"
-    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5, msg=f"{name} disagrees with SDPA (group {group})")
+    torch.testing.assert_close(
+        out, ref, atol=2e-6, rtol=1e-5, msg=f"{name} disagrees with SDPA (group {group})"
+    )
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 7])
 def test_contiguous_matches_sdpa(group):
-    q, kc, vc, bt, cl = make_batch([1, 4, 5, 11], num_heads=3 * group, num_kv_heads=3, seed=10 + group)
+    q, kc, vc, bt, cl = make_batch(
+        [1, 4, 5, 11], num_heads=3 * group, num_kv_heads=3, seed=10 + group
+    )
     key, value, _ = gather_kv(kc, vc, bt, cl)  # padded [S, L, KVH, D]; padding holds NaN
-    assert torch.isnan(key[0, 1:4]).all(), "the rest of sequence 0's only block should hold the pool's NaN"
+    assert torch.isnan(key[0, 1:4]).all(), (
+        "the rest of sequence 0's only block should hold the pool's NaN"
+    )
     out = contiguous_attention(q, key, value, cl)
     torch.testing.assert_close(out, sdpa_reference(q, kc, vc, bt, cl), atol=2e-6, rtol=1e-5)
 
@@ -92,8 +116,13 @@ def test_block_size_8_and_custom_scale():
     q, kc, vc, bt, cl = make_batch([3, 8, 9, 17], num_heads=4, num_kv_heads=2, block_size=8, seed=3)
     ref = sdpa_reference(q, kc, vc, bt, cl, scale=0.3)
     for name, fn in PAGED.items():
-        torch.testing.assert_close(fn(q, kc, vc, bt, cl, scale=0.3), ref, atol=2e-6, rtol=1e-5,
-                                   msg=f"{name} ignores scale or block size 8")
+        torch.testing.assert_close(
+            fn(q, kc, vc, bt, cl, scale=0.3),
+            ref,
+            atol=2e-6,
+            rtol=1e-5,
+            msg=f"{name} ignores scale or block size 8",
+        )
 
 
 @pytest.mark.parametrize("fill", [float("nan"), float("inf"), 1e4])
@@ -111,9 +140,14 @@ def test_case11_garbage_past_context_never_reaches_output(name, context_len, fil
         kc[table[p // 4], p % 4] = clean_k[p]
         vc[table[p // 4], p % 4] = clean_v[p]
     q = torch.randn(1, 2, 16, generator=gen)
-    bt, cl = torch.tensor([table], dtype=torch.int32), torch.tensor([context_len], dtype=torch.int32)
+    bt, cl = (
+        torch.tensor([table], dtype=torch.int32),
+        torch.tensor([context_len], dtype=torch.int32),
+    )
     out = PAGED[name](q, kc, vc, bt, cl)
-    ref = F.scaled_dot_product_attention(q[:, :, None], clean_k.transpose(0, 1)[None], clean_v.transpose(0, 1)[None])
+    ref = F.scaled_dot_product_attention(
+        q[:, :, None], clean_k.transpose(0, 1)[None], clean_v.transpose(0, 1)[None]
+    )
     assert torch.isfinite(out).all(), f"{fill} past the context leaked into the output"
     torch.testing.assert_close(out, ref[:, :, 0], atol=2e-6, rtol=1e-5)
 
@@ -126,9 +160,13 @@ def test_case12_fp16_scores_do_not_overflow(name):
     for p, row in enumerate([1.0, 2.0, 3.0]):
         vc[1, p] = row
     q = torch.full((1, 1, 64), 32.0, dtype=torch.float16)
-    out = PAGED[name](q, kc, vc, torch.tensor([[1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32))
+    out = PAGED[name](
+        q, kc, vc, torch.tensor([[1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    )
     assert out.dtype == torch.float16
-    assert torch.equal(out, torch.full_like(out, 2.0)), f"expected 2.0 everywhere, got {out.unique().tolist()}"
+    assert torch.equal(out, torch.full_like(out, 2.0)), (
+        f"expected 2.0 everywhere, got {out.unique().tolist()}"
+    )
 
 
 @pytest.mark.parametrize("group", [7, 1, 2, 5, 8])
@@ -141,10 +179,21 @@ def test_case13_gqa_head_mapping(name, group):
     for g in range(4):
         vc[:, :, g, :] = g + 1
     q = torch.randn(1, 4 * group, 16, generator=gen)
-    out = PAGED[name](q, kc, vc, torch.tensor([[2, 0, 5]], dtype=torch.int32), torch.tensor([9], dtype=torch.int32))
+    out = PAGED[name](
+        q,
+        kc,
+        vc,
+        torch.tensor([[2, 0, 5]], dtype=torch.int32),
+        torch.tensor([9], dtype=torch.int32),
+    )
     expected = torch.tensor([h // group + 1.0 for h in range(4 * group)])
-    torch.testing.assert_close(out[0], expected[:, None].expand(-1, 16), atol=1e-5, rtol=0,
-                               msg=f"query head h must read KV head h // {group}")
+    torch.testing.assert_close(
+        out[0],
+        expected[:, None].expand(-1, 16),
+        atol=1e-5,
+        rtol=0,
+        msg=f"query head h must read KV head h // {group}",
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -157,7 +206,9 @@ def test_half_inputs_accumulate_in_fp32(name, dtype):
     # Only the final rounding to the half type may differ: one unit in the last place.
     ulp = torch.finfo(dtype).eps
     err = ((out.float() - ref).abs() / ref.abs().clamp_min(1e-3)).max().item()
-    assert err <= ulp, f"{name}: relative error {err:.2e} > 1 ulp ({ulp:.2e}) in {dtype}: not fp32 accumulation"
+    assert err <= ulp, (
+        f"{name}: relative error {err:.2e} > 1 ulp ({ulp:.2e}) in {dtype}: not fp32 accumulation"
+    )
 
 
 def test_zero_context_gives_zero_output():
@@ -165,27 +216,57 @@ def test_zero_context_gives_zero_output():
     cl = torch.tensor([0, 5], dtype=torch.int32)
     for name, fn in PAGED.items():
         out = fn(q, kc, vc, bt, cl)
-        assert torch.equal(out[0], torch.zeros_like(out[0])), f"{name}: empty context must give zeros"
+        assert torch.equal(out[0], torch.zeros_like(out[0])), (
+            f"{name}: empty context must give zeros"
+        )
         assert torch.isfinite(out).all()
 
 
 def _bad_inputs():
-    q, kc, vc, bt, cl = make_batch([5, 3], num_heads=4, num_kv_heads=2, seed=4)  # width 3, bs 4, 6 blocks
+    q, kc, vc, bt, cl = make_batch(
+        [5, 3], num_heads=4, num_kv_heads=2, seed=4
+    )  # width 3, bs 4, 6 blocks
     i32 = torch.int32
     return [
-        ("GQA", (torch.randn(2, 6, 16), torch.randn(7, 4, 4, 16), torch.randn(7, 4, 4, 16), bt, cl),
-         "num_heads=6, num_kv_heads=4"),
-        ("too long", (q, kc, vc, bt, torch.tensor([13, 3], dtype=i32)), "context_len 13 .* 3 x 4 = 12"),
-        ("negative", (q, kc, vc, bt, torch.tensor([-1, 3], dtype=i32)), "context_lens must be >= 0, got -1"),
-        ("dtype", (q.half(), kc, vc, bt, cl), "dtype mismatch: query torch.float16, key_cache torch.float32"),
+        (
+            "GQA",
+            (torch.randn(2, 6, 16), torch.randn(7, 4, 4, 16), torch.randn(7, 4, 4, 16), bt, cl),
+            "num_heads=6, num_kv_heads=4",
+        ),
+        (
+            "too long",
+            (q, kc, vc, bt, torch.tensor([13, 3], dtype=i32)),
+            "context_len 13 .* 3 x 4 = 12",
+        ),
+        (
+            "negative",
+            (q, kc, vc, bt, torch.tensor([-1, 3], dtype=i32)),
+            "context_lens must be >= 0, got -1",
+        ),
+        (
+            "dtype",
+            (q.half(), kc, vc, bt, cl),
+            "dtype mismatch: query torch.float16, key_cache torch.float32",
+        ),
         ("device", (q, kc.to("meta"), vc.to("meta"), bt, cl), "key_cache is on meta, query on cpu"),
-        ("value shape", (q, kc, vc[:, :2], bt, cl), r"value_cache shape \[6, 2, 2, 16\] != key_cache"),
+        (
+            "value shape",
+            (q, kc, vc[:, :2], bt, cl),
+            r"value_cache shape \[6, 2, 2, 16\] != key_cache",
+        ),
         ("head_dim", (q[..., :8], kc, vc, bt, cl), "head_dim mismatch: query 8, key_cache 16"),
         ("table dtype", (q, kc, vc, bt.float(), cl), "block_tables must be int32 or int64"),
         ("table rows", (q, kc, vc, bt[:1], cl), r"block_tables must be \[num_seqs=2"),
-        ("block id", (q, kc, vc, torch.tensor([[0, 9, -1], [1, -1, -1]], dtype=i32), cl),
-         r"block id 9 .* outside \[0, 6\)"),
-        ("used -1", (q, kc, vc, torch.tensor([[0, -1, -1], [1, -1, -1]], dtype=i32), cl), "block id -1"),
+        (
+            "block id",
+            (q, kc, vc, torch.tensor([[0, 9, -1], [1, -1, -1]], dtype=i32), cl),
+            r"block id 9 .* outside \[0, 6\)",
+        ),
+        (
+            "used -1",
+            (q, kc, vc, torch.tensor([[0, -1, -1], [1, -1, -1]], dtype=i32), cl),
+            "block id -1",
+        ),
     ]
 
 
@@ -199,8 +280,12 @@ def test_bad_input_raises_value_error_with_numbers(name, case):
 
 def test_contiguous_rejects_context_longer_than_padding():
     with pytest.raises(ValueError, match="context_len 6 .* exceeds key max_len = 5"):
-        contiguous_attention(torch.randn(1, 2, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8),
-                             torch.tensor([6], dtype=torch.int32))
+        contiguous_attention(
+            torch.randn(1, 2, 8),
+            torch.randn(1, 5, 2, 8),
+            torch.randn(1, 5, 2, 8),
+            torch.tensor([6], dtype=torch.int32),
+        )
 
 
 def test_select_backend():
@@ -209,20 +294,29 @@ def test_select_backend():
     has_triton = importlib.util.find_spec("triton") is not None
     assert select_backend("cuda") == ("triton" if has_triton else "torch")
     q, kc, vc, bt, cl = make_batch([3], num_heads=2, num_kv_heads=2, seed=5)
-    assert torch.equal(paged_attention(q, kc, vc, bt, cl), paged_attention_gather(q, kc, vc, bt, cl))
+    assert torch.equal(
+        paged_attention(q, kc, vc, bt, cl), paged_attention_gather(q, kc, vc, bt, cl)
+    )
     with pytest.raises(ValueError, match="backend must be 'torch' or 'triton', got 'cuda'"):
         paged_attention(q, kc, vc, bt, cl, backend="cuda")
 
 
 @settings(max_examples=30, deadline=None)
-@given(lens=st.lists(st.integers(1, 20), min_size=1, max_size=4), group=st.sampled_from([1, 2, 3]),
-       block_size=st.sampled_from([1, 4, 16]), seed=st.integers(0, 2**16))
+@given(
+    lens=st.lists(st.integers(1, 20), min_size=1, max_size=4),
+    group=st.sampled_from([1, 2, 3]),
+    block_size=st.sampled_from([1, 4, 16]),
+    seed=st.integers(0, 2**16),
+)
 def test_gather_and_blockwise_agree_property(lens, group, block_size, seed):
-    q, kc, vc, bt, cl = make_batch(lens, num_heads=2 * group, num_kv_heads=2, head_dim=8, block_size=block_size,
-                                   seed=seed)
+    q, kc, vc, bt, cl = make_batch(
+        lens, num_heads=2 * group, num_kv_heads=2, head_dim=8, block_size=block_size, seed=seed
+    )
     a = paged_attention_gather(q, kc, vc, bt, cl)
     b = paged_attention_blockwise(q, kc, vc, bt, cl)
-    torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5, msg="online softmax differs from gather + softmax")
+    torch.testing.assert_close(
+        a, b, atol=2e-6, rtol=1e-5, msg="online softmax differs from gather + softmax"
+    )
 
 
 @pytest.mark.triton
@@ -230,5 +324,10 @@ def test_triton_backend_dispatch_matches_gather():
     pytest.importorskip("triton")
     q, kc, vc, bt, cl = make_batch([5, 12], num_heads=4, num_kv_heads=2, seed=6, fill=7.0)
     out = paged_attention(q, kc, vc, bt, cl, backend="triton")
-    torch.testing.assert_close(out, paged_attention_gather(q, kc, vc, bt, cl), atol=1e-5, rtol=1e-5,
-                               msg="paged.kernels.paged_attention_decode differs from the gather reference")
+    torch.testing.assert_close(
+        out,
+        paged_attention_gather(q, kc, vc, bt, cl),
+        atol=1e-5,
+        rtol=1e-5,
+        msg="paged.kernels.paged_attention_decode differs from the gather reference",
+    )

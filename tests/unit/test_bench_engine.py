@@ -33,6 +33,7 @@ def _fake_save(answers):
     def save(self, folder):  # the peer finds our answers beside the saved model
         folder.mkdir(parents=True)
         (folder.parent / "answers.json").write_text(json.dumps(answers))
+
     return save
 
 
@@ -41,15 +42,30 @@ def test_vllm_session_speaks_the_peer_protocol(tmp_path, monkeypatch):
     script = tmp_path / "peer.py"
     script.write_text(FAKE_PEER)
     monkeypatch.setattr(type(model), "save_pretrained", _fake_save([[1, 2, 3], [4, 5]]))
-    with bench.vllm_session(model, [([5, 6, 7], 3), ([8, 9], 2)], sys.executable, script=script) as (once, info):
-        assert info == {"vllm": "fake", "block_size": 32, "startup_seconds": 0.1}, "the ready line, log skipped"
-        assert once() == ([[0, 0, 0], [4, 5]], 3.0, 4.0) and once()[1:] == (2.0, 3.0), "one answer per call"
+    with bench.vllm_session(
+        model, [([5, 6, 7], 3), ([8, 9], 2)], sys.executable, script=script
+    ) as (once, info):
+        assert info == {"vllm": "fake", "block_size": 32, "startup_seconds": 0.1}, (
+            "the ready line, log skipped"
+        )
+        assert once() == ([[0, 0, 0], [4, 5]], 3.0, 4.0) and once()[1:] == (2.0, 3.0), (
+            "one answer per call"
+        )
 
 
-@pytest.mark.parametrize("body, match", [
-    ("import sys\nsys.exit('vllm: No common block size for 16')\n", r"exit code 1\): vllm: No common block size"),
-    ("import time\nprint('INFO loading', flush=True)\ntime.sleep(30)\n", "no answer within 1 s"),
-])
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        (
+            "import sys\nsys.exit('vllm: No common block size for 16')\n",
+            r"exit code 1\): vllm: No common block size",
+        ),
+        (
+            "import time\nprint('INFO loading', flush=True)\ntime.sleep(30)\n",
+            "no answer within 1 s",
+        ),
+    ],
+)
 def test_vllm_session_failure_names_the_reason(tmp_path, monkeypatch, body, match):
     model = tiny_model("llama")
     script = tmp_path / "peer.py"
@@ -70,15 +86,23 @@ def test_compare_systems_reports_the_fake_peer(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(type(model), "save_pretrained", _fake_save(ours))
     monkeypatch.setattr(bench, "VLLM_PEER", script)
     real_session = bench.vllm_session
-    monkeypatch.setattr(bench, "vllm_session", lambda m, w, p, t: real_session(m, w, p, t, script=script))
-    monkeypatch.setattr(bench, "generate_batch_session", lambda m, w: (_ for _ in ()).throw(ImportError("no CB")))
+    monkeypatch.setattr(
+        bench, "vllm_session", lambda m, w, p, t: real_session(m, w, p, t, script=script)
+    )
+    monkeypatch.setattr(
+        bench, "generate_batch_session", lambda m, w: (_ for _ in ()).throw(ImportError("no CB"))
+    )
     monkeypatch.setenv("PAGED_VLLM_PYTHON", sys.executable)
     result = bench.compare_systems(model, work, "tiny", repeats=2)
     out = capsys.readouterr().out
-    assert len(result["paged"]["runs"]) == 2 and len(result["static_generate"]["runs"]) == 2, "best of repeats"
+    assert len(result["paged"]["runs"]) == 2 and len(result["static_generate"]["runs"]) == 2, (
+        "best of repeats"
+    )
     assert result["static_generate"]["agreement"]["equal"] == 3, "static generate gives our tokens"
     assert result["vllm"]["runs"] == [3.0, 2.0] and result["vllm"]["seconds"] == 2.0
-    assert result["vllm"]["cpu_seconds"] == [4.0, 3.0] and all(c > 0 for c in result["paged"]["cpu_seconds"])
+    assert result["vllm"]["cpu_seconds"] == [4.0, 3.0] and all(
+        c > 0 for c in result["paged"]["cpu_seconds"]
+    )
     assert result["vllm"]["agreement"] == {"equal": 2, "near_tie": 0, "other": 1}
     assert result["ratio_vs_vllm"] == pytest.approx(2.0 / result["paged"]["seconds"])
     assert "skipped: ImportError: no CB" in out and "vLLM fake" in out and "1 other" in out

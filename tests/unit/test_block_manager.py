@@ -19,16 +19,24 @@ def weak_hash(parent, tokens):
 
 def snapshot(m: BlockSpaceManager):
     cache = m.prefix_cache
-    return (m.gpu_allocator.free_queue(), list(m.gpu_allocator._ref_counts), m.cpu_allocator.free_queue(),
-            list(m.cpu_allocator._ref_counts), {k: repr(t) for k, t in m.block_tables.items()},
-            {k: repr(t) for k, t in m.cpu_block_tables.items()}, dict(cache._by_block) if cache else None)
+    return (
+        m.gpu_allocator.free_queue(),
+        list(m.gpu_allocator._ref_counts),
+        m.cpu_allocator.free_queue(),
+        list(m.cpu_allocator._ref_counts),
+        {k: repr(t) for k, t in m.block_tables.items()},
+        {k: repr(t) for k, t in m.cpu_block_tables.items()},
+        dict(cache._by_block) if cache else None,
+    )
 
 
 def test_watermark_rule_never_later_ok():
     m = BlockSpaceManager(4, num_gpu_blocks=100, watermark=0.05)  # watermark_blocks = 5
     assert m.watermark_blocks == 5
     assert m.can_allocate(Sequence(0, [1] * 4 * 96, 4)) is AllocStatus.NEVER, "96 blocks > 100 - 5"
-    assert m.can_allocate(Sequence(0, [1] * 4 * 95, 4)) is AllocStatus.OK, "95 blocks leave exactly 5"
+    assert m.can_allocate(Sequence(0, [1] * 4 * 95, 4)) is AllocStatus.OK, (
+        "95 blocks leave exactly 5"
+    )
     m.allocate(Sequence(1, [1] * 4 * 90, 4))  # 10 free
     assert m.can_allocate(Sequence(2, [1] * 4 * 5, 4)) is AllocStatus.OK, "10 - 5 >= 5"
     assert m.can_allocate(Sequence(2, [1] * 4 * 6, 4)) is AllocStatus.LATER, "10 - 6 < 5"
@@ -44,7 +52,9 @@ def test_allocate_append_and_free_count_blocks():
         s.append_token_id(t)
         assert m.can_append_slots(s)
         assert m.append_slots(s) == [], "no copy for an unshared sequence"
-        assert len(m.get_block_table(s)) == expected_blocks, f"{len(s)} tokens need {expected_blocks} blocks"
+        assert len(m.get_block_table(s)) == expected_blocks, (
+            f"{len(s)} tokens need {expected_blocks} blocks"
+        )
     m.free(s)
     assert m.get_num_free_gpu_blocks() == 8
     assert m.gpu_allocator.free_queue()[-3:] == [2, 1, 0], "freed tail first"
@@ -58,7 +68,9 @@ def test_case3_partial_tail_block_is_copied_on_write():
     child = parent.fork(1)
     m.fork(parent, child)
     full, tail = m.get_block_table(parent)
-    assert m.gpu_allocator.ref_count(full) == 2 and m.gpu_allocator.ref_count(tail) == 2, "all blocks shared"
+    assert m.gpu_allocator.ref_count(full) == 2 and m.gpu_allocator.ref_count(tail) == 2, (
+        "all blocks shared"
+    )
     parent.append_token_id(100)
     child.append_token_id(200)
     assert m.append_slots(parent) == [(tail, 2)], "the first writer copies the shared partial block"
@@ -113,10 +125,12 @@ def test_swap_copy_is_not_reused_after_the_block_was_written():
 
 
 def test_bad_input_raises_and_changes_nothing():
-    for kwargs, msg in (({"block_size": 0, "num_gpu_blocks": 4}, "block_size"),
-                        ({"block_size": 4, "num_gpu_blocks": 0}, "num_gpu_blocks"),
-                        ({"block_size": 4, "num_gpu_blocks": 4, "num_cpu_blocks": -1}, "num_cpu_blocks"),
-                        ({"block_size": 4, "num_gpu_blocks": 4, "watermark": 1.0}, "watermark")):
+    for kwargs, msg in (
+        ({"block_size": 0, "num_gpu_blocks": 4}, "block_size"),
+        ({"block_size": 4, "num_gpu_blocks": 0}, "num_gpu_blocks"),
+        ({"block_size": 4, "num_gpu_blocks": 4, "num_cpu_blocks": -1}, "num_cpu_blocks"),
+        ({"block_size": 4, "num_gpu_blocks": 4, "watermark": 1.0}, "watermark"),
+    ):
         with pytest.raises(ValueError, match=msg):
             BlockSpaceManager(**kwargs)
     m = BlockSpaceManager(4, 4)
@@ -169,14 +183,15 @@ class Shadow:
     def write(self, seq, start):
         table = self.m.block_tables[seq.seq_id]
         for p in range(start, len(seq)):
-            self.gpu[table.slot(p)] = tuple(seq.token_ids[:p + 1])
+            self.gpu[table.slot(p)] = tuple(seq.token_ids[: p + 1])
 
     def check(self, seqs, upto=None):
         for seq in seqs:
             table = self.m.block_tables.get(seq.seq_id)
             for p in range(upto if upto is not None else table.num_tokens if table else 0):
-                assert self.gpu.get(table.slot(p)) == tuple(seq.token_ids[:p + 1]), \
+                assert self.gpu.get(table.slot(p)) == tuple(seq.token_ids[: p + 1]), (
                     f"seq {seq.seq_id} position {p}: its slot holds another sequence's K/V"
+                )
 
 
 def check_invariants(m: BlockSpaceManager, seqs):
@@ -185,8 +200,9 @@ def check_invariants(m: BlockSpaceManager, seqs):
         for table in tables.values():
             for b in table:
                 holders[b] += 1
-        assert [alloc.ref_count(b) for b in range(alloc.num_blocks)] == holders, \
+        assert [alloc.ref_count(b) for b in range(alloc.num_blocks)] == holders, (
             "ref count = number of tables holding the block"
+        )
         used = sum(1 for h in holders if h)
         assert alloc.num_free_blocks + used == alloc.num_blocks, "free + used = total"
     assert set(m.block_tables) | set(m.cpu_block_tables) <= {s.seq_id for s in seqs}
@@ -197,9 +213,15 @@ def run_random(data, m: BlockSpaceManager, steps: int):
     for _ in range(steps):
         on_gpu = [s for s in seqs if s.seq_id in m.block_tables]
         swapped = [s for s in seqs if s.seq_id in m.cpu_block_tables]
-        op = data.draw(st.sampled_from(["new", "new", "append", "append", "fork", "free", "swap_out", "swap_in"]))
+        op = data.draw(
+            st.sampled_from(
+                ["new", "new", "append", "append", "fork", "free", "swap_out", "swap_in"]
+            )
+        )
         if op == "new":
-            prompt = data.draw(st.sampled_from(PREFIXES)) + data.draw(st.lists(st.integers(1, 3), max_size=6))
+            prompt = data.draw(st.sampled_from(PREFIXES)) + data.draw(
+                st.lists(st.integers(1, 3), max_size=6)
+            )
             seq = Sequence(next_id, prompt, m.block_size)
             next_id += 1
             status = m.can_allocate(seq)
@@ -212,7 +234,9 @@ def run_random(data, m: BlockSpaceManager, steps: int):
                 continue
             assert seq.num_computed_tokens < len(seq), "the last prompt token is always computed"
             assert seq.num_cached_tokens % m.block_size == 0
-            shadow.check([seq], upto=seq.num_computed_tokens)  # cached blocks must hold exactly this prefix
+            shadow.check(
+                [seq], upto=seq.num_computed_tokens
+            )  # cached blocks must hold exactly this prefix
             shadow.write(seq, seq.num_computed_tokens)
             seqs.append(seq)
         elif op == "append" and on_gpu:
@@ -231,8 +255,16 @@ def run_random(data, m: BlockSpaceManager, steps: int):
         elif op == "fork" and on_gpu:
             child = data.draw(st.sampled_from(on_gpu)).fork(next_id)
             next_id += 1
-            m.fork(next(s for s in on_gpu if s.seq_id in m.block_tables and s.token_ids == child.token_ids
-                        and m.block_tables[s.seq_id].num_tokens == len(child)), child)
+            m.fork(
+                next(
+                    s
+                    for s in on_gpu
+                    if s.seq_id in m.block_tables
+                    and s.token_ids == child.token_ids
+                    and m.block_tables[s.seq_id].num_tokens == len(child)
+                ),
+                child,
+            )
             seqs.append(child)
         elif op == "free" and seqs:
             seq = data.draw(st.sampled_from(seqs))
@@ -251,21 +283,38 @@ def run_random(data, m: BlockSpaceManager, steps: int):
         for seq in seqs:  # swapped-out sequences: their CPU copies hold their tokens too
             table = m.cpu_block_tables.get(seq.seq_id)
             for p in range(table.num_tokens if table else 0):
-                assert shadow.cpu.get(table.slot(p)) == tuple(seq.token_ids[:p + 1]), "swap copy is stale"
+                assert shadow.cpu.get(table.slot(p)) == tuple(seq.token_ids[: p + 1]), (
+                    "swap copy is stale"
+                )
     for seq in seqs:
         m.free(seq)
-    assert m.get_num_free_gpu_blocks() == m.num_gpu_blocks, "after all frees every GPU block is free (or cached)"
-    assert m.get_num_free_cpu_blocks() == m.num_cpu_blocks, "after all frees every CPU block is free"
+    assert m.get_num_free_gpu_blocks() == m.num_gpu_blocks, (
+        "after all frees every GPU block is free (or cached)"
+    )
+    assert m.get_num_free_cpu_blocks() == m.num_cpu_blocks, (
+        "after all frees every CPU block is free"
+    )
     if m.prefix_cache is not None:
-        assert set(m.prefix_cache._by_block) <= set(m.gpu_allocator.free_queue()), "cached = evictable"
+        assert set(m.prefix_cache._by_block) <= set(m.gpu_allocator.free_queue()), (
+            "cached = evictable"
+        )
         assert m.reset_prefix_cache() and len(m.prefix_cache) == 0
 
 
-@pytest.mark.parametrize("caching,hash_fn", [(False, None), (True, None), (True, weak_hash)],
-                         ids=["no-cache", "cache", "cache-weak-hash"])
+@pytest.mark.parametrize(
+    "caching,hash_fn",
+    [(False, None), (True, None), (True, weak_hash)],
+    ids=["no-cache", "cache", "cache-weak-hash"],
+)
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_random_operations_keep_invariants(caching, hash_fn, data):
-    m = BlockSpaceManager(4, num_gpu_blocks=12, num_cpu_blocks=6, watermark=0.0,
-                          enable_prefix_caching=caching, hash_fn=hash_fn)
+    m = BlockSpaceManager(
+        4,
+        num_gpu_blocks=12,
+        num_cpu_blocks=6,
+        watermark=0.0,
+        enable_prefix_caching=caching,
+        hash_fn=hash_fn,
+    )
     run_random(data, m, steps=40)

@@ -30,23 +30,33 @@ def test_slot_mapping_of_a_packed_batch():
 
 
 def test_case6_max_model_len_not_a_multiple_of_block_size():
-    assert blocks_needed(10, 4) == 3, "a block table for max_model_len 10 has ceil(10 / 4) = 3 entries"
-    sched = Scheduler(SchedulerConfig(max_model_len=10, max_num_seqs=4, max_num_batched_tokens=16),
-                      CacheConfig(block_size=4, num_gpu_blocks=8, watermark=0.0))
+    assert blocks_needed(10, 4) == 3, (
+        "a block table for max_model_len 10 has ceil(10 / 4) = 3 entries"
+    )
+    sched = Scheduler(
+        SchedulerConfig(max_model_len=10, max_num_seqs=4, max_num_batched_tokens=16),
+        CacheConfig(block_size=4, num_gpu_blocks=8, watermark=0.0),
+    )
     fits = SequenceGroup("fits", [Sequence(0, list(range(1, 10)), 4)], SamplingParams(max_tokens=1))
-    too_long = SequenceGroup("long", [Sequence(1, list(range(1, 12)), 4)], SamplingParams(max_tokens=1))
+    too_long = SequenceGroup(
+        "long", [Sequence(1, list(range(1, 12)), 4)], SamplingParams(max_tokens=1)
+    )
     sched.add_request(fits)
     sched.add_request(too_long)
     out = sched.schedule()
     assert [s.group for s in out.ignored] == [too_long], "the 11-token request is rejected up front"
     assert "prompt of 11 tokens is longer than max_model_len=10" in too_long.seqs[0].finish_message
-    assert [(s.seq_group, s.num_tokens, len(s.block_table)) for s in out.scheduled] == [(fits, 9, 3)]
+    assert [(s.seq_group, s.num_tokens, len(s.block_table)) for s in out.scheduled] == [
+        (fits, 9, 3)
+    ]
     fits.seqs[0].append_token_id(7)  # 9 prompt + 1 new token = max_model_len: it ran to the end
     fits.seqs[0].status = SequenceStatus.FINISHED_LENGTH
     assert sched.free_finished() == [fits] and not sched.has_unfinished_requests()
 
 
-@pytest.mark.parametrize("n,bs,expected", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (16, 16, 1), (17, 16, 2)])
+@pytest.mark.parametrize(
+    "n,bs,expected", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (16, 16, 1), (17, 16, 2)]
+)
 def test_blocks_needed_is_a_ceiling(n, bs, expected):
     assert blocks_needed(n, bs) == expected
 

@@ -56,7 +56,9 @@ def test_learner_or_reference_falls_back_with_one_line(capsys):
 def test_solution_prints_the_region_or_says_to_ask(capsys, monkeypatch, tmp_path):
     solution(EX)
     out = capsys.readouterr().out
-    assert out.startswith("# solutions/ex02_allocator.py") and "popleft" in out and "BEGIN" not in out
+    assert (
+        out.startswith("# solutions/ex02_allocator.py") and "popleft" in out and "BEGIN" not in out
+    )
     import paged_course.check as c
 
     monkeypatch.setattr(c, "ROOT", tmp_path)  # a student release: no solutions/
@@ -67,7 +69,10 @@ def test_solution_prints_the_region_or_says_to_ask(capsys, monkeypatch, tmp_path
 def test_mutant_apply_replaces_only_the_region_body():
     source = "def f():\n    # BEGIN SOLUTION ch09.ex1 -- hint\n    return 1\n    # END SOLUTION\n    x = 2\n"
     out = mutants.apply(source, "ch09.ex1", "\n        return 2\n")
-    assert out == "def f():\n    # BEGIN SOLUTION ch09.ex1 -- hint\n    return 2\n    # END SOLUTION\n    x = 2\n"
+    assert (
+        out
+        == "def f():\n    # BEGIN SOLUTION ch09.ex1 -- hint\n    return 2\n    # END SOLUTION\n    x = 2\n"
+    )
 
 
 def test_every_planted_mutant_of_a_region_is_killed():
@@ -82,13 +87,17 @@ def test_learner_parts_take_passing_parts_and_fall_back_otherwise(monkeypatch):
     for module in (solutions.ex02_allocator, exercises.ex02_allocator):
         monkeypatch.setattr(module, "PART_REGIONS", {"BlockAllocator": (EX,)}, raising=False)
     parts, origin = capstone.learner_parts("solutions", parts=("allocator",))
-    assert parts.allocator.__module__ == "solutions.ex02_allocator" and origin["allocator"].startswith("yours")
+    assert parts.allocator.__module__ == "solutions.ex02_allocator" and origin[
+        "allocator"
+    ].startswith("yours")
     parts, origin = capstone.learner_parts("exercises", parts=("allocator",))
     assert parts.allocator.__module__ == "paged.core.allocator", "an unfinished part falls back"
     assert "ch02.ex1 not passing" in origin["allocator"]
 
 
-def test_exercise_module_imports_the_saved_file_afresh_and_survives_a_syntax_error(tmp_path, monkeypatch, capsys):
+def test_exercise_module_imports_the_saved_file_afresh_and_survives_a_syntax_error(
+    tmp_path, monkeypatch, capsys
+):
     from paged_course.check import exercise_module
 
     pkg = tmp_path / "learner_pkg"
@@ -98,7 +107,9 @@ def test_exercise_module_imports_the_saved_file_afresh_and_survives_a_syntax_err
     (pkg / "ex99_demo.py").write_text("ANSWER = 1\n")
     assert exercise_module("ex99_demo", impl="learner_pkg").ANSWER == 1
     (pkg / "ex99_demo.py").write_text("ANSWER = 2  # the learner saved an edit\n")
-    assert exercise_module("ex99_demo", impl="learner_pkg").ANSWER == 2, "the last saved edit is what runs"
+    assert exercise_module("ex99_demo", impl="learner_pkg").ANSWER == 2, (
+        "the last saved edit is what runs"
+    )
     (pkg / "ex99_demo.py").write_text("def broken(:\n")
     assert exercise_module("ex99_demo", impl="learner_pkg") is None
     assert "learner_pkg/ex99_demo.py does not import: SyntaxError" in capsys.readouterr().out
@@ -110,10 +121,15 @@ def test_learner_parts_take_the_file_their_checks_passed_not_a_stale_import(monk
 
     import paged_course.check as c
 
-    stale = types.ModuleType("solutions.ex02_allocator")  # what the file held before the learner's last save
+    stale = types.ModuleType(
+        "solutions.ex02_allocator"
+    )  # what the file held before the learner's last save
     stale.PART_REGIONS, stale.BlockAllocator = {"BlockAllocator": (EX,)}, object
     monkeypatch.setitem(sys.modules, "solutions.ex02_allocator", stale)
-    monkeypatch.setattr(c, "_cache", {})  # the file changed since its last check: the check runs again
+    monkeypatch.setattr(
+        c, "_cache", {}
+    )  # the file changed since its last check: the check runs again
     parts, origin = capstone.learner_parts("solutions", parts=("allocator",))
-    assert parts.allocator is not object and parts.allocator.__module__ == "solutions.ex02_allocator", \
-        "the engine must run the code the checks passed, not an import from before the last save"
+    assert (
+        parts.allocator is not object and parts.allocator.__module__ == "solutions.ex02_allocator"
+    ), "the engine must run the code the checks passed, not an import from before the last save"

@@ -61,9 +61,15 @@ def _reference(ref, prompts, max_tokens=MAX_TOKENS):
     outs = []
     for p in prompts:
         ids = torch.tensor([p])
-        out = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                           do_sample=False, eos_token_id=None, pad_token_id=0)
-        outs.append(out[0, len(p):].tolist())
+        out = ref.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        outs.append(out[0, len(p) :].tolist())
     return outs
 
 
@@ -71,13 +77,22 @@ def _assert_agree(ref, prompts, got, want, what):
     use_attention(ref, "sdpa")
     for p, a, b in zip(prompts, got, want):
         result = greedy_agreement(ref, p, a, b)
-        assert result.ok, (f"{what}: a {len(p)}-token prompt gave {a}, transformers {b}; first divergence at "
-                           f"{result.position} with logit gap {result.gap} (not a near-tie)")
+        assert result.ok, (
+            f"{what}: a {len(p)}-token prompt gave {a}, transformers {b}; first divergence at "
+            f"{result.position} with logit gap {result.gap} (not a near-tie)"
+        )
 
 
 def _llm(model, **kwargs) -> LLM:
-    kwargs = {"block_size": 4, "num_gpu_blocks": 128, "enable_prefix_caching": False, "max_model_len": 128,
-              "max_num_seqs": 4, "verbose": False, **kwargs}
+    kwargs = {
+        "block_size": 4,
+        "num_gpu_blocks": 128,
+        "enable_prefix_caching": False,
+        "max_model_len": 128,
+        "max_num_seqs": 4,
+        "verbose": False,
+        **kwargs,
+    }
     return LLM(model, **kwargs)
 
 
@@ -89,7 +104,11 @@ def _spy(sched: Scheduler) -> list[tuple[dict, object, list[bool]]]:
     real = sched.schedule
 
     def schedule():
-        before = {s.seq_id: s.num_computed_tokens for q in (sched.running, sched.swapped, sched.waiting) for s in q}
+        before = {
+            s.seq_id: s.num_computed_tokens
+            for q in (sched.running, sched.swapped, sched.waiting)
+            for s in q
+        }
         out = real()
         log.append((before, out, [s.samples for s in out.scheduled]))
         return out
@@ -104,8 +123,12 @@ def _tokens(outs):
 
 def _no_block_in_use(llm):
     bm = llm.engine.scheduler.block_manager
-    assert bm.get_num_free_gpu_blocks() == bm.num_gpu_blocks, "GPU blocks still in use after generate"
-    assert bm.get_num_free_cpu_blocks() == bm.num_cpu_blocks, "CPU swap blocks still in use after generate"
+    assert bm.get_num_free_gpu_blocks() == bm.num_gpu_blocks, (
+        "GPU blocks still in use after generate"
+    )
+    assert bm.get_num_free_cpu_blocks() == bm.num_cpu_blocks, (
+        "CPU swap blocks still in use after generate"
+    )
 
 
 # ====================================================================== engine: budgets
@@ -121,16 +144,23 @@ def test_chunked_tokens_equal_transformers_at_small_budgets(llama, budget):
     got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
     _assert_agree(ref, prompts, got, _reference(ref, prompts), f"budget {budget}")
     assert all(len(t) == MAX_TOKENS for t in got)
-    assert all(out.num_batched_tokens <= budget for _, out, _ in log), "a step went over the token budget"
+    assert all(out.num_batched_tokens <= budget for _, out, _ in log), (
+        "a step went over the token budget"
+    )
     pieces = {}
     for _, out, _ in log:
         for s in out.prefills:
             pieces.setdefault(s.seq.seq_id, []).append((s.start, s.num_tokens))
     for chunks in pieces.values():  # each prompt's chunks tile it: contiguous, no gap, no overlap
-        assert [start for start, _ in chunks] == list(itertools.accumulate([0] + [n for _, n in chunks[:-1]]))
+        assert [start for start, _ in chunks] == list(
+            itertools.accumulate([0] + [n for _, n in chunks[:-1]])
+        )
     assert sorted(sum(n for _, n in c) for c in pieces.values()) == sorted(map(len, prompts))
-    assert llm.stats()["prefill_chunks"] == sum(map(len, pieces.values())) >= sum(
-        math.ceil(len(p) / budget) for p in prompts), "every prompt is cut into at least len / budget chunks"
+    assert (
+        llm.stats()["prefill_chunks"]
+        == sum(map(len, pieces.values()))
+        >= sum(math.ceil(len(p) / budget) for p in prompts)
+    ), "every prompt is cut into at least len / budget chunks"
     _no_block_in_use(llm)
 
 
@@ -151,14 +181,30 @@ def test_prefix_hit_that_ends_inside_a_chunk(llama, same_call):
         outs = llm.generate([first, second], GREEDY, use_tqdm=False)
     else:
         outs = [llm.generate([p], GREEDY, use_tqdm=False)[0] for p in (first, second)]
-    assert [o.num_cached_tokens for o in outs] == [0, 24], "six full blocks of the shared 26 tokens hit"
-    chunks = [(s.start, s.num_tokens) for _, out, _ in log for s in out.prefills if s.seq.num_prompt_tokens == 46]
+    assert [o.num_cached_tokens for o in outs] == [0, 24], (
+        "six full blocks of the shared 26 tokens hit"
+    )
+    chunks = [
+        (s.start, s.num_tokens)
+        for _, out, _ in log
+        for s in out.prefills
+        if s.seq.num_prompt_tokens == 46
+    ]
     assert chunks == ([(24, 22)] if same_call else [(24, 10), (34, 10), (44, 2)])
     if same_call:
-        assert [(s.start, s.num_tokens) for s in log[0][1].prefills] == [(0, 30), (24, 22)], \
+        assert [(s.start, s.num_tokens) for s in log[0][1].prefills] == [(0, 30), (24, 22)], (
             "both in step 1: the hit names blocks the first request writes in that step"
-    _assert_agree(ref, [first, second], _tokens(outs), _reference(ref, [first, second]), "prefix hit inside a chunk")
-    off = _tokens(_llm(model, max_num_batched_tokens=budget).generate([first, second], GREEDY, use_tqdm=False))
+        )
+    _assert_agree(
+        ref,
+        [first, second],
+        _tokens(outs),
+        _reference(ref, [first, second]),
+        "prefix hit inside a chunk",
+    )
+    off = _tokens(
+        _llm(model, max_num_batched_tokens=budget).generate([first, second], GREEDY, use_tqdm=False)
+    )
     assert _tokens(outs) == off, "prefix caching on must give the tokens of caching off"
     _no_block_in_use(llm)
 
@@ -173,8 +219,13 @@ def test_fully_cached_prompt_still_computes_its_last_token_in_chunks(llama):
     log = _spy(llm.engine.scheduler)
     again = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
     assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 28)
-    assert [(s.start, s.num_tokens) for _, out, _ in log for s in out.prefills] == [(28, 3), (31, 1)]
-    assert [flags for *_, flags in log[:2]] == [[False], [True]], "the first token comes after the last chunk"
+    assert [(s.start, s.num_tokens) for _, out, _ in log for s in out.prefills] == [
+        (28, 3),
+        (31, 1),
+    ]
+    assert [flags for *_, flags in log[:2]] == [[False], [True]], (
+        "the first token comes after the last chunk"
+    )
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
     _no_block_in_use(llm)
 
@@ -188,26 +239,39 @@ def test_preempting_a_half_computed_prompt(llama, mode):
     model, ref = llama
     prompts = [_prompt(24, seed=3), _prompt(40, seed=4), _prompt(22, seed=5)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    llm = _llm(model, num_gpu_blocks=14, max_num_batched_tokens=8, max_num_seqs=4, watermark=0.0,
-               preemption_mode=mode, num_cpu_blocks=32 if mode == "swap" else 0)
+    llm = _llm(
+        model,
+        num_gpu_blocks=14,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        watermark=0.0,
+        preemption_mode=mode,
+        num_cpu_blocks=32 if mode == "swap" else 0,
+    )
     log = _spy(llm.engine.scheduler)
     got = _tokens(llm.generate(prompts, params, use_tqdm=False))
     _assert_agree(ref, prompts, got, _reference(ref, prompts, 12), f"{mode} preemption mid-prefill")
     stats = llm.stats()
     assert stats["preemptions"] > 0, f"the small pool should force preemption: {stats}"
-    half = [(k, seq, before[seq.seq_id]) for k, (before, out, _) in enumerate(log) for seq in out.preempted
-            if 0 < before[seq.seq_id] < seq.num_prompt_tokens]
+    half = [
+        (k, seq, before[seq.seq_id])
+        for k, (before, out, _) in enumerate(log)
+        for seq in out.preempted
+        if 0 < before[seq.seq_id] < seq.num_prompt_tokens
+    ]
     assert half, "a sequence must be preempted while its prompt is partly computed"
     k, seq, done = half[0]
-    back = next(s for _, out, _ in log[k + 1:] for s in out.scheduled if s.seq is seq)
+    back = next(s for _, out, _ in log[k + 1 :] for s in out.scheduled if s.seq is seq)
     if mode == "swap":
         assert stats["swap_outs"] > 0 and stats["swap_ins"] > 0, f"swap mode never swapped: {stats}"
         assert stats["recomputes"] == 0
         assert back.start == done, f"a swapped-out prompt resumes after its {done} computed tokens"
-        assert seq in next(out for _, out, _ in log[k + 1:] if back in out.scheduled).swapped_in
+        assert seq in next(out for _, out, _ in log[k + 1 :] if back in out.scheduled).swapped_in
     else:
         assert stats["recomputes"] > 0 and stats["swap_outs"] == 0
-        assert back.start == 0, f"a recomputed prompt starts again from token 0 (had {done} computed)"
+        assert back.start == 0, (
+            f"a recomputed prompt starts again from token 0 (had {done} computed)"
+        )
     _no_block_in_use(llm)
 
 
@@ -226,17 +290,27 @@ def test_parallel_sampling_forks_after_the_last_chunk(llama):
         group = out.scheduled[0].seq.group
         parent = group.seqs[0]
         computed = parent.num_computed_tokens >= parent.num_prompt_tokens
-        assert (len(group.seqs) == 3) == computed, \
+        assert (len(group.seqs) == 3) == computed, (
             f"step {len(log)}: {len(group.seqs)} sequences with {parent.num_computed_tokens} of 30 computed"
+        )
         if len(log) > 1 and log[-2][2] == [True] and not log[-2][1].scheduled[0].seq.is_finished:
-            assert len(out.scheduled) == 3 and all(s.num_tokens == 1 for s in out.scheduled), \
+            assert len(out.scheduled) == 3 and all(s.num_tokens == 1 for s in out.scheduled), (
                 "after the fork each sample is its own one-token decode"
-    assert [[(s.start, s.num_tokens) for s in out.scheduled] for _, out, _ in log[:4]] == \
-        [[(0, 8)], [(8, 8)], [(16, 8)], [(24, 6)]], "30 tokens in four chunks"
-    assert [flags for *_, flags in log[:4]] == [[False], [False], [False], [True]], "samples only after the last"
+            )
+    assert [[(s.start, s.num_tokens) for s in out.scheduled] for _, out, _ in log[:4]] == [
+        [(0, 8)],
+        [(8, 8)],
+        [(16, 8)],
+        [(24, 6)],
+    ], "30 tokens in four chunks"
+    assert [flags for *_, flags in log[:4]] == [[False], [False], [False], [True]], (
+        "samples only after the last"
+    )
     (out,) = finished
     children = [c.token_ids for c in out.outputs]
-    single = _tokens(_llm(model, max_num_batched_tokens=8).generate([prompt], GREEDY, use_tqdm=False))[0]
+    single = _tokens(
+        _llm(model, max_num_batched_tokens=8).generate([prompt], GREEDY, use_tqdm=False)
+    )[0]
     assert children == [single] * 3, "greedy children equal the n = 1 output"
     _assert_agree(ref, [prompt], [single], _reference(ref, [prompt]), "n = 1 reference")
     _no_block_in_use(llm)
@@ -255,16 +329,26 @@ def test_a_decoding_request_decodes_every_step_while_a_long_prompt_is_chunked(ll
     while engine.has_unfinished_requests():
         finished += engine.step()
     steps = [out for _, out, _ in log[1:]]
-    chunked = [out for out in steps if any(s.seq.group.request_id == "long" and s.is_prefill for s in out.scheduled)]
-    assert len(chunked) == math.ceil(100 / 7), "100 prompt tokens in chunks of budget 8 - 1 decode token"
+    chunked = [
+        out
+        for out in steps
+        if any(s.seq.group.request_id == "long" and s.is_prefill for s in out.scheduled)
+    ]
+    assert len(chunked) == math.ceil(100 / 7), (
+        "100 prompt tokens in chunks of budget 8 - 1 decode token"
+    )
     for out in chunked:
         kinds = [(s.seq.group.request_id, s.num_tokens) for s in out.scheduled]
         assert kinds[0] == ("decoding", 1), f"the decode runs first in every step: {kinds}"
         assert out.num_batched_tokens <= 8
-    assert chunked == steps[:len(chunked)], "the prompt's chunks run in consecutive steps, each beside the decode"
+    assert chunked == steps[: len(chunked)], (
+        "the prompt's chunks run in consecutive steps, each beside the decode"
+    )
     by_id = {o.request_id: o.outputs[0].token_ids for o in finished}
     want = _reference(ref, [short], 30) + _reference(ref, [long])
-    _assert_agree(ref, [short, long], [by_id["decoding"], by_id["long"]], want, "decode beside chunks")
+    _assert_agree(
+        ref, [short, long], [by_id["decoding"], by_id["long"]], want, "decode beside chunks"
+    )
 
 
 # ====================================================================== engine: threshold and chunking off
@@ -275,7 +359,9 @@ def test_long_prefill_token_threshold_caps_each_chunk(llama):
     log = _spy(llm.engine.scheduler)
     got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
     first = [(s.start, s.num_tokens) for s in log[0][1].prefills]
-    assert first == [(0, 6), (0, 6), (0, 3)], "three prompts share step 1, none over the 6-token cap"
+    assert first == [(0, 6), (0, 6), (0, 3)], (
+        "three prompts share step 1, none over the 6-token cap"
+    )
     sizes = [s.num_tokens for _, out, _ in log for s in out.prefills]
     assert max(sizes) == 6 and sizes.count(6) == 6, "each 20-token prompt: 6 + 6 + 6 + 2"
     _assert_agree(ref, prompts, got, _reference(ref, prompts), "threshold 6")
@@ -283,19 +369,35 @@ def test_long_prefill_token_threshold_caps_each_chunk(llama):
 
 def test_chunking_off_keeps_whole_prompts_and_its_config_error(llama):
     model, ref = llama
-    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(16\) must be >= max_model_len \(128\)"):
+    with pytest.raises(
+        ValueError, match=r"max_num_batched_tokens \(16\) must be >= max_model_len \(128\)"
+    ):
         _llm(model, enable_chunked_prefill=False, max_num_batched_tokens=16)
-    with pytest.raises(ValueError, match="long_prefill_token_threshold=8 cuts prompts .* enable_chunked_prefill=True"):
-        _llm(model, enable_chunked_prefill=False, max_num_batched_tokens=128, long_prefill_token_threshold=8)
+    with pytest.raises(
+        ValueError,
+        match="long_prefill_token_threshold=8 cuts prompts .* enable_chunked_prefill=True",
+    ):
+        _llm(
+            model,
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=128,
+            long_prefill_token_threshold=8,
+        )
     prompts = [_prompt(100, seed=12), _prompt(60, seed=13), _prompt(20, seed=14)]
     llm = _llm(model, enable_chunked_prefill=False, max_num_seqs=4)
-    assert llm.engine.scheduler_config.max_num_batched_tokens == 2048, "default budget: max(max_model_len, 2048)"
+    assert llm.engine.scheduler_config.max_num_batched_tokens == 2048, (
+        "default budget: max(max_model_len, 2048)"
+    )
     llm = _llm(model, enable_chunked_prefill=False, max_num_batched_tokens=128, max_num_seqs=4)
     log = _spy(llm.engine.scheduler)
     got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
     prefills = [[(s.start, s.num_tokens) for s in out.prefills] for _, out, _ in log]
-    assert prefills[0] == [(0, 100)], "the 60-token prompt does not fit the 28 tokens left, and is never cut"
-    assert prefills[1] == [(0, 60), (0, 20)], "step 2: the whole 60 and 20-token prompts beside the decode"
+    assert prefills[0] == [(0, 100)], (
+        "the 60-token prompt does not fit the 28 tokens left, and is never cut"
+    )
+    assert prefills[1] == [(0, 60), (0, 20)], (
+        "step 2: the whole 60 and 20-token prompts beside the decode"
+    )
     assert all(p == [] for p in prefills[2:])
     _assert_agree(ref, prompts, got, _reference(ref, prompts), "chunking off")
 
@@ -306,32 +408,69 @@ def test_prefill_chunks_and_latency_stats_of_the_last_generate(llama):
     llm = _llm(model, max_num_batched_tokens=8, max_num_seqs=4)
     llm.generate([_prompt(49, seed=15)], GREEDY, use_tqdm=False)
     stats = llm.stats()
-    assert stats["prefill_chunks"] == 7, "49 tokens with budget 8: six chunks of 8 and a last one of 1"
-    assert stats["steps"] == 7 + MAX_TOKENS - 1, "the last chunk samples the first token; 7 decodes follow"
+    assert stats["prefill_chunks"] == 7, (
+        "49 tokens with budget 8: six chunks of 8 and a last one of 1"
+    )
+    assert stats["steps"] == 7 + MAX_TOKENS - 1, (
+        "the last chunk samples the first token; 7 decodes follow"
+    )
     for key in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99"):
         assert 0 < stats[key] < math.inf, f"{key} = {stats[key]}"
     assert stats["ttft_p50"] <= stats["ttft_p99"] and stats["itl_p50"] <= stats["itl_p99"]
     assert len(llm.engine.metrics.ttft) == 1 and len(llm.engine.metrics.itl) == MAX_TOKENS - 1
-    llm.generate([_prompt(5, seed=16), _prompt(9, seed=17)], SamplingParams(max_tokens=3, ignore_eos=True),
-                 use_tqdm=False)
+    llm.generate(
+        [_prompt(5, seed=16), _prompt(9, seed=17)],
+        SamplingParams(max_tokens=3, ignore_eos=True),
+        use_tqdm=False,
+    )
     again, metrics = llm.stats(), llm.engine.metrics
-    assert len(metrics.ttft) == 2 and len(metrics.itl) == 2 * 2, "the window holds the last call's requests only"
-    assert again["prefill_chunks"] == 7 + 3, "cumulative; budget 8: the 5-token prompt, then the 9 in 3 + 6"
+    assert len(metrics.ttft) == 2 and len(metrics.itl) == 2 * 2, (
+        "the window holds the last call's requests only"
+    )
+    assert again["prefill_chunks"] == 7 + 3, (
+        "cumulative; budget 8: the 5-token prompt, then the 9 in 3 + 6"
+    )
     assert min(metrics.ttft) <= again["ttft_p50"] <= again["ttft_p99"] <= max(metrics.ttft)
     assert min(metrics.itl) <= again["itl_p50"] <= again["itl_p99"] <= max(metrics.itl)
     assert again["ttft_p50"] > 0 and again["itl_p50"] > 0
 
 
 # ====================================================================== scheduler level: random runs
-def _run(reqs, *, bs, budget, max_num_seqs, threshold, n_gpu, n_cpu, mode, prefix, chunked, max_model_len,
-         watermark=0.0, check=True):
+def _run(
+    reqs,
+    *,
+    bs,
+    budget,
+    max_num_seqs,
+    threshold,
+    n_gpu,
+    n_cpu,
+    mode,
+    prefix,
+    chunked,
+    max_model_len,
+    watermark=0.0,
+    check=True,
+):
     """Run ``reqs`` (``(rid, prompt, max_tokens, n, arrival step)``) through a FakeEngine; returns the tokens
     of every sequence by request (in ``group.seqs`` order), the engine and the groups."""
-    s = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
-                                  preemption_mode=mode, enable_chunked_prefill=chunked,
-                                  long_prefill_token_threshold=threshold),
-                  CacheConfig(block_size=bs, num_gpu_blocks=n_gpu, num_cpu_blocks=n_cpu, watermark=watermark,
-                              enable_prefix_caching=prefix))
+    s = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
+            preemption_mode=mode,
+            enable_chunked_prefill=chunked,
+            long_prefill_token_threshold=threshold,
+        ),
+        CacheConfig(
+            block_size=bs,
+            num_gpu_blocks=n_gpu,
+            num_cpu_blocks=n_cpu,
+            watermark=watermark,
+            enable_prefix_caching=prefix,
+        ),
+    )
     eng, groups = FakeEngine(s), {}
     eng.schedules = log = _spy(s)
     pending = sorted(reqs, key=lambda r: r[4])
@@ -340,7 +479,9 @@ def _run(reqs, *, bs, budget, max_num_seqs, threshold, n_gpu, n_cpu, mode, prefi
     for t in itertools.count():
         while pending and pending[0][4] <= t:
             rid, prompt, m, n, _ = pending.pop(0)
-            groups[rid] = SequenceGroup(rid, [Sequence(next(ids), prompt, bs)], SamplingParams(n=n, max_tokens=m))
+            groups[rid] = SequenceGroup(
+                rid, [Sequence(next(ids), prompt, bs)], SamplingParams(n=n, max_tokens=m)
+            )
             s.add_request(groups[rid])
         if not pending and not s.has_unfinished_requests():
             break
@@ -356,68 +497,143 @@ def _run(reqs, *, bs, budget, max_num_seqs, threshold, n_gpu, n_cpu, mode, prefi
         for e, sampled in zip(out.scheduled, samples):
             remaining = lengths[e.seq.seq_id] - e.start
             if threshold and e.num_tokens > 1:
-                assert e.num_tokens <= threshold, f"a chunk of {e.num_tokens} over the threshold {threshold}"
+                assert e.num_tokens <= threshold, (
+                    f"a chunk of {e.num_tokens} over the threshold {threshold}"
+                )
             if not chunked:
-                assert e.num_tokens == remaining, "chunking off: a sequence computes all its tokens at once"
-            assert sampled == (e.num_tokens == remaining), "a sequence samples exactly when its last token ran"
-        for rid, g in groups.items():  # n > 1: the fork happens exactly when the prompt's last chunk ran
+                assert e.num_tokens == remaining, (
+                    "chunking off: a sequence computes all its tokens at once"
+                )
+            assert sampled == (e.num_tokens == remaining), (
+                "a sequence samples exactly when its last token ran"
+            )
+        for (
+            rid,
+            g,
+        ) in groups.items():  # n > 1: the fork happens exactly when the prompt's last chunk ran
             if len(g.seqs) > forks.get(rid, 1):
-                assert any(e.seq is g.seqs[0] and f for e, f in zip(out.scheduled, samples)), \
+                assert any(e.seq is g.seqs[0] and f for e, f in zip(out.scheduled, samples)), (
                     "a fork before the prompt's last chunk"
+                )
                 assert len(g.seqs) == g.sampling_params.n
             if len(g.seqs) == 1 and g.sampling_params.n > 1:
-                assert not g.seqs[0].output_token_ids, "a request with n > 1 sampled without forking"
+                assert not g.seqs[0].output_token_ids, (
+                    "a request with n > 1 sampled without forking"
+                )
     tokens = {rid: [list(x.output_token_ids) for x in g.seqs] for rid, g in groups.items()}
     return tokens, eng, groups
 
 
 # (prompt tail length, shared head length, head id, max_tokens, n, arrival step)
-request = st.tuples(st.integers(1, 28), st.integers(0, 12), st.integers(0, 1), st.integers(1, 8),
-                    st.sampled_from([1, 1, 1, 2, 3]), st.integers(0, 6))
+request = st.tuples(
+    st.integers(1, 28),
+    st.integers(0, 12),
+    st.integers(0, 1),
+    st.integers(1, 8),
+    st.sampled_from([1, 1, 1, 2, 3]),
+    st.integers(0, 6),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=st.lists(request, min_size=1, max_size=6), bs=st.sampled_from([2, 4, 8]),
-       max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 20), threshold=st.sampled_from([0, 0, 1, 3, 7]),
-       extra_gpu=st.sampled_from([0, 0, 1, 2, 3, 6, 12]), n_cpu=st.integers(0, 24),
-       mode=st.sampled_from(["recompute", "swap"]), prefix=st.booleans(),
-       chunked=st.sampled_from([True, True, True, False]), watermark=st.sampled_from([0.0, 0.1]))
+@given(
+    reqs=st.lists(request, min_size=1, max_size=6),
+    bs=st.sampled_from([2, 4, 8]),
+    max_num_seqs=st.integers(1, 4),
+    extra_budget=st.integers(0, 20),
+    threshold=st.sampled_from([0, 0, 1, 3, 7]),
+    extra_gpu=st.sampled_from([0, 0, 1, 2, 3, 6, 12]),
+    n_cpu=st.integers(0, 24),
+    mode=st.sampled_from(["recompute", "swap"]),
+    prefix=st.booleans(),
+    chunked=st.sampled_from([True, True, True, False]),
+    watermark=st.sampled_from([0.0, 0.1]),
+)
 def test_random_chunked_runs_finish_free_everything_and_match_an_unconstrained_run(
-        reqs, bs, max_num_seqs, extra_budget, threshold, extra_gpu, n_cpu, mode, prefix, chunked, watermark):
+    reqs,
+    bs,
+    max_num_seqs,
+    extra_budget,
+    threshold,
+    extra_gpu,
+    n_cpu,
+    mode,
+    prefix,
+    chunked,
+    watermark,
+):
     max_model_len = 48
     work = []
     for i, (tail, head, head_id, m, n, arrival) in enumerate(reqs):
-        prompt = [1 + (head_id * 11 + j) % 50 for j in range(head)] + [51 + (7 * i + j) % 40 for j in range(tail)]
-        work.append((f"r{i}", prompt, m, min(n, max_num_seqs), arrival))  # n > max_num_seqs: ignored
+        prompt = [1 + (head_id * 11 + j) % 50 for j in range(head)] + [
+            51 + (7 * i + j) % 40 for j in range(tail)
+        ]
+        work.append(
+            (f"r{i}", prompt, m, min(n, max_num_seqs), arrival)
+        )  # n > max_num_seqs: ignored
     budget = max_num_seqs + extra_budget if chunked else max_model_len + extra_budget
-    threshold = threshold if chunked else 0  # a threshold cuts prompts: the config refuses it without chunking
-    need = blocks_needed(max_model_len, bs)  # any one sequence fits the pool alone: nobody ends exhausted
+    threshold = (
+        threshold if chunked else 0
+    )  # a threshold cuts prompts: the config refuses it without chunking
+    need = blocks_needed(
+        max_model_len, bs
+    )  # any one sequence fits the pool alone: nobody ends exhausted
     n_gpu = need + extra_gpu
     while n_gpu - need < int(watermark * n_gpu):
         n_gpu += 1
     if mode == "swap":
         n_cpu = max(n_cpu, 1)
-    got, eng, groups = _run(work, bs=bs, budget=budget, max_num_seqs=max_num_seqs, threshold=threshold, n_gpu=n_gpu,
-                            n_cpu=n_cpu, mode=mode, prefix=prefix, chunked=chunked, max_model_len=max_model_len,
-                            watermark=watermark)
+    got, eng, groups = _run(
+        work,
+        bs=bs,
+        budget=budget,
+        max_num_seqs=max_num_seqs,
+        threshold=threshold,
+        n_gpu=n_gpu,
+        n_cpu=n_cpu,
+        mode=mode,
+        prefix=prefix,
+        chunked=chunked,
+        max_model_len=max_model_len,
+        watermark=watermark,
+    )
     for rid, g in groups.items():
         assert all(x.status is S.FINISHED_LENGTH for x in g.seqs), f"{rid}: {g.seqs}"
         assert len(g.seqs) == g.sampling_params.n
     assert_all_free(eng.sched)
-    free, _, _ = _run([(rid, p, m, n, 0) for rid, p, m, n, _ in work], bs=bs, budget=10_000, max_num_seqs=64,
-                      threshold=0, n_gpu=64 * need, n_cpu=0, mode="recompute", prefix=False, chunked=True,
-                      max_model_len=max_model_len, check=False)
-    assert got == free, "tokens must not depend on budget, chunking, pool size, preemption or prefix caching"
+    free, _, _ = _run(
+        [(rid, p, m, n, 0) for rid, p, m, n, _ in work],
+        bs=bs,
+        budget=10_000,
+        max_num_seqs=64,
+        threshold=0,
+        n_gpu=64 * need,
+        n_cpu=0,
+        mode="recompute",
+        prefix=False,
+        chunked=True,
+        max_model_len=max_model_len,
+        check=False,
+    )
+    assert got == free, (
+        "tokens must not depend on budget, chunking, pool size, preemption or prefix caching"
+    )
 
 
 # ====================================================================== the latency benchmark's functions
 def test_latency_workload_is_seeded_and_spreads_the_long_prompts():
     from paged_course.bench.latency import latency_workload
 
-    work = latency_workload(num_short=4, num_long=3, short_output=(20, 30), long_prompt=(1000, 1010), seed=3)
-    assert work == latency_workload(num_short=4, num_long=3, short_output=(20, 30), long_prompt=(1000, 1010), seed=3)
+    work = latency_workload(
+        num_short=4, num_long=3, short_output=(20, 30), long_prompt=(1000, 1010), seed=3
+    )
+    assert work == latency_workload(
+        num_short=4, num_long=3, short_output=(20, 30), long_prompt=(1000, 1010), seed=3
+    )
     shorts, longs = [r for r in work if not r.long], [r for r in work if r.long]
-    assert len(shorts) == 4 and all(r.arrival_tokens == 0 and 20 <= r.max_tokens <= 30 for r in shorts)
+    assert len(shorts) == 4 and all(
+        r.arrival_tokens == 0 and 20 <= r.max_tokens <= 30 for r in shorts
+    )
     assert [r.arrival_tokens for r in longs] == [20, 40, 60], "every 4 x 20 // 4 generated tokens"
     assert all(1000 <= len(r.prompt) <= 1010 and min(r.prompt) >= 2 for r in longs)
     with pytest.raises(ValueError, match="long_prompt must be a range"):
@@ -430,15 +646,21 @@ def test_simulated_budget_sweep_bounds_the_inter_token_latency():
     from paged_course.bench.latency import latency_workload, simulate_budgets
     from paged_course.sim.scheduling import CostModel
 
-    work = latency_workload(num_short=6, num_long=2, short_output=(32, 40), long_prompt=(1000, 1050))
+    work = latency_workload(
+        num_short=6, num_long=2, short_output=(32, 40), long_prompt=(1000, 1050)
+    )
     rows = {r["budget"]: r for r in simulate_budgets(work, budgets=(64, 256, None))}
     cost = CostModel()
     assert rows[256]["max_step_tokens"] <= 256 and rows[None]["max_step_tokens"] > 1000
-    assert rows[256]["itl_p99"] == pytest.approx(cost.step_seconds(256)), "the p99 gap is a full-budget step"
+    assert rows[256]["itl_p99"] == pytest.approx(cost.step_seconds(256)), (
+        "the p99 gap is a full-budget step"
+    )
     assert rows[None]["itl_p99"] > 2.5 * rows[256]["itl_p99"]
     assert rows[256]["tok_s"] == pytest.approx(rows[None]["tok_s"], rel=0.01)
     assert rows[64]["tok_s"] < 0.9 * rows[None]["tok_s"]
-    assert rows[None]["ttft_p99"] < rows[256]["ttft_p99"] < rows[64]["ttft_p99"], "long prompts start later"
+    assert rows[None]["ttft_p99"] < rows[256]["ttft_p99"] < rows[64]["ttft_p99"], (
+        "long prompts start later"
+    )
 
 
 def test_engine_latency_run_gives_the_same_tokens_with_and_without_chunks(llama):
@@ -448,16 +670,30 @@ def test_engine_latency_run_gives_the_same_tokens_with_and_without_chunks(llama)
     from paged_course.viz.latency import plot_latency
 
     model, _ = llama
-    work = latency_workload(num_short=3, num_long=2, short_prompt=(4, 8), short_output=(12, 16), long_prompt=(40, 60),
-                            long_output=(2, 4), vocab=127)
-    result = compare_engine(model, work, budget=8, repeats=1, max_num_seqs=4, block_size=4, max_model_len=128)
+    work = latency_workload(
+        num_short=3,
+        num_long=2,
+        short_prompt=(4, 8),
+        short_output=(12, 16),
+        long_prompt=(40, 60),
+        long_output=(2, 4),
+        vocab=127,
+    )
+    result = compare_engine(
+        model, work, budget=8, repeats=1, max_num_seqs=4, block_size=4, max_model_len=128
+    )
     assert result["same_tokens"] and result["output_tokens"] == sum(r.max_tokens for r in work)
     assert result["on"]["max_step_tokens"] <= 8 < result["off"]["max_step_tokens"]
     assert result["on"]["prefill_chunks"] > result["off"]["prefill_chunks"] == len(work)
     for name in ("off", "on"):
         r = result[name]
-        assert all(0 < r[k] < math.inf for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tok_s", "cpu_tok_s"))
+        assert all(
+            0 < r[k] < math.inf
+            for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tok_s", "cpu_tok_s")
+        )
         assert len(r["step_seconds"]) == r["steps"]
-    fig = plot_latency(result, simulate_budgets(work, budgets=(8, 16, None), max_num_seqs=4, max_model_len=128))
+    fig = plot_latency(
+        result, simulate_budgets(work, budgets=(8, 16, None), max_num_seqs=4, max_model_len=128)
+    )
     assert len(fig.axes) == 5
     plt.close(fig)

@@ -37,7 +37,9 @@ def test_stub_replaces_regions_and_keeps_indentation():
     stub = make_stub(SOLUTION, "solutions/ex09_demo.py")
     assert "total = a + b" not in stub and "y = x * 2" not in stub, "solution code must not leak"
     assert "    raise NotImplementedError(\"ch09.ex1: add the 'two' numbers\")" in stub
-    assert "        y = x  # starter code kept in the stub\n        pass\n" in stub, "STUB lines become starter code"
+    assert "        y = x  # starter code kept in the stub\n        pass\n" in stub, (
+        "STUB lines become starter code"
+    )
     assert stub.startswith("# Generated from solutions/") and "Edit only the marked regions" in stub
     ast.parse(stub)
     assert exercise_ids(SOLUTION) == ["ch09.ex1", "ch09.ex2"]
@@ -57,15 +59,26 @@ def test_stub_of_stub_is_idempotent_and_sync_is_idempotent(tmp_path):
     assert namespace["kernel_like"](3) == 3, "starter code runs"
 
 
-@pytest.mark.parametrize("source, message", [
-    ("# BEGIN SOLUTION ch01.ex1\nx = 1\n", "never closed"),
-    ("x = 1\n# END SOLUTION\n", "without a BEGIN"),
-    ("# BEGIN SOLUTION ch01.ex1\n# BEGIN SOLUTION ch01.ex2\n# END SOLUTION\n# END SOLUTION\n", "inside region"),
-    ("# BEGIN SOLUTION ch01.ex1\n# END SOLUTION\n# BEGIN SOLUTION ch01.ex1\n# END SOLUTION\n", "duplicate"),
-    ("# STUB: x = 1\n", "outside a solution region"),
-    ("def f():\n    # BEGIN SOLUTION ch01.ex1\n    # STUB: return (\n    return 1\n    # END SOLUTION\n",
-     "does not parse"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("# BEGIN SOLUTION ch01.ex1\nx = 1\n", "never closed"),
+        ("x = 1\n# END SOLUTION\n", "without a BEGIN"),
+        (
+            "# BEGIN SOLUTION ch01.ex1\n# BEGIN SOLUTION ch01.ex2\n# END SOLUTION\n# END SOLUTION\n",
+            "inside region",
+        ),
+        (
+            "# BEGIN SOLUTION ch01.ex1\n# END SOLUTION\n# BEGIN SOLUTION ch01.ex1\n# END SOLUTION\n",
+            "duplicate",
+        ),
+        ("# STUB: x = 1\n", "outside a solution region"),
+        (
+            "def f():\n    # BEGIN SOLUTION ch01.ex1\n    # STUB: return (\n    return 1\n    # END SOLUTION\n",
+            "does not parse",
+        ),
+    ],
+)
 def test_bad_markers_are_rejected(source, message):
     with pytest.raises(MarkerError, match=message):
         make_stub(source, "solutions/ex01_bad.py")
@@ -78,7 +91,9 @@ def test_check_mode_reports_stale_files_without_writing(tmp_path, capsys):
     assert not (tmp_path / "exercises" / "ex09_demo.py").exists(), "--check writes nothing"
     assert main(["--root", str(tmp_path)]) == 0
     (tmp_path / "exercises" / "ex99_orphan.py").write_text("x = 1\n")
-    assert main(["--check", "--root", str(tmp_path)]) == 1, "an exercise without a solution is stale"
+    assert main(["--check", "--root", str(tmp_path)]) == 1, (
+        "an exercise without a solution is stale"
+    )
     assert "ex99_orphan.py" in capsys.readouterr().out
     assert main(["--root", str(tmp_path)]) == 0 and main(["--check", "--root", str(tmp_path)]) == 0
     assert not (tmp_path / "exercises" / "ex99_orphan.py").exists()
@@ -113,7 +128,11 @@ def test_hints_never_contain_a_line_of_the_solution():
                 region = (begin["id"], " ".join((begin["hint"] or "").split()), [])
             elif END.match(line) and region:
                 ex_id, hint, body = region
-                leaks += [f"{path.name} {ex_id}: the hint contains `{c}`" for c in _code_lines(body) if c in hint]
+                leaks += [
+                    f"{path.name} {ex_id}: the hint contains `{c}`"
+                    for c in _code_lines(body)
+                    if c in hint
+                ]
                 region = None
             elif region:
                 region[2].append(line)

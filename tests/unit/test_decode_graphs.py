@@ -26,9 +26,13 @@ BLOCKS, BS = 48, 4
 def _engine(model, graphs: bool, max_num_seqs: int = 12) -> LLMEngine:
     layers, kv_heads, head_dim = kv_shape(model)
     kv = KVCache(layers, BLOCKS + graphs, BS, kv_heads, head_dim)
-    return LLMEngine(model, kv, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32,
-                                                max_model_len=64),
-                     CacheConfig(block_size=BS, num_gpu_blocks=BLOCKS, enable_prefix_caching=True), cuda_graphs=graphs)
+    return LLMEngine(
+        model,
+        kv,
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32, max_model_len=64),
+        CacheConfig(block_size=BS, num_gpu_blocks=BLOCKS, enable_prefix_caching=True),
+        cuda_graphs=graphs,
+    )
 
 
 def _run(engine, work) -> list[list[int]]:
@@ -43,8 +47,10 @@ def test_padded_graph_decodes_equal_eager_tokens(monkeypatch):
     model = tiny_model("llama")
     gen = torch.Generator().manual_seed(4)
     # 7 ragged requests: decode batches of 7, 6, ... padded to 8, 4, 2; a budget of 32 tokens chunks the prompts
-    work = [(torch.randint(1, 120, (n,), generator=gen).tolist(), m) for n, m in
-            zip((5, 17, 9, 30, 3, 12, 21), (9, 4, 12, 7, 15, 2, 10))]
+    work = [
+        (torch.randint(1, 120, (n,), generator=gen).tolist(), m)
+        for n, m in zip((5, 17, 9, 30, 3, 12, 21), (9, 4, 12, 7, 15, 2, 10))
+    ]
     eager = _run(_engine(model, False), work)
     engine = _engine(model, True)
     assert sorted(engine.runner.graphs) == [1, 2, 4, 8, 12], "the ladder up to max_num_seqs"
@@ -55,12 +61,18 @@ def test_padded_graph_decodes_equal_eager_tokens(monkeypatch):
         return real_run(self, host)
 
     monkeypatch.setattr(DecodeGraph, "run", spy)
-    engine.runner.kv_cache.kv[:, :, BLOCKS].fill_(7.0)  # the padding block: the only one padded rows may write
+    engine.runner.kv_cache.kv[:, :, BLOCKS].fill_(
+        7.0
+    )  # the padding block: the only one padded rows may write
     assert _run(engine, work) == eager, "a padded graph step changed the tokens"
     decode_steps = [h for h in engine.metrics.history if h["prefill_tokens"] == 0]
     assert len(sizes) == len(decode_steps) > 0, "every decode-only step takes a captured size"
-    assert 8 in sizes and 4 in sizes and 2 in sizes, f"batches are padded to the next captured size: {sizes}"
-    assert not torch.all(engine.runner.kv_cache.kv[:, :, BLOCKS] == 7.0), "padding rows write the padding block"
+    assert 8 in sizes and 4 in sizes and 2 in sizes, (
+        f"batches are padded to the next captured size: {sizes}"
+    )
+    assert not torch.all(engine.runner.kv_cache.kv[:, :, BLOCKS] == 7.0), (
+        "padding rows write the padding block"
+    )
 
 
 def test_graph_buffer_layout_is_fixed_and_padded():
@@ -69,12 +81,18 @@ def test_graph_buffer_layout_is_fixed_and_padded():
     graph = engine.runner.graphs[4]
     address = graph.buf.data_ptr()
     host, layout = graph.pack([[3, 5], [9]], [6, 2], [11, 12])
-    assert host.shape == graph.buf.shape and layout == graph.layout, "every step of a size has one layout"
+    assert host.shape == graph.buf.shape and layout == graph.layout, (
+        "every step of a size has one layout"
+    )
     ids, positions, slots, keep, lens, starts, tables = host.split(layout["sizes"])
     assert ids.tolist() == [11, 12, 0, 0] and positions.tolist() == [5, 1, 0, 0]
-    assert slots.tolist() == [5 * BS + 1, 9 * BS + 1, BLOCKS * BS, BLOCKS * BS], "padding rows: the padding block"
+    assert slots.tolist() == [5 * BS + 1, 9 * BS + 1, BLOCKS * BS, BLOCKS * BS], (
+        "padding rows: the padding block"
+    )
     assert lens.tolist() == [6, 2, 1, 1] and keep.tolist() == [0, 1, 2, 3]
-    assert tables.view(4, -1)[:, 0].tolist() == [3, 9, BLOCKS, BLOCKS] and layout["width"] == 64 // BS
+    assert (
+        tables.view(4, -1)[:, 0].tolist() == [3, 9, BLOCKS, BLOCKS] and layout["width"] == 64 // BS
+    )
     with torch.inference_mode():  # as in ModelRunner.forward
         graph.run(host)
     assert graph.buf.data_ptr() == address, "the buffer stays at its address"
@@ -92,9 +110,17 @@ def test_mixed_steps_stay_eager():
 def test_ladder_and_cpu_llm_ignore_graphs():
     assert GRAPH_SIZES[:6] == (1, 2, 4, 8, 16, 32) and all(b % 16 == 0 for b in GRAPH_SIZES[4:])
     for eager in (True, False):
-        llm = LLM(tiny_model("llama"), num_gpu_blocks=16, block_size=4, device="cpu", verbose=False,
-                  enforce_eager=eager)
-        assert llm.engine.runner.graphs == {} and llm.engine.kv_cache.num_blocks == 16, "CPU runs are eager"
+        llm = LLM(
+            tiny_model("llama"),
+            num_gpu_blocks=16,
+            block_size=4,
+            device="cpu",
+            verbose=False,
+            enforce_eager=eager,
+        )
+        assert llm.engine.runner.graphs == {} and llm.engine.kv_cache.num_blocks == 16, (
+            "CPU runs are eager"
+        )
 
 
 @pytest.mark.gpu
@@ -104,12 +130,26 @@ def test_cuda_graphs_and_prefill_kernel_give_the_eager_tokens_on_a_gpu():
     from paged.kernels import launch_prefill
 
     gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(1, 120, (n,), generator=gen).tolist() for n in (5, 40, 17, 63, 9, 28, 3)]
+    prompts = [
+        torch.randint(1, 120, (n,), generator=gen).tolist() for n in (5, 40, 17, 63, 9, 28, 3)
+    ]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (12, 3, 20, 7, 16, 1, 9)]
     outs = {}
     for eager in (True, False):
-        llm = LLM(tiny_model("llama"), device="cuda", num_gpu_blocks=64, block_size=16, max_num_seqs=8,
-                  max_num_batched_tokens=48, enforce_eager=eager, verbose=False)
-        assert bool(llm.engine.runner.graphs) != eager and llm.engine.runner.prefill is launch_prefill
-        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm = LLM(
+            tiny_model("llama"),
+            device="cuda",
+            num_gpu_blocks=64,
+            block_size=16,
+            max_num_seqs=8,
+            max_num_batched_tokens=48,
+            enforce_eager=eager,
+            verbose=False,
+        )
+        assert (
+            bool(llm.engine.runner.graphs) != eager and llm.engine.runner.prefill is launch_prefill
+        )
+        outs[eager] = [
+            o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)
+        ]
     assert outs[False] == outs[True], "CUDA graphs changed the tokens"

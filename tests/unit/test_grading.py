@@ -27,15 +27,15 @@ from paged_course.grading import GradingInterrupted, Report, TestResult, grade, 
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CONFTEST = '''
+CONFTEST = """
 def pytest_addoption(parser):
     parser.addoption("--impl", default="solutions")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "exercise(id, points): graded")
-'''
+"""
 
-TESTS = '''
+TESTS = """
 import os, signal, time, pytest
 
 @pytest.mark.exercise("ch01.ex1", points=2)
@@ -80,7 +80,7 @@ def test_long_message():
 
 def test_not_graded():
     assert False
-'''
+"""
 
 
 def _suite(folder: Path, tests: str = TESTS) -> Path:
@@ -98,8 +98,14 @@ def graded(tmp_path_factory):
     stream = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(grading, "WATCHDOG_FLOOR_S", 1.0)
-        report = grade(impl="solutions", timeout=1, tests_dir=suite, root=suite, report_dir=tmp / "report",
-                       progress=stream)
+        report = grade(
+            impl="solutions",
+            timeout=1,
+            tests_dir=suite,
+            root=suite,
+            report_dir=tmp / "report",
+            progress=stream,
+        )
     return report, stream.getvalue(), tmp / "report"
 
 
@@ -110,12 +116,20 @@ def _by_name(report: Report) -> dict[str, TestResult]:
 def test_hang_stuck_and_crash_cost_only_themselves(graded):
     report, _, _ = graded
     status = {name: t.status for name, t in _by_name(report).items()}
-    assert status == {"test_ok": "passed", "test_infinite_loop": "timeout", "test_crash": "crashed",
-                      "test_stuck_where_the_timeout_cannot_reach": "timeout",
-                      "test_slow_with_its_own_limit": "passed", "test_own_limit_below_the_run_timeout": "passed",
-                      "test_skipped": "skipped", "test_after_the_crash": "passed",
-                      "test_long_message": "failed"}, status
-    assert (report.score, report.max_score) == (10, 20), "only the unmarked test is left out of grading"
+    assert status == {
+        "test_ok": "passed",
+        "test_infinite_loop": "timeout",
+        "test_crash": "crashed",
+        "test_stuck_where_the_timeout_cannot_reach": "timeout",
+        "test_slow_with_its_own_limit": "passed",
+        "test_own_limit_below_the_run_timeout": "passed",
+        "test_skipped": "skipped",
+        "test_after_the_crash": "passed",
+        "test_long_message": "failed",
+    }, status
+    assert (report.score, report.max_score) == (10, 20), (
+        "only the unmarked test is left out of grading"
+    )
     assert report.by_chapter() == {"ch01": (5, 10), "ch02": (5, 10)}
 
 
@@ -123,35 +137,50 @@ def test_each_test_has_its_limit(graded):
     tests = _by_name(graded[0])
     assert tests["test_ok"].limit == 1, "--timeout applies to a test without its own limit"
     assert tests["test_slow_with_its_own_limit"].limit == 20, "a test's own larger limit wins"
-    assert tests["test_own_limit_below_the_run_timeout"].limit == 1, "a larger --timeout wins over the marker"
-    assert grading.watchdog_seconds(10) == 15 and grading.watchdog_seconds(60) == 90, \
+    assert tests["test_own_limit_below_the_run_timeout"].limit == 1, (
+        "a larger --timeout wins over the marker"
+    )
+    assert grading.watchdog_seconds(10) == 15 and grading.watchdog_seconds(60) == 90, (
         "the watchdog scales with the limit: a C-level hang ends a few seconds after it"
+    )
 
 
 def test_reasons_are_plain_words(graded):
     tests = _by_name(graded[0])
     loop = tests["test_infinite_loop"].reason
-    assert re.fullmatch(r"timed out after 1 s \(an infinite loop\?\) at test_tiny\.py:\d+ \(in test_infinite_loop\)",
-                        loop), loop
+    assert re.fullmatch(
+        r"timed out after 1 s \(an infinite loop\?\) at test_tiny\.py:\d+ \(in test_infinite_loop\)",
+        loop,
+    ), loop
     assert "pytest-timeout" not in loop and "<function" not in loop
     crash = tests["test_crash"].reason
-    assert crash.startswith("crashed: the test process exited with code 3 while this test ran"), crash
+    assert crash.startswith("crashed: the test process exited with code 3 while this test ran"), (
+        crash
+    )
     stuck = tests["test_stuck_where_the_timeout_cannot_reach"].reason
-    assert stuck.startswith("timed out after 1 s and did not stop") and "ended the test process" in stuck, stuck
+    assert (
+        stuck.startswith("timed out after 1 s and did not stop")
+        and "ended the test process" in stuck
+    ), stuck
     assert tests["test_skipped"].reason == "skipped: needs a GPU"
     long = tests["test_long_message"].reason
-    assert long.startswith("AssertionError: lengths 0, 1, 2") and long.endswith("expected 3 requests to fit, got 2"), \
-        "a long assertion message keeps its head and its expected/got end"
+    assert long.startswith("AssertionError: lengths 0, 1, 2") and long.endswith(
+        "expected 3 requests to fit, got 2"
+    ), "a long assertion message keeps its head and its expected/got end"
     assert len(long) <= grading._MAX_REASON
 
 
 def test_progress_line_per_chapter(graded):
     _, text, _ = graded
     lines = text.splitlines()
-    assert lines[0] == "9 tests in 2 chapters (. passed  F failed  T timed out  C crashed  s skipped)", lines
+    assert (
+        lines[0] == "9 tests in 2 chapters (. passed  F failed  T timed out  C crashed  s skipped)"
+    ), lines
     assert re.fullmatch(r"ch01 \.TCT\.\.\s+5/10 points  \(\d+\.\d s\)", lines[1]), lines[1]
     assert re.fullmatch(r"ch02 s\.F\s+5/10 points  \(\d+\.\d s\)", lines[2]), lines[2]
-    assert len(lines) == 3 and "\r" not in text and "\x1b" not in text, "plain lines: a terminal and a notebook"
+    assert len(lines) == 3 and "\r" not in text and "\x1b" not in text, (
+        "plain lines: a terminal and a notebook"
+    )
     assert lines[1].index("points") == lines[2].index("points"), "the points line up"
 
 
@@ -160,10 +189,15 @@ def test_report_files(graded):
     results = json.loads((folder / "results.json").read_text())
     assert results["score"] == 10 and results["max_score"] == 20
     skipped = next(t for t in results["tests"] if "test_skipped" in t["name"])
-    assert skipped["status"] == "failed" and skipped["score"] == 0 and "needs a GPU" in skipped["output"], \
-        "Gradescope: a skipped test counts as failed with its reason"
+    assert (
+        skipped["status"] == "failed"
+        and skipped["score"] == 0
+        and "needs a GPU" in skipped["output"]
+    ), "Gradescope: a skipped test counts as failed with its reason"
     loop = next(t for t in results["tests"] if "test_infinite_loop" in t["name"])
-    assert loop["output"].startswith("timed out after 1 s (an infinite loop?)"), loop["output"][:200]
+    assert loop["output"].startswith("timed out after 1 s (an infinite loop?)"), loop["output"][
+        :200
+    ]
     junit = (folder / "junit.xml").read_text()
     assert "<testsuite" in junit and 'message="timed out after 1 s (an infinite loop?)' in junit
     summary = (folder / "summary.md").read_text()
@@ -178,24 +212,33 @@ def test_summary_lines_wrap_instead_of_cutting(graded):
     entry = next(line for line in lines if "ch02.ex3" in line)
     joined = " ".join(part.strip() for part in entry.splitlines())
     assert joined.endswith("expected 3 requests to fit, got 2"), joined
-    assert all(part.startswith(" " * 12) for part in entry.splitlines()[1:]), "continuation lines are indented"
+    assert all(part.startswith(" " * 12) for part in entry.splitlines()[1:]), (
+        "continuation lines are indented"
+    )
 
 
 def test_error_message_keeps_the_expected_got_lines():
-    output = ("    def test_x():\n>       assert got == 5, f'length 17 needs 2 blocks,\\n got {got}'\n"
-              "E       AssertionError: length 17 needs 2 blocks,\n"
-              "E          got 1\n"
-              "E       assert 1 == 5\n"
-              "E         +1\n\ntest_x.py:3: AssertionError\n")
+    output = (
+        "    def test_x():\n>       assert got == 5, f'length 17 needs 2 blocks,\\n got {got}'\n"
+        "E       AssertionError: length 17 needs 2 blocks,\n"
+        "E          got 1\n"
+        "E       assert 1 == 5\n"
+        "E         +1\n\ntest_x.py:3: AssertionError\n"
+    )
     assert grading._error_message(output) == "AssertionError: length 17 needs 2 blocks, got 1"
     bare = "E       assert 1 == 5\nE        +  where 1 = f()\n"
-    assert grading._error_message(bare) == "assert 1 == 5 +  where 1 = f()", "no message: pytest's diff is the reason"
-    plain = ("E       AssertionError: fully cached prompt: at most max_blocks blocks\n"
-             "E       assert [7, 1, 4] == [7, 1]\n"
-             "E         Left contains one more item: 4\n")
-    assert grading._error_message(plain) == \
-        "AssertionError: fully cached prompt: at most max_blocks blocks: assert [7, 1, 4] == [7, 1]", \
-        "a message without got / expected keeps pytest's comparison, which shows both"
+    assert grading._error_message(bare) == "assert 1 == 5 +  where 1 = f()", (
+        "no message: pytest's diff is the reason"
+    )
+    plain = (
+        "E       AssertionError: fully cached prompt: at most max_blocks blocks\n"
+        "E       assert [7, 1, 4] == [7, 1]\n"
+        "E         Left contains one more item: 4\n"
+    )
+    assert (
+        grading._error_message(plain)
+        == "AssertionError: fully cached prompt: at most max_blocks blocks: assert [7, 1, 4] == [7, 1]"
+    ), "a message without got / expected keeps pytest's comparison, which shows both"
     long = "A" * 3000 + " expected 7, got 9"
     short = grading.shorten_middle(long, 300)
     assert len(short) <= 300 and short.endswith("expected 7, got 9") and short.startswith("AAA")
@@ -203,23 +246,26 @@ def test_error_message_keeps_the_expected_got_lines():
 
 def test_a_collection_error_is_reported_in_plain_words(tmp_path):
     """A collection error ends pytest outside any test: the pending tests say so in plain words."""
-    suite = _suite(tmp_path / "suite", TESTS.split("@pytest.mark.exercise(\"ch01.ex2\"")[0])
+    suite = _suite(tmp_path / "suite", TESTS.split('@pytest.mark.exercise("ch01.ex2"')[0])
     (suite / "test_broken.py").write_text("def test_(:\n")
     report = grade(impl="solutions", timeout=1, tests_dir=suite, root=suite)
     [test] = report.tests
     assert test.status == "crashed" and test.reason == (
         "not run: the test process ended (exit code 2) before this test could run: a collection error in "
-        "test_broken.py (SyntaxError: invalid syntax)"), test.reason
+        "test_broken.py (SyntaxError: invalid syntax)"
+    ), test.reason
 
 
 def test_chapter_filter_and_impl(tmp_path):
     suite = _suite(tmp_path / "suite")
     report = grade(["2"], impl="exercises", timeout=1, tests_dir=suite, root=suite)
-    assert sorted(t.exercise for t in report.tests) == ["ch02.ex1", "ch02.ex2", "ch02.ex3"], "only chapter 02"
+    assert sorted(t.exercise for t in report.tests) == ["ch02.ex1", "ch02.ex2", "ch02.ex3"], (
+        "only chapter 02"
+    )
     assert report.score == 0, "--impl exercises reaches the tests"
 
 
-QUICK = '''
+QUICK = """
 import pytest
 
 @pytest.mark.exercise("ch01.ex1", points=2)
@@ -229,7 +275,7 @@ def test_ok():
 @pytest.mark.exercise("ch01.ex2", points=1)
 def test_wrong():
     assert 2 + 2 == 5, "expected 5, got 4"
-'''
+"""
 
 
 def test_cli_exit_codes_and_output(tmp_path):
@@ -238,7 +284,9 @@ def test_cli_exit_codes_and_output(tmp_path):
     for flags in ([], ["--strict"]):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            rc = grading.main(["--impl", "solutions", "--timeout", "5", *flags], tests_dir=suite, root=suite)
+            rc = grading.main(
+                ["--impl", "solutions", "--timeout", "5", *flags], tests_dir=suite, root=suite
+            )
         runs[tuple(flags)] = (rc, out.getvalue())
     rc, text = runs[()]
     assert rc == 0, "learners always get exit code 0"
@@ -249,7 +297,7 @@ def test_cli_exit_codes_and_output(tmp_path):
     assert "total       2/3" in text
 
 
-STUCK = '''
+STUCK = """
 import os, subprocess, sys, time, pytest
 
 @pytest.mark.exercise("ch01.ex1", points=2)
@@ -264,16 +312,16 @@ def test_runs_until_interrupted():
         f.write(f"{os.getpid()} {child.pid}")
     os.replace(os.environ["PIDS_FILE"] + ".tmp", os.environ["PIDS_FILE"])
     time.sleep(120)
-'''
+"""
 
-RUNNER = '''
+RUNNER = """
 import signal, sys
 from pathlib import Path
 # a job started in the background of a non-interactive shell inherits SIGINT ignored; a terminal's Ctrl-C does not
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from paged_course.grading import main
 sys.exit(main(sys.argv[2:], tests_dir=Path(sys.argv[1]), root=Path(sys.argv[1])))
-'''
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -284,7 +332,9 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")  # a zombie is gone
+    return not (
+        stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    )  # a zombie is gone
 
 
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT to a process: POSIX")
@@ -293,8 +343,13 @@ def test_ctrl_c_stops_the_tests_and_shows_what_finished(tmp_path):
     pids_file = tmp_path / "pids"
     env = dict(os.environ, PIDS_FILE=str(pids_file), PYTHONPATH=str(ROOT))
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(suite), "--report", str(tmp_path / "rep")],
-                                stdout=out, stderr=err, env=env, cwd=tmp_path)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, str(suite), "--report", str(tmp_path / "rep")],
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=tmp_path,
+        )
         try:
             deadline = time.monotonic() + 60
             while not pids_file.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -327,8 +382,13 @@ def test_a_killed_grader_leaves_no_test_process(tmp_path):
     suite = _suite(tmp_path / "suite", STUCK)
     pids_file = tmp_path / "pids"
     env = dict(os.environ, PIDS_FILE=str(pids_file), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(suite)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(suite)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 60
         while not pids_file.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -384,7 +444,9 @@ def test_ex01_solutions_full_points_and_stubs_zero():
     full = grade(["ch01"], impl="solutions")
     assert full.tests and full.score == full.max_score > 0, full.table()
     stubs = grade(["ch01"], impl="exercises")
-    assert stubs.max_score == full.max_score and stubs.score == 0, "graded tests must fail on the stubs"
+    assert stubs.max_score == full.max_score and stubs.score == 0, (
+        "graded tests must fail on the stubs"
+    )
 
 
 def test_bad_arguments():
@@ -398,7 +460,7 @@ def test_bad_arguments():
     assert grading.DEFAULT_TIMEOUT == 10
 
 
-USES = '''
+USES = """
 import pytest
 
 @pytest.mark.exercise("ch03.ex1", points=1)
@@ -408,12 +470,15 @@ def test_earlier():
 @pytest.mark.exercise("ch03.ex2", points=1, uses=("ch03.ex1",))
 def test_later():
     assert False, "the later piece gives a wrong total"
-'''
+"""
 
 
 def test_a_failure_that_comes_from_an_earlier_exercise_names_it(tmp_path):
     suite = _suite(tmp_path / "suite", USES)
     report = grade(impl="solutions", timeout=5, tests_dir=suite, root=suite)
     later = next(line for line in grading._summary_lines(report, width=400) if "ch03.ex2" in line)
-    assert "ch03.ex2 uses your ch03.ex1, which fails: AssertionError: the earlier piece keeps its order" in later
+    assert (
+        "ch03.ex2 uses your ch03.ex1, which fails: AssertionError: the earlier piece keeps its order"
+        in later
+    )
     assert "(fix ch03.ex1 first)" in later

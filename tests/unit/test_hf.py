@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from paged.engine.parts import Parts, _triton_decode
-from paged.worker.attention import AttentionMetadata, forward_logits, use_attention, use_paged_attention
+from paged.worker.attention import (
+    AttentionMetadata,
+    forward_logits,
+    use_attention,
+    use_paged_attention,
+)
 from paged.worker.kv_cache import KVCache
 from paged.worker.model_runner import kv_shape
 from paged_course.models import TINY_ARCHS, tiny_model
@@ -40,45 +45,67 @@ def test_packed_prefill_prefix_hit_and_decode_match_contiguous_forward(arch):
     with torch.inference_mode():
         # step 1: write the history of sequences 1-3 (all but their last token / last 5 tokens)
         history = [None, seqs[1][:6], seqs[2][:-1], seqs[3][:-1]]
-        meta = AttentionMetadata.build(cache, tables[1:], [len(h) for h in history[1:]],
-                                       [len(h) for h in history[1:]], bs)
+        meta = AttentionMetadata.build(
+            cache, tables[1:], [len(h) for h in history[1:]], [len(h) for h in history[1:]], bs
+        )
         forward_logits(model, torch.tensor(sum(history[1:], [])), meta)
         # step 2: seq 0 fresh prefill, seq 1 prefill of 5 tokens after 6 cached, seqs 2-3 decode
         new = [seqs[0], seqs[1][6:], seqs[2][-1:], seqs[3][-1:]]
-        meta = AttentionMetadata.build(cache, tables, [len(s) for s in seqs], [len(n) for n in new], bs)
+        meta = AttentionMetadata.build(
+            cache, tables, [len(s) for s in seqs], [len(n) for n in new], bs
+        )
         logits = forward_logits(model, torch.tensor(sum(new, [])), meta)
     assert logits.shape == (4, model.config.vocab_size)
     for row, tokens in enumerate(seqs):
-        torch.testing.assert_close(logits[row], _contiguous_logits(ref, tokens), atol=2e-5, rtol=1e-4,
-                                   msg=f"{arch}: sequence {row} logits differ from a contiguous forward")
-    assert ref.config._attn_implementation == "sdpa" and model.config._attn_implementation == "paged", \
-        "the deep-copied reference must keep its own attention (config trap)"
+        torch.testing.assert_close(
+            logits[row],
+            _contiguous_logits(ref, tokens),
+            atol=2e-5,
+            rtol=1e-4,
+            msg=f"{arch}: sequence {row} logits differ from a contiguous forward",
+        )
+    assert (
+        ref.config._attn_implementation == "sdpa" and model.config._attn_implementation == "paged"
+    ), "the deep-copied reference must keep its own attention (config trap)"
 
 
 def test_metadata_slot_mapping_positions_and_boundaries():
     cache = KVCache(1, 16, 4, 1, 8)
-    meta = AttentionMetadata.build(cache, [[10, 11, 12], [2, 9], [3, 1]], [8, 7, 5], [8, 3, 1], 4, keep=[0, 2])
+    meta = AttentionMetadata.build(
+        cache, [[10, 11, 12], [2, 9], [3, 1]], [8, 7, 5], [8, 3, 1], 4, keep=[0, 2]
+    )
     assert meta.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 4]
     # case 5: bs 4, table [10, 11, 12], L = 8: the last token's slot is 11 * 4 + 3 = 47, not 43
     assert meta.slot_mapping.tolist() == [40, 41, 42, 43, 44, 45, 46, 47, 36, 37, 38, 4]
     assert meta.keep.tolist() == [7, 11], "logits only for the kept sequences' last tokens"
     assert meta.decode_start == 11
-    assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == [[3, 1]], "decodes only"
+    assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == [[3, 1]], (
+        "decodes only"
+    )
     assert meta.context_lens.tolist() == [5]
     fresh, chunk = meta.chunks
-    assert (fresh.start, fresh.end, fresh.block_index) == (0, 8, None), "a fresh prefill needs no gather"
+    assert (fresh.start, fresh.end, fresh.block_index) == (0, 8, None), (
+        "a fresh prefill needs no gather"
+    )
     assert (chunk.start, chunk.end) == (8, 11) and chunk.block_index.tolist() == [2, 9]
     # the chunk's queries sit at positions 4, 5, 6: each sees the 4 computed tokens and itself causally
     visible = torch.isfinite(chunk.bias[0, 0])
-    assert visible.tolist() == [[True] * 5 + [False] * 3, [True] * 6 + [False] * 2, [True] * 7 + [False]]
+    assert visible.tolist() == [
+        [True] * 5 + [False] * 3,
+        [True] * 6 + [False] * 2,
+        [True] * 7 + [False],
+    ]
 
 
-@pytest.mark.parametrize("tables, ctx, q, match", [
-    ([[1]], [5], [5], "block table of 1 blocks"),
-    ([[1, 2]], [3], [4], "query 4 tokens, context 3"),
-    ([[1], [2]], [1], [1, 1], "one block table"),
-    ([[1], [2]], [1, 3], [1, 3], "sequences .chunks. before the one-token decodes"),
-])
+@pytest.mark.parametrize(
+    "tables, ctx, q, match",
+    [
+        ([[1]], [5], [5], "block table of 1 blocks"),
+        ([[1, 2]], [3], [4], "query 4 tokens, context 3"),
+        ([[1], [2]], [1], [1, 1], "one block table"),
+        ([[1], [2]], [1, 3], [1, 3], "sequences .chunks. before the one-token decodes"),
+    ],
+)
 def test_metadata_bad_input(tables, ctx, q, match):
     with pytest.raises(ValueError, match=match):
         AttentionMetadata.build(KVCache(1, 4, 4, 1, 8), tables, ctx, q, 4)
@@ -90,7 +117,9 @@ def test_switched_model_without_metadata_raises_clearly():
     with pytest.raises(RuntimeError, match="paged_metadata"):
         model(torch.tensor([[1, 2, 3]]))
     use_attention(model, "sdpa")
-    assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 128), "switching back restores transformers"
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 128), (
+        "switching back restores transformers"
+    )
 
 
 @pytest.mark.triton
@@ -106,10 +135,21 @@ def test_triton_decode_backend_matches_torch_backend():
         cache = _pool(model, num_blocks=12, fill=0.0)
         use_paged_attention(model)
         with torch.inference_mode():
-            meta = AttentionMetadata.build(cache, tables, [len(s) - 1 for s in seqs], [len(s) - 1 for s in seqs], 4)
+            meta = AttentionMetadata.build(
+                cache, tables, [len(s) - 1 for s in seqs], [len(s) - 1 for s in seqs], 4
+            )
             forward_logits(model, torch.tensor(sum((s[:-1] for s in seqs), [])), meta)
-            decode = Parts().decode_for(torch.device("cpu")) if backend == "torch" else _triton_decode
-            meta = AttentionMetadata.build(cache, tables, [len(s) for s in seqs], [1, 1], 4, decode=decode)
+            decode = (
+                Parts().decode_for(torch.device("cpu")) if backend == "torch" else _triton_decode
+            )
+            meta = AttentionMetadata.build(
+                cache, tables, [len(s) for s in seqs], [1, 1], 4, decode=decode
+            )
             results.append(forward_logits(model, torch.tensor([s[-1] for s in seqs]), meta))
-    torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=1e-4,
-                               msg="Triton decode kernel and torch gather path disagree")
+    torch.testing.assert_close(
+        results[1],
+        results[0],
+        atol=1e-4,
+        rtol=1e-4,
+        msg="Triton decode kernel and torch gather path disagree",
+    )

@@ -26,18 +26,33 @@ pytestmark = pytest.mark.triton
 # ---------------------------------------------------------------------------- the teaching decode kernel
 
 
-@pytest.mark.parametrize("dtype,heads,kv_heads,head_dim,block_size", [
-    (torch.float32, 4, 4, 16, 8),
-    (torch.float32, 14, 2, 24, 16),  # group 7, head dim not a power of two
-    (torch.float16, 8, 2, 40, 32),
-    (torch.bfloat16, 6, 3, 16, 8),  # broadcast-and-sum on upcast loads: bf16 is exact enough here
-])
+@pytest.mark.parametrize(
+    "dtype,heads,kv_heads,head_dim,block_size",
+    [
+        (torch.float32, 4, 4, 16, 8),
+        (torch.float32, 14, 2, 24, 16),  # group 7, head dim not a power of two
+        (torch.float16, 8, 2, 40, 32),
+        (
+            torch.bfloat16,
+            6,
+            3,
+            16,
+            8,
+        ),  # broadcast-and-sum on upcast loads: bf16 is exact enough here
+    ],
+)
 def test_teaching_decode_matches_references(dtype, heads, kv_heads, head_dim, block_size):
     lens = [1, block_size, block_size + 1, 2 * block_size + 3]
-    inputs = make_paged(lens, heads, kv_heads, head_dim, block_size, dtype=dtype, seed=heads * head_dim)
+    inputs = make_paged(
+        lens, heads, kv_heads, head_dim, block_size, dtype=dtype, seed=heads * head_dim
+    )
     out = teaching_decode(*inputs)
-    assert out.dtype == dtype and torch.isfinite(out).all(), "junk in unused slots (NaN) leaked into the output"
-    assert max_err(out, naive_decode(*inputs)) < TOL[dtype], f"teaching kernel differs from the reference ({dtype})"
+    assert out.dtype == dtype and torch.isfinite(out).all(), (
+        "junk in unused slots (NaN) leaked into the output"
+    )
+    assert max_err(out, naive_decode(*inputs)) < TOL[dtype], (
+        f"teaching kernel differs from the reference ({dtype})"
+    )
     gather = paged_attention_gather(*[t.float() if t.is_floating_point() else t for t in inputs])
     assert max_err(out, gather) < TOL[dtype]
 
@@ -50,21 +65,33 @@ def test_teaching_split_k_equals_single_pass_and_the_tuned_kernel(num_splits):
     split = teaching_decode(*inputs, num_splits=num_splits)
     assert torch.isfinite(split).all(), "an empty split (lse = -inf) produced NaN/inf in the merge"
     assert max_err(split, single) < 1e-6, f"split-K with {num_splits} splits != single pass"
-    assert max_err(split, paged_attention_decode(*inputs)) < 1e-6, "teaching and tuned kernels disagree"
+    assert max_err(split, paged_attention_decode(*inputs)) < 1e-6, (
+        "teaching and tuned kernels disagree"
+    )
 
 
 def test_teaching_decode_inf_past_the_context_fp16_overflow_and_context_zero():
     inputs = make_paged([0, 5, 9], 8, 2, 16, 4, seed=3, fill=float("inf"))
     out = teaching_decode(*inputs, num_splits=2)
     assert torch.equal(out[0].cpu(), torch.zeros(8, 16)), "context 0 must give a zero output"
-    assert torch.isfinite(out).all() and max_err(out, naive_decode(*inputs)) < 1e-5, "inf past the context leaked"
+    assert torch.isfinite(out).all() and max_err(out, naive_decode(*inputs)) < 1e-5, (
+        "inf past the context leaked"
+    )
     key_cache = torch.full((2, 4, 1, 64), 32.0, dtype=torch.float16, device=DEVICE)
     value_cache = torch.zeros(2, 4, 1, 64, dtype=torch.float16, device=DEVICE)
-    value_cache[0, :3] = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16, device=DEVICE)[:, None, None]
-    out16 = teaching_decode(torch.full((1, 1, 64), 32.0, dtype=torch.float16, device=DEVICE), key_cache, value_cache,
-                            torch.tensor([[0, 1]], dtype=torch.int32, device=DEVICE),
-                            torch.tensor([3], dtype=torch.int32, device=DEVICE))
-    assert torch.equal(out16.cpu(), torch.full((1, 1, 64), 2.0, dtype=torch.float16)), "fp16 scores overflowed"
+    value_cache[0, :3] = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16, device=DEVICE)[
+        :, None, None
+    ]
+    out16 = teaching_decode(
+        torch.full((1, 1, 64), 32.0, dtype=torch.float16, device=DEVICE),
+        key_cache,
+        value_cache,
+        torch.tensor([[0, 1]], dtype=torch.int32, device=DEVICE),
+        torch.tensor([3], dtype=torch.int32, device=DEVICE),
+    )
+    assert torch.equal(out16.cpu(), torch.full((1, 1, 64), 2.0, dtype=torch.float16)), (
+        "fp16 scores overflowed"
+    )
 
 
 def test_teaching_decode_shares_the_input_checks():
@@ -83,27 +110,50 @@ def test_reshape_and_cache_writes_slots_and_skips_minus_one(dtype):
     gen = torch.Generator().manual_seed(0)
     key_cache = torch.full((5, 4, 3, 20), float("nan")).to(dtype)
     value_cache = key_cache.clone()
-    key, value = torch.randn(7, 3, 20, generator=gen).to(dtype), torch.randn(7, 3, 20, generator=gen).to(dtype)
+    key, value = (
+        torch.randn(7, 3, 20, generator=gen).to(dtype),
+        torch.randn(7, 3, 20, generator=gen).to(dtype),
+    )
     slots = torch.tensor([17, 0, -1, 3, 4, 19, -1])  # block 4 offset 1, block 0 offset 0, ...
-    reshape_and_cache(key.to(DEVICE), value.to(DEVICE), key_cache := key_cache.to(DEVICE),
-                      value_cache := value_cache.to(DEVICE), slots.to(DEVICE))
+    reshape_and_cache(
+        key.to(DEVICE),
+        value.to(DEVICE),
+        key_cache := key_cache.to(DEVICE),
+        value_cache := value_cache.to(DEVICE),
+        slots.to(DEVICE),
+    )
     flat_k, flat_v = key_cache.cpu().flatten(0, 1), value_cache.cpu().flatten(0, 1)
     written = slots >= 0
-    assert torch.equal(flat_k[slots[written]], key[written]), "key not at block_table[p // bs] * bs + p % bs"
+    assert torch.equal(flat_k[slots[written]], key[written]), (
+        "key not at block_table[p // bs] * bs + p % bs"
+    )
     assert torch.equal(flat_v[slots[written]], value[written]), "value not at its slot"
     untouched = torch.ones(20, dtype=torch.bool)
     untouched[slots[written]] = False
-    assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), "a slot -1 token was written"
+    assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), (
+        "a slot -1 token was written"
+    )
 
 
 def test_reshape_and_cache_rejects_bad_slots_and_leaves_cache_unchanged():
-    key_cache, value_cache = torch.zeros(2, 4, 1, 16, device=DEVICE), torch.zeros(2, 4, 1, 16, device=DEVICE)
+    key_cache, value_cache = (
+        torch.zeros(2, 4, 1, 16, device=DEVICE),
+        torch.zeros(2, 4, 1, 16, device=DEVICE),
+    )
     key = value = torch.ones(2, 1, 16, device=DEVICE)
-    for slots, message in (([1, 8], r"\[-1, 8\)"), ([3, 3], "2 tokens to only 1"), ([-2, 0], "min -2")):
+    for slots, message in (
+        ([1, 8], r"\[-1, 8\)"),
+        ([3, 3], "2 tokens to only 1"),
+        ([-2, 0], "min -2"),
+    ):
         with pytest.raises(ValueError, match=message):
-            reshape_and_cache(key, value, key_cache, value_cache, torch.tensor(slots, device=DEVICE))
+            reshape_and_cache(
+                key, value, key_cache, value_cache, torch.tensor(slots, device=DEVICE)
+            )
     with pytest.raises(ValueError, match="dtypes"):
-        reshape_and_cache(key.half(), value.half(), key_cache, value_cache, torch.tensor([0, 1], device=DEVICE))
+        reshape_and_cache(
+            key.half(), value.half(), key_cache, value_cache, torch.tensor([0, 1], device=DEVICE)
+        )
     assert not key_cache.any() and not value_cache.any(), "a rejected call modified the cache"
 
 
@@ -117,12 +167,23 @@ def test_reshape_and_cache_then_decode_equals_reference():
     key_cache, value_cache = key_cache.to(DEVICE), value_cache.to(DEVICE)
     reshape_and_cache(keys.to(DEVICE), values.to(DEVICE), key_cache, value_cache, slots.to(DEVICE))
     query = torch.randn(1, 4, 16, generator=gen)
-    out = paged_attention_decode(query.to(DEVICE), key_cache, value_cache,
-                                 torch.tensor([table], dtype=torch.int32, device=DEVICE),
-                                 torch.tensor([n], dtype=torch.int32, device=DEVICE))
-    k, v = keys.repeat_interleave(2, dim=1), values.repeat_interleave(2, dim=1)  # head h reads KV head h // 2
-    expected = torch.stack([torch.softmax(k[:, h] @ query[0, h] / 4.0, 0) @ v[:, h] for h in range(4)])
-    assert max_err(out[0], expected) < 1e-5, "decode over the cache written by reshape_and_cache is wrong"
+    out = paged_attention_decode(
+        query.to(DEVICE),
+        key_cache,
+        value_cache,
+        torch.tensor([table], dtype=torch.int32, device=DEVICE),
+        torch.tensor([n], dtype=torch.int32, device=DEVICE),
+    )
+    k, v = (
+        keys.repeat_interleave(2, dim=1),
+        values.repeat_interleave(2, dim=1),
+    )  # head h reads KV head h // 2
+    expected = torch.stack(
+        [torch.softmax(k[:, h] @ query[0, h] / 4.0, 0) @ v[:, h] for h in range(4)]
+    )
+    assert max_err(out[0], expected) < 1e-5, (
+        "decode over the cache written by reshape_and_cache is wrong"
+    )
 
 
 # ---------------------------------------------------------------------------- softmax warm-ups
@@ -132,7 +193,9 @@ def test_reshape_and_cache_then_decode_equals_reference():
 def test_softmax_kernels(dtype):
     gen = torch.Generator().manual_seed(2)
     x = (torch.randn(4, 37, generator=gen) * 5).to(dtype)
-    x[1, 3] = 1e4 if dtype == torch.float32 else 6e4 if dtype == torch.float16 else 1e30  # huge but finite
+    x[1, 3] = (
+        1e4 if dtype == torch.float32 else 6e4 if dtype == torch.float16 else 1e30
+    )  # huge but finite
     expected = torch.softmax(x.double(), dim=-1)
     for y in (softmax(x.to(DEVICE)), online_softmax(x.to(DEVICE), block=8)):
         assert y.dtype == dtype
@@ -155,7 +218,10 @@ def test_missing_triton_raises_runtime_error(monkeypatch):
     monkeypatch.setattr(_triton, "HAS_TRITON", False)
     monkeypatch.setattr(_triton, "REASON", "Triton is not installed (test)")
     q, k, v, bt, cl = make_paged([3], 1, 1, 16, 8)
-    for call in (lambda: teaching_decode(q, k, v, bt, cl), lambda: softmax(q[0]),
-                 lambda: reshape_and_cache(k[0], v[0], k, v, torch.zeros(8, dtype=torch.long))):
+    for call in (
+        lambda: teaching_decode(q, k, v, bt, cl),
+        lambda: softmax(q[0]),
+        lambda: reshape_and_cache(k[0], v[0], k, v, torch.zeros(8, dtype=torch.long)),
+    ):
         with pytest.raises(RuntimeError, match="not installed"):
             call()

@@ -12,7 +12,9 @@ from paged_course.reference import kv_cache_from_budget, paged_attention_gather,
 
 
 def small_cache(**kw) -> KVCache:
-    args = dict(num_layers=2, num_blocks=6, block_size=4, num_kv_heads=2, head_dim=8, num_cpu_blocks=3)
+    args = dict(
+        num_layers=2, num_blocks=6, block_size=4, num_kv_heads=2, head_dim=8, num_cpu_blocks=3
+    )
     args.update(kw)
     return KVCache(**args)
 
@@ -25,9 +27,12 @@ def test_layout_and_views():
     cache = small_cache()
     assert cache.kv.shape == (2, 2, 6, 4, 2, 8)
     assert cache.key_cache[1].shape == (6, 4, 2, 8) and cache.value_cache[0].shape == (6, 4, 2, 8)
-    assert cache.key_cache[1].data_ptr() == cache.kv[1, 0].data_ptr(), "per-layer caches must be views of the pool"
-    assert cache.key_cache[0].is_contiguous() and cache.key_cache[0][3].is_contiguous(), \
+    assert cache.key_cache[1].data_ptr() == cache.kv[1, 0].data_ptr(), (
+        "per-layer caches must be views of the pool"
+    )
+    assert cache.key_cache[0].is_contiguous() and cache.key_cache[0][3].is_contiguous(), (
         "one block of one layer must be one contiguous chunk"
+    )
     assert cache.bytes == 2 * 2 * 6 * 4 * 2 * 8 * 4 == 6144
     assert cache.bytes_per_block == 1024 and cache.cpu_bytes == 3 * 1024 and cache.num_slots == 24
 
@@ -38,7 +43,9 @@ def test_write_by_slot_mapping_skips_minus_one():
     # table [5, 2], positions 0..4 -> slots 20, 21, 22, 23, 8; the 4th token is skipped (-1).
     slots = torch.tensor([20, 21, 22, -1, 8])
     write_kv_checked(cache, 1, key, value, slots)
-    assert torch.equal(cache.key_cache[1][5, :3], key[:3]) and torch.equal(cache.value_cache[1][2, 0], value[4])
+    assert torch.equal(cache.key_cache[1][5, :3], key[:3]) and torch.equal(
+        cache.value_cache[1][2, 0], value[4]
+    )
     assert torch.equal(cache.key_cache[1][5, 3], torch.zeros(2, 8)), "slot -1 must not be written"
     assert cache.kv[0].abs().sum() == 0, "layer 0 must be untouched"
     written = cache.kv[1].abs().sum(dim=(-1, -2)).ne(0).sum().item()
@@ -52,10 +59,16 @@ def test_written_kv_feeds_the_attention_reference():
     slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in range(n)])
     write_kv_checked(cache, 0, key, value, slots)
     q = signed(1, 4, 8, seed=5)
-    out = paged_attention_gather(q, cache.key_cache[0], cache.value_cache[0], torch.tensor([table], dtype=torch.int32),
-                                 torch.tensor([n], dtype=torch.int32))
+    out = paged_attention_gather(
+        q,
+        cache.key_cache[0],
+        cache.value_cache[0],
+        torch.tensor([table], dtype=torch.int32),
+        torch.tensor([n], dtype=torch.int32),
+    )
     ref = torch.nn.functional.scaled_dot_product_attention(
-        q[:, :, None], key.transpose(0, 1)[None], value.transpose(0, 1)[None], enable_gqa=True)[:, :, 0]
+        q[:, :, None], key.transpose(0, 1)[None], value.transpose(0, 1)[None], enable_gqa=True
+    )[:, :, 0]
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
 
 
@@ -91,19 +104,26 @@ def test_copy_blocks_all_layers_one_call():
     cache.kv.copy_(signed(*cache.kv.shape, seed=6))
     before = cache.kv.clone()
     cache.copy_blocks([(1, 4), (3, 0)])
-    assert torch.equal(cache.kv[:, :, 4], before[:, :, 1]) and torch.equal(cache.kv[:, :, 0], before[:, :, 3])
+    assert torch.equal(cache.kv[:, :, 4], before[:, :, 1]) and torch.equal(
+        cache.kv[:, :, 0], before[:, :, 3]
+    )
     untouched = [1, 2, 3, 5]
-    assert torch.equal(cache.kv[:, :, untouched], before[:, :, untouched]), "only destination blocks may change"
+    assert torch.equal(cache.kv[:, :, untouched], before[:, :, untouched]), (
+        "only destination blocks may change"
+    )
     cache.copy_blocks([])
     assert torch.equal(cache.kv[:, :, untouched], before[:, :, untouched])
 
 
-@pytest.mark.parametrize("pairs, message", [
-    ([(1, 6)], r"destination block 6 outside \[0, 6\)"),
-    ([(-1, 2)], r"source block -1 outside \[0, 6\)"),
-    ([(1, 2), (3, 2)], "destination block appears twice"),
-    ([(1, 2), (2, 3)], r"blocks \[2\] are both source and destination"),
-])
+@pytest.mark.parametrize(
+    "pairs, message",
+    [
+        ([(1, 6)], r"destination block 6 outside \[0, 6\)"),
+        ([(-1, 2)], r"source block -1 outside \[0, 6\)"),
+        ([(1, 2), (3, 2)], "destination block appears twice"),
+        ([(1, 2), (2, 3)], r"blocks \[2\] are both source and destination"),
+    ],
+)
 def test_copy_blocks_bad_pairs(pairs, message):
     cache = small_cache()
     cache.kv.copy_(signed(*cache.kv.shape, seed=7))
@@ -124,7 +144,9 @@ def test_swap_round_trip_restores_identical_bytes(dtype):
     cache.kv[:, :, [2, 5]] = float("nan")  # the device blocks get reused by someone else
     cache.swap_in([(0, 1), (2, 4)])  # come back into other blocks
     got = torch.stack([cache.kv[:, :, 1], cache.kv[:, :, 4]], dim=2)
-    assert got.contiguous().view(torch.uint8).equal(original.view(torch.uint8)), "swap must restore identical bytes"
+    assert got.contiguous().view(torch.uint8).equal(original.view(torch.uint8)), (
+        "swap must restore identical bytes"
+    )
 
 
 def test_swap_errors():
@@ -149,12 +171,15 @@ def test_sizing_from_budget_matches_kvspec():
         kv_cache_from_budget(511, 2, 4, 2, 8, torch.float16)
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"block_size": 0}, "block_size must be an integer >= 1, got 0"),
-    ({"num_blocks": -3}, "num_blocks must be an integer >= 1, got -3"),
-    ({"num_cpu_blocks": -1}, "num_cpu_blocks must be an integer >= 0, got -1"),
-    ({"dtype": torch.int32}, "dtype must be a floating torch.dtype"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"block_size": 0}, "block_size must be an integer >= 1, got 0"),
+        ({"num_blocks": -3}, "num_blocks must be an integer >= 1, got -3"),
+        ({"num_cpu_blocks": -1}, "num_cpu_blocks must be an integer >= 0, got -1"),
+        ({"dtype": torch.int32}, "dtype must be a floating torch.dtype"),
+    ],
+)
 def test_bad_sizes(kw, message):
     with pytest.raises(ValueError, match=message):
         small_cache(**kw)

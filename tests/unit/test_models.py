@@ -31,42 +31,63 @@ def test_default_model_saved_once_and_loaded_through_auto_classes(cache_dir):
     assert path == cache_dir / f"default-model-v{models.DEFAULT_MODEL_VERSION}"
     assert (path / "config.json").exists() and (path / "tokenizer.json").exists()
     stamp = (path / "config.json").stat().st_mtime_ns
-    assert models.default_model_path() == path and (path / "config.json").stat().st_mtime_ns == stamp, \
-        "a second call must reuse the saved folder"
+    assert (
+        models.default_model_path() == path and (path / "config.json").stat().st_mtime_ns == stamp
+    ), "a second call must reuse the saved folder"
     model, tok = models.load_default()
     cfg = model.config
     assert type(model).__name__ == "LlamaForCausalLM"
-    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.max_position_embeddings, cfg.vocab_size) == (4, 256, 8, 2, 2048, 259)
+    assert (
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.max_position_embeddings,
+        cfg.vocab_size,
+    ) == (4, 256, 8, 2, 2048, 259)
     fresh = models.build_default_model()
     for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), f"weights of {name} must come from the fixed seed"
     ids = torch.tensor([tok("The KV cache")["input_ids"]])
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
-                             do_sample=False)[0, ids.shape[1]:]
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False
+        )[0, ids.shape[1] :]
     text = tok.decode(out)
-    assert len(out) == 24 and all(32 <= t < 127 or t == 10 for t in out.tolist()), \
+    assert len(out) == 24 and all(32 <= t < 127 or t == 10 for t in out.tolist()), (
         f"greedy text must stay printable ASCII and never hit EOS, got {text!r}"
+    )
 
 
 def test_default_model_rebuilt_when_incomplete(cache_dir):
     path = models.default_model_path()
     (path / "config.json").unlink()
-    assert (models.default_model_path() / "config.json").exists(), "a folder missing config.json is rebuilt"
-    assert not [p for p in cache_dir.iterdir() if p.name.startswith(".default-model-")], "no temp folder left"
+    assert (models.default_model_path() / "config.json").exists(), (
+        "a folder missing config.json is rebuilt"
+    )
+    assert not [p for p in cache_dir.iterdir() if p.name.startswith(".default-model-")], (
+        "no temp folder left"
+    )
 
 
-@pytest.mark.parametrize("arch, cls, kv_heads", [("llama", "LlamaForCausalLM", 2), ("qwen2", "Qwen2ForCausalLM", 2),
-                                                 ("mistral", "MistralForCausalLM", 2),
-                                                 ("gpt2", "GPT2LMHeadModel", 4)])
+@pytest.mark.parametrize(
+    "arch, cls, kv_heads",
+    [
+        ("llama", "LlamaForCausalLM", 2),
+        ("qwen2", "Qwen2ForCausalLM", 2),
+        ("mistral", "MistralForCausalLM", 2),
+        ("gpt2", "GPT2LMHeadModel", 4),
+    ],
+)
 def test_tiny_models(arch, cls, kv_heads):
     from paged.worker.model_runner import kv_shape
 
     model = tiny_models.tiny_model(arch)
     assert type(model).__name__ == cls and not model.training
     assert kv_shape(model) == (2, kv_heads, 16), "2 layers, head_dim 64 / 4 heads; GPT-2 has no GQA"
-    assert torch.equal(tiny_models.tiny_model(arch).lm_head.weight, model.lm_head.weight), "fixed seed"
+    assert torch.equal(tiny_models.tiny_model(arch).lm_head.weight, model.lm_head.weight), (
+        "fixed seed"
+    )
 
 
 def test_tiny_config_unknown_arch():
@@ -77,9 +98,17 @@ def test_tiny_config_unknown_arch():
 def test_demo_runs_and_agrees_with_transformers(cache_dir, capsys):
     from paged_course import demo
 
-    assert demo.main(["--num-requests", "6", "--check", "2", "--no-baseline", "--kv-memory-mb", "4"]) == 0
+    assert (
+        demo.main(["--num-requests", "6", "--check", "2", "--no-baseline", "--kv-memory-mb", "4"])
+        == 0
+    )
     out = capsys.readouterr().out
-    for expected in ("KV cache:", "requests            6", "prefix cache", "2/2 sampled requests agree"):
+    for expected in (
+        "KV cache:",
+        "requests            6",
+        "prefix cache",
+        "2/2 sampled requests agree",
+    ):
         assert expected in out, f"demo report lacks {expected!r}:\n{out}"
 
 
@@ -102,5 +131,7 @@ def test_loading_shows_no_transformers_progress_bars(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "tqdm", spy)
     assert logging.is_progress_bar_enabled(), "precondition: transformers' bars on"
     load_model(str(tmp_path), None)
-    assert seen and ("Loading weights", False) in seen, f"bars must be off while loading, saw {seen}"
+    assert seen and ("Loading weights", False) in seen, (
+        f"bars must be off while loading, saw {seen}"
+    )
     assert logging.is_progress_bar_enabled(), "the previous progress-bar state must be restored"

@@ -24,6 +24,7 @@ def counted(name, fn):
     def wrapper(*args, **kwargs):
         CALLS[name] = CALLS.get(name, 0) + 1
         return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -53,11 +54,21 @@ def gather_decode(query, key_cache, value_cache, block_tables, context_lens, sca
 
 def run(parts: Parts | None):
     model = tiny_model("llama", vocab_size=128)
-    llm = LLM(model, block_size=4, num_gpu_blocks=24, max_num_batched_tokens=8, max_num_seqs=8, parts=parts,
-              verbose=False)
+    llm = LLM(
+        model,
+        block_size=4,
+        num_gpu_blocks=24,
+        max_num_batched_tokens=8,
+        max_num_seqs=8,
+        parts=parts,
+        verbose=False,
+    )
     shared = [3, 1, 4, 1, 5, 9, 2, 6]
     prompts = [shared + [7, 7], shared + [8], [50 + i for i in range(13)], [90, 91]]
-    params = [SamplingParams(max_tokens=6, ignore_eos=True, n=2 if i == 1 else 1) for i in range(len(prompts))]
+    params = [
+        SamplingParams(max_tokens=6, ignore_eos=True, n=2 if i == 1 else 1)
+        for i in range(len(prompts))
+    ]
     outs = llm.generate(prompts, params, use_tqdm=False)
     return [[c.token_ids for c in o.outputs] for o in outs], llm.stats()
 
@@ -65,15 +76,31 @@ def run(parts: Parts | None):
 def test_an_engine_from_parts_passed_in_gives_the_default_engines_tokens():
     default, default_stats = run(None)
     CALLS.clear()
-    parts = Parts(allocator=CountingAllocator, prefix_cache=CountingPrefixCache, scheduler=CountingScheduler,
-                  copy_on_write=counted("copy_on_write", copy_on_write),
-                  slot_mapping=counted("slot_mapping", slot_mapping), write_kv=counted("write_kv", write_kv),
-                  decode_attention=gather_decode)
+    parts = Parts(
+        allocator=CountingAllocator,
+        prefix_cache=CountingPrefixCache,
+        scheduler=CountingScheduler,
+        copy_on_write=counted("copy_on_write", copy_on_write),
+        slot_mapping=counted("slot_mapping", slot_mapping),
+        write_kv=counted("write_kv", write_kv),
+        decode_attention=gather_decode,
+    )
     custom, custom_stats = run(parts)
-    assert custom == default, "an engine built from other implementations of the parts must give the same tokens"
-    assert set(CALLS) == {"allocator", "prefix_cache", "scheduler", "copy_on_write", "slot_mapping", "write_kv",
-                          "decode_attention"}, f"every part passed in must run, ran: {sorted(CALLS)}"
-    assert default_stats["prefill_chunks"] > len(default), "a budget of 8 tokens chunks the 13-token prompt"
+    assert custom == default, (
+        "an engine built from other implementations of the parts must give the same tokens"
+    )
+    assert set(CALLS) == {
+        "allocator",
+        "prefix_cache",
+        "scheduler",
+        "copy_on_write",
+        "slot_mapping",
+        "write_kv",
+        "decode_attention",
+    }, f"every part passed in must run, ran: {sorted(CALLS)}"
+    assert default_stats["prefill_chunks"] > len(default), (
+        "a budget of 8 tokens chunks the 13-token prompt"
+    )
     assert custom_stats["cow_copies"] >= 1 and custom_stats["prefix_cache_hit_rate"] > 0
 
 
@@ -83,4 +110,8 @@ def test_parts_default_to_the_reference_and_name_their_origins():
     origins = parts.origins()
     assert origins["allocator"] == "paged.core.allocator.BlockAllocator"
     assert origins["decode_attention"] == "by device"
-    assert Parts(decode_attention=gather_decode).origins()["decode_attention"].endswith("gather_decode")
+    assert (
+        Parts(decode_attention=gather_decode)
+        .origins()["decode_attention"]
+        .endswith("gather_decode")
+    )

@@ -34,21 +34,31 @@ def make_step(ctx_lens, q_lens, block_size, num_heads, num_kv_heads, head_dim, d
     ids = torch.randperm(num_blocks, generator=gen).tolist()
     tables, at = [], 0
     for w in widths:
-        tables.append(ids[at:at + w])
+        tables.append(ids[at : at + w])
         at += w
     k = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
     v = torch.full_like(k, float("nan"))
     for table, ctx in zip(tables, ctx_lens):
         for pos in range(ctx):
-            k[table[pos // block_size], pos % block_size] = torch.randn(num_kv_heads, head_dim, generator=gen)
-            v[table[pos // block_size], pos % block_size] = torch.randn(num_kv_heads, head_dim, generator=gen)
+            k[table[pos // block_size], pos % block_size] = torch.randn(
+                num_kv_heads, head_dim, generator=gen
+            )
+            v[table[pos // block_size], pos % block_size] = torch.randn(
+                num_kv_heads, head_dim, generator=gen
+            )
     q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)
     width = max(widths)
     bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     to = lambda t: t.to(DEVICE)  # noqa: E731
-    return (to(q.to(dtype)), to(k.to(dtype)), to(v.to(dtype)), to(bt), to(starts),
-            to(torch.tensor(ctx_lens, dtype=torch.int32)))
+    return (
+        to(q.to(dtype)),
+        to(k.to(dtype)),
+        to(v.to(dtype)),
+        to(bt),
+        to(starts),
+        to(torch.tensor(ctx_lens, dtype=torch.int32)),
+    )
 
 
 def reference(q, k, v, bt, starts, lens, scale):
@@ -63,19 +73,40 @@ def reference(q, k, v, bt, starts, lens, scale):
         values = v[rows].flatten(0, 1)[:ctx].repeat_interleave(group, dim=1)
         pos = torch.arange(ctx - (last - first), ctx)
         scores = torch.einsum("qhd,khd->hqk", q[first:last], keys) * scale
-        scores = scores.masked_fill(torch.arange(ctx)[None, None, :] > pos[None, :, None], float("-inf"))
+        scores = scores.masked_fill(
+            torch.arange(ctx)[None, None, :] > pos[None, :, None], float("-inf")
+        )
         out[first:last] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
     return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("ctx_lens, q_lens, block_size, heads, kv_heads, head_dim", [
-    ([7, 13, 20], [7, 5, 1], 4, 4, 2, 16),  # fresh prompt, a chunk after 8 cached tokens, a 1-token chunk
-    ([37, 19], [21, 19], 8, 2, 1, 24),  # a chunk longer than one 16-token query tile; head dim 24 (padded to 32)
-    ([18], [3], 16, 8, 2, 16),  # cached context spanning two blocks, group of 4
-])
+@pytest.mark.parametrize(
+    "ctx_lens, q_lens, block_size, heads, kv_heads, head_dim",
+    [
+        (
+            [7, 13, 20],
+            [7, 5, 1],
+            4,
+            4,
+            2,
+            16,
+        ),  # fresh prompt, a chunk after 8 cached tokens, a 1-token chunk
+        (
+            [37, 19],
+            [21, 19],
+            8,
+            2,
+            1,
+            24,
+        ),  # a chunk longer than one 16-token query tile; head dim 24 (padded to 32)
+        ([18], [3], 16, 8, 2, 16),  # cached context spanning two blocks, group of 4
+    ],
+)
 def test_prefill_matches_reference(ctx_lens, q_lens, block_size, heads, kv_heads, head_dim, dtype):
-    q, k, v, bt, starts, lens = make_step(ctx_lens, q_lens, block_size, heads, kv_heads, head_dim, dtype)
+    q, k, v, bt, starts, lens = make_step(
+        ctx_lens, q_lens, block_size, heads, kv_heads, head_dim, dtype
+    )
     scale = 1 / math.sqrt(head_dim)
     out = launch_prefill(q, k, v, bt, starts, lens, max(q_lens))
     assert out.shape == q.shape and out.dtype == dtype
@@ -111,11 +142,21 @@ def test_engine_chunks_through_the_kernel_match_the_torch_path():
         layers, kv_heads, head_dim = kv_shape(model)
         cache = KVCache(layers, 32, bs, kv_heads, head_dim)
         with torch.inference_mode():
-            meta = AttentionMetadata.build(cache, tables[1:], [len(h) for h in history], [len(h) for h in history], bs)
+            meta = AttentionMetadata.build(
+                cache, tables[1:], [len(h) for h in history], [len(h) for h in history], bs
+            )
             forward_logits(model, torch.tensor(sum(history, [])), meta)
-            meta = AttentionMetadata.build(cache, tables, [len(s) for s in seqs], [len(n) for n in new], bs,
-                                           prefill=prefill)
-            assert (prefill is None) == (meta.chunks[1].block_index is not None), "no per-chunk gather with the kernel"
+            meta = AttentionMetadata.build(
+                cache, tables, [len(s) for s in seqs], [len(n) for n in new], bs, prefill=prefill
+            )
+            assert (prefill is None) == (meta.chunks[1].block_index is not None), (
+                "no per-chunk gather with the kernel"
+            )
             results.append(forward_logits(model, torch.tensor(sum(new, [])), meta))
-    torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=1e-4,
-                               msg="chunks through the prefill kernel disagree with the per-chunk SDPA path")
+    torch.testing.assert_close(
+        results[1],
+        results[0],
+        atol=1e-4,
+        rtol=1e-4,
+        msg="chunks through the prefill kernel disagree with the per-chunk SDPA path",
+    )

@@ -15,7 +15,9 @@ def weak_hash(parent, tokens):
     return (parent * 7 + sum(tokens)) % 5
 
 
-def run_to_completion(m: BlockSpaceManager, seq_id: int, prompt: list[int], new_tokens: list[int]) -> Sequence:
+def run_to_completion(
+    m: BlockSpaceManager, seq_id: int, prompt: list[int], new_tokens: list[int]
+) -> Sequence:
     seq = Sequence(seq_id, prompt, m.block_size)
     m.allocate(seq)
     for t in new_tokens:
@@ -28,10 +30,16 @@ def run_to_completion(m: BlockSpaceManager, seq_id: int, prompt: list[int], new_
 def test_keys_chain_their_parent_and_skip_the_partial_block():
     keys = hash_blocks([1, 2, 3, 4, 5, 6, 7, 8, 9], 4, [])
     assert len(keys) == 2, "9 tokens with block 4: two full blocks, the partial one gets no key"
-    assert keys[0] == default_hash(ROOT_KEY, (1, 2, 3, 4)) and keys[1] == default_hash(keys[0], (5, 6, 7, 8))
-    assert hash_blocks([9, 9, 9, 9, 5, 6, 7, 8], 4, [])[1] != keys[1], "same tokens, other parent: other key"
+    assert keys[0] == default_hash(ROOT_KEY, (1, 2, 3, 4)) and keys[1] == default_hash(
+        keys[0], (5, 6, 7, 8)
+    )
+    assert hash_blocks([9, 9, 9, 9, 5, 6, 7, 8], 4, [])[1] != keys[1], (
+        "same tokens, other parent: other key"
+    )
     more = hash_blocks([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 4, list(keys))
-    assert more[:2] == keys and more[2] == default_hash(keys[1], (9, 10, 11, 12)), "extending keeps the old keys"
+    assert more[:2] == keys and more[2] == default_hash(keys[1], (9, 10, 11, 12)), (
+        "extending keeps the old keys"
+    )
 
 
 def test_case1_weak_hash_collision_is_a_miss():
@@ -40,11 +48,15 @@ def test_case1_weak_hash_collision_is_a_miss():
     run_to_completion(m, 0, [1, 2, 3, 4, 9], [])
     second = Sequence(1, [4, 3, 2, 1, 9], 4)
     m.allocate(second)
-    assert second.num_cached_tokens == 0 and second.num_computed_tokens == 0, "a collision must be a miss"
+    assert second.num_cached_tokens == 0 and second.num_computed_tokens == 0, (
+        "a collision must be a miss"
+    )
     m.free(second)
     third = Sequence(2, [1, 2, 3, 4, 9], 4)
     m.allocate(third)
-    assert third.num_cached_tokens == 4, "both colliding blocks stay cached and the right one is found"
+    assert third.num_cached_tokens == 4, (
+        "both colliding blocks stay cached and the right one is found"
+    )
 
 
 def test_case2_keys_chain_the_parent():
@@ -52,7 +64,9 @@ def test_case2_keys_chain_the_parent():
     run_to_completion(m, 0, [1, 2, 3, 4, 5, 6, 7, 8], [20, 21])
     other_parent = Sequence(1, [9, 9, 9, 9, 5, 6, 7, 8], 4)
     m.allocate(other_parent)
-    assert other_parent.num_cached_tokens == 0, "equal tokens after a different parent: 0 blocks hit"
+    assert other_parent.num_cached_tokens == 0, (
+        "equal tokens after a different parent: 0 blocks hit"
+    )
     m.free(other_parent)
     repeat_head = Sequence(2, [1, 2, 3, 4, 1, 2, 3, 4], 4)
     m.allocate(repeat_head)
@@ -65,7 +79,9 @@ def test_case4_a_fully_cached_prompt_still_computes_its_last_token():
     again = Sequence(1, list(range(1, 9)), 4)
     m.allocate(again)
     assert len(again) - again.num_computed_tokens >= 1, "at least 1 token is computed"
-    assert again.num_cached_tokens == 4 and again.num_cached_tokens <= 7, "at most 7 from cache (here 1 block)"
+    assert again.num_cached_tokens == 4 and again.num_cached_tokens <= 7, (
+        "at most 7 from cache (here 1 block)"
+    )
     assert m.get_block_table(again)[0] == 0, "the cached first block of the first run is reused"
     m.free(again)
     control = Sequence(2, list(range(1, 8)), 4)  # 7 tokens: 1 full block + 3
@@ -82,13 +98,19 @@ def test_hits_on_in_use_blocks_cost_no_free_block_and_free_hits_leave_the_queue(
     b = Sequence(1, list(range(1, 10)), 4)
     m.allocate(b)
     assert m.get_block_table(b)[:2] == [0, 1] and m.gpu_allocator.ref_count(0) == 2
-    assert m.get_num_free_gpu_blocks() == 4, "two in-use hits cost nothing; only the tail block is new"
+    assert m.get_num_free_gpu_blocks() == 4, (
+        "two in-use hits cost nothing; only the tail block is new"
+    )
     m.free(a)
     m.free(b)
-    assert m.gpu_allocator.free_queue() == [4, 5, 6, 7, 2, 3, 1, 0], "each sequence tail first; shared head last"
+    assert m.gpu_allocator.free_queue() == [4, 5, 6, 7, 2, 3, 1, 0], (
+        "each sequence tail first; shared head last"
+    )
     c = Sequence(2, list(range(1, 10)), 4)
     m.allocate(c)
-    assert m.get_block_table(c) == [0, 1, 4] and 0 not in m.gpu_allocator.free_queue(), "hits taken from queue"
+    assert m.get_block_table(c) == [0, 1, 4] and 0 not in m.gpu_allocator.free_queue(), (
+        "hits taken from queue"
+    )
     assert m.prefix_cache_hit_rate == (0 + 8 + 8) / 27
 
 
@@ -97,7 +119,9 @@ def test_eviction_takes_never_used_blocks_first_then_least_recently_freed_tail_f
     run_to_completion(m, 0, [1, 2, 3, 4, 5], [])  # blocks 0, 1 cached, 2 partial
     run_to_completion(m, 1, [7, 7, 8, 8, 9], [])  # blocks 3, 4 cached, 5 partial
     assert [b for b in m.gpu_allocator.free_queue() if b in m.prefix_cache] == [1, 0, 4, 3]
-    filler = Sequence(2, [5, 5, 5], 2)  # needs 2 blocks: evicts 2 (partial, uncached) then 1 (tail of seq 0)
+    filler = Sequence(
+        2, [5, 5, 5], 2
+    )  # needs 2 blocks: evicts 2 (partial, uncached) then 1 (tail of seq 0)
     m.allocate(filler)
     assert m.get_block_table(filler) == [2, 1]
     assert 1 not in m.prefix_cache and 0 in m.prefix_cache, "the tail is evicted before the head"
@@ -135,7 +159,9 @@ def test_prefix_cache_insert_rules():
     two = Sequence(1, [1, 2, 3, 4, 5, 6, 7, 8], 4)
     assert cache.insert(two, [0, 1], 1, 2) == 0, "a block whose parent is not cached is not cached"
     assert cache.insert(two, [0, 1], 0, 1) == 1 and 0 in cache
-    assert cache.insert(Sequence(2, [1, 2, 3, 4], 4), [5], 0, 1) == 1, "a duplicate block is kept as well"
+    assert cache.insert(Sequence(2, [1, 2, 3, 4], 4), [5], 0, 1) == 1, (
+        "a duplicate block is kept as well"
+    )
     probe = Sequence(3, [1, 2, 3, 4, 9], 4)
     assert cache.lookup(probe, 1) in ([0], [5])
     assert cache.evict(0) and not cache.evict(0)
@@ -160,7 +186,9 @@ def test_each_full_block_is_hashed_once_across_lookups_allocation_and_decode():
     for t in (11, 12, 13, 14, 15, 16):  # block 2 fills at token 12, block 3 at token 16
         seq.append_token_id(t)
         m.append_slots(seq)
-    assert calls[2:] == [(9, 10, 11, 12), (13, 14, 15, 16)], "each decode block is hashed once, when it fills"
+    assert calls[2:] == [(9, 10, 11, 12), (13, 14, 15, 16)], (
+        "each decode block is hashed once, when it fills"
+    )
     assert len(m.prefix_cache) == 4, "all 4 full blocks are cached"
     again = Sequence(1, list(range(1, 17)) + [99], 4)
     m.allocate(again)
@@ -173,15 +201,20 @@ def test_fork_copies_the_keys_and_the_child_extends_its_own():
     m.allocate(parent)
     child = parent.fork(1)
     m.fork(parent, child)
-    assert child.block_hashes is not parent.block_hashes and child.block_hashes == parent.block_hashes
+    assert (
+        child.block_hashes is not parent.block_hashes and child.block_hashes == parent.block_hashes
+    )
     for seq, t in ((parent, 7), (child, 70)):
         seq.append_token_id(t)
         m.append_slots(seq)
         seq.append_token_id(8)
         m.append_slots(seq)
-    assert parent.block_hashes[1] != child.block_hashes[1], "diverged second blocks get their own keys"
-    assert child.block_hashes == hash_blocks(child.token_ids, 4, []), "the child's keys are its tokens' keys"
+    assert parent.block_hashes[1] != child.block_hashes[1], (
+        "diverged second blocks get their own keys"
+    )
+    assert child.block_hashes == hash_blocks(child.token_ids, 4, []), (
+        "the child's keys are its tokens' keys"
+    )
     reused = Sequence(2, [1, 2, 3, 4, 5, 6, 70, 8, 0], 4)
     m.allocate(reused)
     assert reused.num_cached_tokens == 8, "the child's own second block is cached under its key"
-

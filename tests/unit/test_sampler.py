@@ -16,14 +16,19 @@ def _logits(rows=4, vocab=32, seed=0):
 
 def test_greedy_is_argmax():
     logits = torch.tensor([[0.1, 3.0, -1.0, 2.9], [5.0, -5.0, 0.0, 4.0]])
-    assert Sampler(0).sample(logits, [SamplingParams(), SamplingParams()]) == [1, 0], "greedy must take the argmax"
+    assert Sampler(0).sample(logits, [SamplingParams(), SamplingParams()]) == [1, 0], (
+        "greedy must take the argmax"
+    )
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy():
     logits = _logits(8, 50)
-    params = [SamplingParams(temperature=1.5, top_k=1)] * 4 + [SamplingParams(temperature=1.5, top_p=1e-6)] * 4
-    assert Sampler(1).sample(logits, params) == logits.argmax(-1).tolist(), \
+    params = [SamplingParams(temperature=1.5, top_k=1)] * 4 + [
+        SamplingParams(temperature=1.5, top_p=1e-6)
+    ] * 4
+    assert Sampler(1).sample(logits, params) == logits.argmax(-1).tolist(), (
         "top_k=1 and top_p -> 0 keep only the most likely token"
+    )
 
 
 def test_filter_keeps_exact_support():

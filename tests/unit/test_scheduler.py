@@ -27,7 +27,9 @@ class FakeEngine:
 
     def __init__(self, sched: Scheduler):
         self.sched, self.bs = sched, sched.cache_config.block_size
-        self.gpu: dict[int, tuple] = {}  # slot -> token prefix (tuple) whose last token's K/V it holds
+        self.gpu: dict[
+            int, tuple
+        ] = {}  # slot -> token prefix (tuple) whose last token's K/V it holds
         self.cpu: dict[int, tuple] = {}
         self.ids = itertools.count(10_000)
         self.steps = 0
@@ -50,19 +52,29 @@ class FakeEngine:
         self._move(out.blocks_to_copy, self.gpu, self.gpu)
         for s in out.scheduled:  # write K/V of every scheduled token (all before any read)
             table = s.block_table
-            assert len(table) * self.bs >= s.start + s.num_tokens, f"seq {s.seq.seq_id}: table too short"
+            assert len(table) * self.bs >= s.start + s.num_tokens, (
+                f"seq {s.seq.seq_id}: table too short"
+            )
             for p in s.positions:
-                self.gpu[table[p // self.bs] * self.bs + p % self.bs] = tuple(s.seq.token_ids[: p + 1])
-        for s in out.scheduled:  # attention reads every computed position: cached, recomputed or swapped back
+                self.gpu[table[p // self.bs] * self.bs + p % self.bs] = tuple(
+                    s.seq.token_ids[: p + 1]
+                )
+        for s in (
+            out.scheduled
+        ):  # attention reads every computed position: cached, recomputed or swapped back
             toks, table = s.seq.token_ids, s.block_table
             for p in range(s.start + s.num_tokens):
                 got = self.gpu.get(table[p // self.bs] * self.bs + p % self.bs)
-                assert got == tuple(toks[: p + 1]), f"seq {s.seq.seq_id} position {p}: wrong K/V in its slot"
+                assert got == tuple(toks[: p + 1]), (
+                    f"seq {s.seq.seq_id} position {p}: wrong K/V in its slot"
+                )
         for s in out.scheduled:
             if not s.samples:  # a prompt chunk that is not the last one: nothing to sample yet
                 continue
             group, seqs = s.seq.group, [s.seq]
-            while group.sampling_params.n > len(group.seqs):  # parallel sampling: fork at the first sample
+            while group.sampling_params.n > len(
+                group.seqs
+            ):  # parallel sampling: fork at the first sample
                 child = s.seq.fork(next(self.ids))
                 group.seqs.append(child)
                 self.sched.fork_seq(s.seq, child)
@@ -70,8 +82,10 @@ class FakeEngine:
             for seq in seqs:
                 k = group.seqs.index(seq)
                 seq.append_token_id((sum(seq.token_ids) * 31 + len(seq) + k) % 97)
-                if (len(seq.output_token_ids) >= group.sampling_params.max_tokens
-                        or len(seq) >= self.sched.config.max_model_len):
+                if (
+                    len(seq.output_token_ids) >= group.sampling_params.max_tokens
+                    or len(seq) >= self.sched.config.max_model_len
+                ):
                     seq.status = S.FINISHED_LENGTH
         return out
 
@@ -87,14 +101,31 @@ _ids = itertools.count()
 
 def make(rid, prompt, max_tokens, bs=4, n=1):
     prompt = list(range(1, prompt + 1)) if isinstance(prompt, int) else list(prompt)
-    return SequenceGroup(rid, [Sequence(next(_ids), prompt, bs)], SamplingParams(n=n, max_tokens=max_tokens))
+    return SequenceGroup(
+        rid, [Sequence(next(_ids), prompt, bs)], SamplingParams(n=n, max_tokens=max_tokens)
+    )
 
 
-def sched(num_gpu_blocks, bs=4, max_model_len=32, mode="recompute", num_cpu_blocks=0, watermark=0.01,
-          prefix=False, **kw):
-    return Scheduler(SchedulerConfig(max_model_len=max_model_len, preemption_mode=mode, **kw),
-                     CacheConfig(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-                                 watermark=watermark, enable_prefix_caching=prefix))
+def sched(
+    num_gpu_blocks,
+    bs=4,
+    max_model_len=32,
+    mode="recompute",
+    num_cpu_blocks=0,
+    watermark=0.01,
+    prefix=False,
+    **kw,
+):
+    return Scheduler(
+        SchedulerConfig(max_model_len=max_model_len, preemption_mode=mode, **kw),
+        CacheConfig(
+            block_size=bs,
+            num_gpu_blocks=num_gpu_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            watermark=watermark,
+            enable_prefix_caching=prefix,
+        ),
+    )
 
 
 def assert_all_free(s: Scheduler):
@@ -106,22 +137,37 @@ def assert_all_free(s: Scheduler):
 
 
 # ---------------------------------------------------------------- configuration
-@pytest.mark.parametrize("kwargs, words", [
-    ({"max_num_seqs": 0}, "max_num_seqs"),
-    ({"max_model_len": 4096, "max_num_batched_tokens": 2048, "enable_chunked_prefill": False}, "not chunked"),
-    ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
-    ({"preemption_mode": "evict"}, "recompute"),
-    ({"max_model_len": 16, "max_num_batched_tokens": 16}, "max_num_seqs"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        (
+            {
+                "max_model_len": 4096,
+                "max_num_batched_tokens": 2048,
+                "enable_chunked_prefill": False,
+            },
+            "not chunked",
+        ),
+        ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
+        ({"preemption_mode": "evict"}, "recompute"),
+        ({"max_model_len": 16, "max_num_batched_tokens": 16}, "max_num_seqs"),
+    ],
+)
 def test_scheduler_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=words):
         SchedulerConfig(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"block_size": 0}, "block_size"), ({"num_gpu_blocks": -1}, "num_gpu_blocks"),
-    ({"num_cpu_blocks": -2}, "num_cpu_blocks"), ({"watermark": 1.0}, "watermark"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"num_gpu_blocks": -1}, "num_gpu_blocks"),
+        ({"num_cpu_blocks": -2}, "num_cpu_blocks"),
+        ({"watermark": 1.0}, "watermark"),
+    ],
+)
 def test_cache_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=words):
         CacheConfig(**kwargs)
@@ -132,8 +178,13 @@ def test_scheduler_rejects_swap_without_cpu_blocks_and_unsized_pool():
         sched(4, mode="swap")
     with pytest.raises(ValueError, match="num_gpu_blocks must be set"):
         Scheduler(SchedulerConfig(), CacheConfig())
-    assert SchedulerConfig(max_model_len=4096, enable_chunked_prefill=False).max_num_batched_tokens == 4096
-    assert SchedulerConfig(max_model_len=4096).max_num_batched_tokens == 2048, "chunked: any budget works"
+    assert (
+        SchedulerConfig(max_model_len=4096, enable_chunked_prefill=False).max_num_batched_tokens
+        == 4096
+    )
+    assert SchedulerConfig(max_model_len=4096).max_num_batched_tokens == 2048, (
+        "chunked: any budget works"
+    )
     assert SchedulerConfig(max_model_len=100).max_num_batched_tokens == 2048
 
 
@@ -173,11 +224,14 @@ def test_case7_prompt_over_max_model_len_is_ignored():
     assert_all_free(s)
 
 
-@pytest.mark.parametrize("prompt, new, status, generated", [
-    (16, 1, S.FINISHED_LENGTH, 1),  # 16 + 1 - 1 = 16 slots: fits
-    (15, 2, S.FINISHED_LENGTH, 2),  # 15 + 2 - 1 = 16 slots: fits
-    (16, 2, S.FINISHED_KV_EXHAUSTED, 1),  # 17 slots: the second token has no slot
-])
+@pytest.mark.parametrize(
+    "prompt, new, status, generated",
+    [
+        (16, 1, S.FINISHED_LENGTH, 1),  # 16 + 1 - 1 = 16 slots: fits
+        (15, 2, S.FINISHED_LENGTH, 2),  # 15 + 2 - 1 = 16 slots: fits
+        (16, 2, S.FINISHED_KV_EXHAUSTED, 1),  # 17 slots: the second token has no slot
+    ],
+)
 def test_case7_a_request_needs_prompt_plus_new_minus_one_slots(prompt, new, status, generated):
     s = sched(4)
     g = make("X", prompt, new)
@@ -235,14 +289,23 @@ def test_case10_swapped_out_request_comes_back_after_the_other_finishes():
     in_step = [i for i, o in enumerate(eng.log) if o.blocks_to_swap_in]
     assert out_step == [2] and [x.group for x in eng.log[2].preempted] == [b]
     assert len(eng.log[2].blocks_to_swap_out) == 2
-    assert in_step == [6] and [x.group for x in eng.log[6].swapped_in] == [b] and len(eng.log[6].blocks_to_swap_in) == 2
-    finished_a = next(i for i, o in enumerate(eng.log) if any(g.seq_group is a for g in o.scheduled)
-                      and a.seqs[0].is_finished and i >= 5)
+    assert (
+        in_step == [6]
+        and [x.group for x in eng.log[6].swapped_in] == [b]
+        and len(eng.log[6].blocks_to_swap_in) == 2
+    )
+    finished_a = next(
+        i
+        for i, o in enumerate(eng.log)
+        if any(g.seq_group is a for g in o.scheduled) and a.seqs[0].is_finished and i >= 5
+    )
     assert in_step[0] > finished_a, "B comes back only after A finished"
     assert s.num_swap_outs == s.num_swap_ins == 1 and s.num_recomputes == 0
     for g in (a, b):
         assert g.seqs[0].status is S.FINISHED_LENGTH and len(g.seqs[0].output_token_ids) == 6
-    assert a.seqs[0].output_token_ids == b.seqs[0].output_token_ids, "same prompt, same tokens after the swap"
+    assert a.seqs[0].output_token_ids == b.seqs[0].output_token_ids, (
+        "same prompt, same tokens after the swap"
+    )
     assert_all_free(s)
 
 
@@ -264,7 +327,9 @@ def test_schedule_refuses_a_running_sequence_without_a_new_token():
     s.schedule()
     with pytest.raises(RuntimeError, match="append the sampled token"):
         s.schedule()
-    assert len(s.running) == 1 and s.block_manager.get_num_free_gpu_blocks() == 14, "state unchanged"
+    assert len(s.running) == 1 and s.block_manager.get_num_free_gpu_blocks() == 14, (
+        "state unchanged"
+    )
 
 
 def test_mixed_step_and_num_computed_tokens_contract():
@@ -279,18 +344,28 @@ def test_mixed_step_and_num_computed_tokens_contract():
     s.add_request(make("B", 6, 2))
     out = eng.step()
     assert [g.seq_group.request_id for g in out.decodes] == ["A"]
-    assert [g.seq_group.request_id for g in out.prefills] == ["B"], "a prefill and decodes share the step"
+    assert [g.seq_group.request_id for g in out.prefills] == ["B"], (
+        "a prefill and decodes share the step"
+    )
     assert out.num_batched_tokens == 1 + 6 and out.decodes[0].positions == range(5, 6)
     seq_a, seq_b = out.scheduled
     assert seq_a.seq is a.seqs[0] and len(seq_a.block_table) == 2 and len(seq_b.block_table) == 2
 
 
 def test_token_and_seq_budgets_are_fcfs():
-    s = sched(64, max_model_len=16, max_num_batched_tokens=16, max_num_seqs=2, enable_chunked_prefill=False)
+    s = sched(
+        64,
+        max_model_len=16,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+        enable_chunked_prefill=False,
+    )
     for rid, p in [("A", 10), ("B", 7), ("C", 3), ("D", 2)]:
         s.add_request(make(rid, p, 3))
     out = s.schedule()
-    assert [g.seq_group.request_id for g in out.prefills] == ["A"], "B (7) > 6 tokens left; C may not overtake"
+    assert [g.seq_group.request_id for g in out.prefills] == ["A"], (
+        "B (7) > 6 tokens left; C may not overtake"
+    )
     assert out.num_batched_tokens == 10
 
 
@@ -301,8 +376,10 @@ def test_prefix_cached_tokens_cost_no_budget():
     s.add_request(make("Y", range(100, 116), 1))  # 12 tokens cached (the last block is recomputed)
     s.add_request(make("Z", range(200, 212), 1))
     out = s.schedule()
-    assert [(g.seq_group.request_id, g.start, g.num_tokens) for g in out.prefills] == \
-        [("Y", 12, 4), ("Z", 0, 12)], "4 + 12 tokens fit the 16-token budget only if cached tokens are free"
+    assert [(g.seq_group.request_id, g.start, g.num_tokens) for g in out.prefills] == [
+        ("Y", 12, 4),
+        ("Z", 0, 12),
+    ], "4 + 12 tokens fit the 16-token budget only if cached tokens are free"
 
 
 # ---------------------------------------------------------------- watermark (seed error E9)
@@ -314,7 +391,9 @@ def test_watermark_keeps_blocks_free_at_admission_only():
     fits.sampling_params.max_tokens = 5
     eng = FakeEngine(s)
     out = eng.step()
-    assert [x.group for x in out.ignored] == [too_big] and "keeps 10 free" in too_big.seqs[0].finish_message
+    assert [x.group for x in out.ignored] == [too_big] and "keeps 10 free" in too_big.seqs[
+        0
+    ].finish_message
     assert [g.seq_group for g in out.prefills] == [fits]
     s.add_request(make("more", 1, 1, bs=1))
     assert eng.step().prefills == [], "admission stops while fewer than 10 blocks would stay free"
@@ -362,7 +441,9 @@ def test_forked_request_with_copy_on_write_and_preemption():
     s.add_request(b)
     eng = FakeEngine(s)
     eng.run(max_steps=60)
-    assert any(o.blocks_to_copy for o in eng.log), "the forks' shared partial block is copied on write"
+    assert any(o.blocks_to_copy for o in eng.log), (
+        "the forks' shared partial block is copied on write"
+    )
     assert len(a.seqs) == 2 and all(len(x.output_token_ids) == 6 for x in a.seqs)
     assert a.seqs[0].output_token_ids != a.seqs[1].output_token_ids
     assert s.num_preemptions >= 1
@@ -371,20 +452,42 @@ def test_forked_request_with_copy_on_write_and_preemption():
 
 # ---------------------------------------------------------------- random runs (hypothesis)
 # (prompt length, max_tokens, arrival step, shared head id, n, abort at step or None)
-request = st.tuples(st.integers(1, 14), st.integers(1, 8), st.integers(0, 6), st.integers(0, 2),
-                    st.sampled_from([1, 1, 1, 2]), st.one_of(st.none(), st.integers(0, 12)))
+request = st.tuples(
+    st.integers(1, 14),
+    st.integers(1, 8),
+    st.integers(0, 6),
+    st.integers(0, 2),
+    st.sampled_from([1, 1, 1, 2]),
+    st.one_of(st.none(), st.integers(0, 12)),
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=st.lists(request, min_size=1, max_size=8), bs=st.sampled_from([2, 4]), n_gpu=st.integers(2, 8),
-       n_cpu=st.integers(0, 8), mode=st.sampled_from(["recompute", "swap"]), prefix=st.booleans(),
-       watermark=st.sampled_from([0.0, 0.2]))
-def test_random_arrivals_and_aborts_all_finish_and_free_everything(reqs, bs, n_gpu, n_cpu, mode, prefix,
-                                                                       watermark):
+@given(
+    reqs=st.lists(request, min_size=1, max_size=8),
+    bs=st.sampled_from([2, 4]),
+    n_gpu=st.integers(2, 8),
+    n_cpu=st.integers(0, 8),
+    mode=st.sampled_from(["recompute", "swap"]),
+    prefix=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.2]),
+)
+def test_random_arrivals_and_aborts_all_finish_and_free_everything(
+    reqs, bs, n_gpu, n_cpu, mode, prefix, watermark
+):
     if mode == "swap" and n_cpu == 0:
         n_cpu = 2
-    s = sched(n_gpu, bs=bs, max_model_len=16, mode=mode, num_cpu_blocks=n_cpu, watermark=watermark,
-              prefix=prefix, max_num_seqs=4, max_num_batched_tokens=16)
+    s = sched(
+        n_gpu,
+        bs=bs,
+        max_model_len=16,
+        mode=mode,
+        num_cpu_blocks=n_cpu,
+        watermark=watermark,
+        prefix=prefix,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+    )
     eng = FakeEngine(s)
     groups = []
     arrivals = sorted((arr, i, p, m, share, n) for i, (p, m, arr, share, n, _) in enumerate(reqs))
@@ -393,10 +496,14 @@ def test_random_arrivals_and_aborts_all_finish_and_free_everything(reqs, bs, n_g
     for t in itertools.count():
         for rid, at in aborts.items():
             if at == t:
-                s.abort_request(rid)  # any stage: waiting, running, swapped, preempted, finished, unknown
+                s.abort_request(
+                    rid
+                )  # any stage: waiting, running, swapped, preempted, finished, unknown
         while arrivals and arrivals[0][0] <= t:
             _, i, p, m, share, n = arrivals.pop(0)
-            prompt = [5 + share] * min(p, 4) + [20 + i] * max(0, p - 4)  # shared heads exercise prefix caching
+            prompt = [5 + share] * min(p, 4) + [20 + i] * max(
+                0, p - 4
+            )  # shared heads exercise prefix caching
             groups.append(make(f"r{i}", prompt, m, bs=bs, n=n))
             s.add_request(groups[-1])
         if not arrivals and not s.has_unfinished_requests():
@@ -407,8 +514,12 @@ def test_random_arrivals_and_aborts_all_finish_and_free_everything(reqs, bs, n_g
         assert out.num_batched_tokens <= 16 or len(out.scheduled) == 1, "token budget exceeded"
     for g in groups:
         for seq in g.seqs:
-            assert seq.status in (S.FINISHED_LENGTH, S.FINISHED_IGNORED, S.FINISHED_KV_EXHAUSTED,
-                                  S.FINISHED_ABORTED), seq
+            assert seq.status in (
+                S.FINISHED_LENGTH,
+                S.FINISHED_IGNORED,
+                S.FINISHED_KV_EXHAUSTED,
+                S.FINISHED_ABORTED,
+            ), seq
             if seq.status is S.FINISHED_ABORTED:
                 assert g.request_id in aborts
             elif seq.status is S.FINISHED_LENGTH:
@@ -420,14 +531,20 @@ def test_random_arrivals_and_aborts_all_finish_and_free_everything(reqs, bs, n_g
 
 def test_swapped_queue_stays_in_arrival_order_when_several_are_swapped_out():
     s = sched(4, mode="swap", num_cpu_blocks=12, watermark=0.0)
-    groups = [make(r, 4, 8) for r in "ABCD"]  # 4 tokens each: 1 full block, the next token needs a 2nd
+    groups = [
+        make(r, 4, 8) for r in "ABCD"
+    ]  # 4 tokens each: 1 full block, the next token needs a 2nd
     for g in groups:
         s.add_request(g)
     eng = FakeEngine(s)
     eng.step()  # all four prefill: the pool is full
     out = eng.step()  # A grows into D's block, B into C's: D then C are swapped out (latest first)
-    assert [x.group for x in out.preempted] == [groups[3], groups[2]], "the most recently admitted is preempted first"
-    assert [x.group for x in s.swapped] == [groups[2], groups[3]], "swapped is oldest first (C before D)"
+    assert [x.group for x in out.preempted] == [groups[3], groups[2]], (
+        "the most recently admitted is preempted first"
+    )
+    assert [x.group for x in s.swapped] == [groups[2], groups[3]], (
+        "swapped is oldest first (C before D)"
+    )
     eng.run(max_steps=60)
     assert [g.seqs[0].status for g in groups] == [S.FINISHED_LENGTH] * 4
     assert_all_free(s)

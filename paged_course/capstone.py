@@ -2,10 +2,11 @@
 
 ``PART_SOURCES`` says where each part of ``paged.engine.parts.Parts`` lives in the learner's files; each
 exercise module says which graded regions a part is made of in its ``PART_REGIONS`` dict (attribute ->
-region ids). ``learner_parts()`` imports them from ``exercises/`` (or
-``solutions/``: ``PAGED_IMPL``) and, with ``verify=True``, keeps a part only when its regions pass their
-checks, falling back to the reference otherwise and saying so; ``python -m paged grade ch07`` builds the
-engine without fallback and compares its tokens with transformers' greedy ``generate``.
+region ids). ``learner_parts()`` imports them afresh from ``exercises/`` (or ``solutions/``, whichever
+``paged_course.check.impl_package()`` decided for this process) and, with ``verify=True``, keeps a part
+only when its regions pass their checks, falling back to the reference otherwise and saying so;
+``python -m paged grade ch07`` builds the engine without fallback and compares its tokens with
+transformers' greedy ``generate``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib
 import sys
 
 from paged.engine.parts import Parts
-from paged_course.check import ROOT, impl_package, run_check
+from paged_course.check import ROOT, exercise_module, impl_package, run_check
 
 # part -> (exercise module, attribute); the regions come from the module's PART_REGIONS[attribute]
 PART_SOURCES: dict[str, tuple[str, str]] = {
@@ -34,7 +35,7 @@ def learner_parts(
     """``(Parts, {part: where it comes from})`` built from the learner's files.
 
     Args:
-        impl: ``exercises`` (default ``$PAGED_IMPL``) or ``solutions``.
+        impl: ``exercises`` or ``solutions`` (default: ``impl_package()``, decided once per process).
         verify: run each part's checks and use the reference for a part that does not pass them.
         parts: only these parts (default: every part of ``PART_SOURCES``).
 
@@ -48,21 +49,32 @@ def learner_parts(
     for part, (module, attribute) in PART_SOURCES.items():
         if parts is not None and part not in parts:
             continue
-        source = importlib.import_module(f"{impl}.{module}")
+        source = _load(module, impl, verify)
         regions = getattr(source, "PART_REGIONS", {}).get(attribute, ())
         failing = [r for r in regions if not run_check(r, impl)] if verify else []
+        if source is None:
+            origin[part] = f"reference ({impl}/{module}.py does not import)"
+            continue
         if failing or (verify and not regions):
             origin[part] = (
                 f"reference ({', '.join(failing) or 'no graded regions'} not passing yet)"
             )
             continue
-        if (
-            verify
-        ):  # a file saved since it was last imported was re-imported by its checks: take that one
-            source = importlib.import_module(f"{impl}.{module}")
+        if verify:  # the file as it is now, which is what its checks just ran
+            source = _load(module, impl, verify)
         chosen[part] = getattr(source, attribute)
-        origin[part] = f"yours ({impl}/{module}.py: {attribute})"
+        whose = "reference answers" if impl == "solutions" else "yours"
+        origin[part] = f"{whose} ({impl}/{module}.py: {attribute})"
     return Parts(**chosen), origin
+
+
+def _load(module: str, impl: str, verify: bool):
+    """The learner's module afresh; with ``verify`` a file that does not import is ``None`` (the part falls
+    back), without it the import error is raised."""
+    if verify:
+        return exercise_module(module, impl)
+    sys.modules.pop(f"{impl}.{module}", None)
+    return importlib.import_module(f"{impl}.{module}")
 
 
 def origin_table(origin: dict[str, str]) -> str:

@@ -2,19 +2,28 @@
 to reveal the reference for self-study, ``learner_or_reference`` to carry on with an unfinished piece,
 ``exercise_module`` to import your file afresh.
 
+Which files the chapters build on is decided once per process (one Jupyter kernel): ``impl_package()``,
+``exercises`` (your files) unless ``PAGED_IMPL`` said otherwise when this module was first imported (the
+notebook executor and nbval set it to ``solutions`` for the committed outputs). Nothing a check does can
+change that choice later.
+
 ``check`` runs that exercise's graded tests (``tests/exercises``, the ``exercise(id, points)`` marker) in
-this process, on the freshly reloaded files of ``exercises/`` (or ``solutions/``: ``PAGED_IMPL``), with a
-per-test time limit, and prints one pass line or the first failing case in plain words: which check, the
-invariant its message names, and what was expected and got. ``python -m paged grade`` runs the same
-tests in a separate process for the score.
+this process, on the files as they are on disk now, with a per-test time limit, and prints one pass line
+or the first failing case in plain words: which check, the invariant its message names, and what was
+expected and got. A check leaves the process as it found it: ``os.environ``, ``sys.path``, the imported
+exercise and test modules and the random generators' states are put back when it ends (in-process, so that
+a check cell answers in about a second; a child process per check took 2-3 s longer). ``python -m paged
+grade`` runs the same tests in a separate process for the score.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import io
 import os
+import random
 import re
 import sys
 from dataclasses import dataclass, field
@@ -22,13 +31,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests" / "exercises"
+IMPLS = ("exercises", "solutions")
 _ID = re.compile(r"^ch(\d\d)\.ex\d+[a-z]?$")
 _cache: dict[tuple, CheckResult] = {}
 
 
+def _decide_impl() -> str:
+    impl = os.environ.get("PAGED_IMPL", "exercises")
+    if impl not in IMPLS:
+        raise ValueError(f"PAGED_IMPL must be one of {', '.join(IMPLS)}, got {impl!r}")
+    return impl
+
+
+_IMPL = _decide_impl()
+
+
 def impl_package() -> str:
-    """Which copy the chapters build on: ``$PAGED_IMPL`` (``exercises`` by default, the learner's files)."""
-    return os.environ.get("PAGED_IMPL", "exercises")
+    """Which copy of the exercise files this process builds on: ``exercises`` (your files) or
+    ``solutions`` (the reference answers), read from ``$PAGED_IMPL`` once, when this module was imported.
+
+    Raises:
+        ValueError: at import, when ``PAGED_IMPL`` names neither.
+    """
+    return _IMPL
+
+
+def impl_label(impl: str) -> str:
+    """How a verdict names the files it ran on: ``yours`` or ``the reference answers``."""
+    return "the reference answers" if impl == "solutions" else "yours"
 
 
 @dataclass
@@ -124,33 +154,80 @@ def _test_file(exercise: str) -> Path:
     return files[0]
 
 
-def _reload(impl: str) -> None:
-    """Forget the imported exercise modules so that the learner's last edit is what runs."""
+def _folder(impl: str) -> Path:
+    return ROOT / impl  # an absolute path (a folder of planted wrong answers) stays itself
+
+
+def _forget(impl: str) -> None:
+    """Drop the imported modules of ``impl`` and their bytecode, so that the next import reads the files
+    as they are on disk now (a ``.pyc`` records its source's mtime in whole seconds and its size: an edit
+    saved within the same second at the same size would otherwise run the old code)."""
     for name in [n for n in sys.modules if n == impl or n.startswith(impl + ".")]:
         del sys.modules[name]
+    for stale in _folder(impl).glob("__pycache__/ex*.pyc"):
+        stale.unlink(missing_ok=True)
     importlib.invalidate_caches()
 
 
-def _stamp(impl: str) -> tuple:
-    folder = ROOT / impl
-    return (
-        tuple(sorted((p.name, p.stat().st_mtime_ns) for p in folder.glob("ex*.py")))
-        if folder.is_dir()
-        else ()
+def _contents(impl: str) -> str:
+    """A digest of every ``ex*.py`` of ``impl``: a check's result is reused only for identical files."""
+    digest = hashlib.sha1()
+    for path in sorted(_folder(impl).glob("ex*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _is_transient(name: str, module) -> bool:
+    """Modules a check imports that must not outlive it: exercise files (either copy, or a folder's
+    ``_impl_*`` modules), and the test modules and conftests under ``tests/``."""
+    if (
+        name in IMPLS
+        or name.startswith(("exercises.", "solutions.", "_impl_"))
+        or name == "conftest"
+    ):
+        return True
+    path = getattr(module, "__file__", None) or ""
+    return path.startswith(str(ROOT / "tests") + os.sep)
+
+
+@contextlib.contextmanager
+def _isolated():
+    """Put back ``os.environ``, ``sys.path``, the transient modules, the random generators and the
+    bytecode switch as they were (a test run sets ``PAGED_IMPL``, prepends paths, imports modules)."""
+    import numpy as np
+    import torch
+
+    environ, path = dict(os.environ), list(sys.path)
+    modules = {n: m for n, m in list(sys.modules.items()) if _is_transient(n, m)}
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    bytecode = sys.dont_write_bytecode
+    sys.dont_write_bytecode = (
+        True  # no .pyc of a learner's file: the next edit is always read afresh
     )
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = bytecode
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        for name in [n for n, m in list(sys.modules.items()) if _is_transient(n, m)]:
+            del sys.modules[name]
+        sys.modules.update(modules)
+        sys.path[:] = path
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def run_check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> CheckResult:
-    """Run exercise ``exercise``'s graded tests on ``impl`` in this process (results cached per file state)."""
+    """Run exercise ``exercise``'s graded tests on ``impl`` (default ``impl_package()``) in this process;
+    the result is reused while the files stay byte for byte the same. The process is left as it was."""
     import pytest
 
     impl = impl or impl_package()
-    key = (exercise, impl, _stamp(impl))
+    key = (exercise, impl, _contents(impl))
     if key in _cache:
         return _cache[key]
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    _reload(impl)
     result = CheckResult(exercise)
     args = [
         str(_test_file(exercise)),
@@ -172,8 +249,12 @@ def run_check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> 
         "-W",
         "ignore::pytest.PytestAssertRewriteWarning",
     ]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        pytest.main(args, plugins=[_Collector(exercise, result)])
+    with _isolated():
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        _forget(impl)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            pytest.main(args, plugins=[_Collector(exercise, result)])
     _cache[key] = result
     return result
 
@@ -181,9 +262,11 @@ def run_check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> 
 def check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> bool:
     """Check one build step and print the verdict (one line, or the first failing case). Returns whether
     every graded test of ``exercise`` passed."""
+    impl = impl or impl_package()
     r = run_check(exercise, impl, timeout)
     if r.ok:
-        print(f"{exercise} passes: {r.total} of {r.total} checks")
+        on = " on solutions/, the reference answers" if impl == "solutions" else ""
+        print(f"{exercise} passes{on}: {r.total} of {r.total} checks")
     elif r.total == 0:
         print(f"{exercise}: no graded checks found")
     elif r.unfinished and r.unfinished.startswith(exercise + ":"):
@@ -208,14 +291,20 @@ def exercise_module(name: str, impl: str | None = None):
     """Your exercise module ``name`` (``"ex03_block_tables"``) imported afresh, so that your last saved edit is
     what runs; ``None``, with one line saying why, when it does not import (a syntax error while you edit must
     not stop the chapter)."""
-    full = f"{impl or impl_package()}.{name}"
+    impl = impl or impl_package()
+    full = f"{impl}.{name}"
     sys.modules.pop(full, None)
+    for stale in _folder(impl).glob(f"__pycache__/{name}.*.pyc"):
+        stale.unlink(missing_ok=True)
     importlib.invalidate_caches()
+    bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         return importlib.import_module(full)
     except Exception as err:
         print(f"{full.replace('.', '/')}.py does not import: {type(err).__name__}: {err}")
         return None
+    finally:
+        sys.dont_write_bytecode = bytecode
 
 
 def learner_or_reference(exercises: str | list[str], learner, reference, impl: str | None = None):

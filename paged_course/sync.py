@@ -41,8 +41,10 @@ def exercise_ids(source: str) -> list[str]:
     return [m["id"] for line in source.splitlines() if (m := BEGIN.match(line))]
 
 
-def make_stub(source: str, name: str = "<solutions>") -> str:
-    """Return the exercise text for one solutions file (see module docstring)."""
+def make_stub(source: str, name: str = "<solutions>", keep: tuple[str, ...] = ()) -> str:
+    """Return the exercise text for one solutions file (see module docstring). The regions in ``keep``
+    are written with their reference code, as a learner who has typed them in would have them (the
+    learner-loop tests and CI's typed-in run build files region by region this way)."""
     out: list[str] = [HEADER.format(name=name)]
     seen: set[str] = set()
     region: dict | None = None
@@ -63,11 +65,14 @@ def make_stub(source: str, name: str = "<solutions>") -> str:
                 "indent": begin["indent"],
                 "hint": (begin["hint"] or "implement this part").strip(),
                 "stub": [],
+                "code": [],
             }
         elif end:
             if region is None:
                 raise MarkerError(f"{name}:{lineno}: END SOLUTION without a BEGIN")
-            if region["stub"]:
+            if region["id"] in keep:
+                out.extend(region["code"])
+            elif region["stub"]:
                 out.extend(region["stub"])
             else:
                 msg = f"{region['id']}: {region['hint']}".replace('"', "'")
@@ -77,6 +82,8 @@ def make_stub(source: str, name: str = "<solutions>") -> str:
             stub = STUB.match(line)
             if stub:
                 region["stub"].append(stub["indent"] + stub["code"])
+            else:
+                region["code"].append(line)
         elif "# STUB:" in line:
             raise MarkerError(f"{name}:{lineno}: '# STUB:' outside a solution region")
         else:

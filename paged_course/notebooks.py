@@ -24,6 +24,11 @@ def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
     return [(c.cell_type, c.source.strip(), tuple(c.metadata.get("tags", ()))) for c in nb.cells]
 
 
+def _body(text: str) -> str:
+    """A ``py:percent`` text without its YAML header (which names jupytext's version)."""
+    return text.split("# ---\n", 2)[-1]
+
+
 def chapter_sources(names: list[str] | None = None) -> list[Path]:
     paths = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
     if names:
@@ -100,6 +105,11 @@ def check(paths: list[Path]) -> list[str]:
         executed = nbformat.read(ipynb, as_version=4) if ipynb.exists() else None
         if executed is None or _cells(jupytext.read(path)) != _cells(executed):
             bad.append(path.stem)
+        elif _body(jupytext.writes(executed, fmt="py:percent")) != _body(path.read_text()):
+            # JupyterLab's jupytext refuses to open a notebook newer than its differing .py twin
+            bad.append(
+                path.stem + " (its .py is not what jupytext writes: blank lines between cells)"
+            )
         elif any(
             c.cell_type == "code"
             and c.source.strip()

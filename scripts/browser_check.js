@@ -8,6 +8,9 @@ window.__browserCheck = (() => {
 
   const sleep = (ms) => new Promise(resolve => setTimeout(resolve, ms));
   const text = (el) => (el ? el.textContent || '' : '').replace(/\s+/g, ' ').trim().slice(0, 300);
+  // What a cell printed (its stdout streams, in order), from the model rather than the page.
+  const stdout = (outputs) => outputs.filter(o => o.output_type === 'stream' && o.name === 'stdout')
+    .map(o => Array.isArray(o.text) ? o.text.join('') : o.text).join('');
   const findPanel = (path) => {
     const app = window.jupyterapp;
     return app ? Array.from(app.shell.widgets('main')).find(w => w.context && w.context.path === path) : undefined;
@@ -81,7 +84,7 @@ window.__browserCheck = (() => {
       report.images += images;
       report.cells.push({
         index: index, executed: cell.model.executionCount !== null, empty: !source.trim(),
-        head: source.trim().split('\n')[0].slice(0, 80),
+        head: source.trim().split('\n')[0].slice(0, 80), source: source, stdout: stdout(outputs),
         errors: outputs.filter(o => o.output_type === 'error').map(o =>
           ({ename: o.ename, evalue: o.evalue, traceback: (o.traceback || []).join('\n')})),
         domErrors: shown.filter(o => o.matches('[data-mime-type="application/vnd.jupyter.error"]') ||
@@ -141,5 +144,46 @@ window.__browserCheck = (() => {
     });
   }
 
-  return {openAndRun, state, inspect, signature, fullHeight, markClean};
+  // The learner's round trip. Show the file browser in `folder` (the test then double-clicks a file in it).
+  async function browseTo(folder) {
+    const app = window.jupyterapp;
+    const browser = Array.from(app.shell.widgets('left')).find(w => w.id === 'filebrowser');
+    app.shell.expandLeft();
+    app.shell.activateById('filebrowser');
+    await browser.model.cd('/' + folder);
+    return {ok: true, items: Array.from(browser.model.items()).map(i => i.name)};
+  }
+
+  // Is `path` open in a tab (an editor opened from the file browser)?
+  function isOpen(path) { return !!findPanel(path); }
+
+  // Replace the open file's text, as an editor would hold it after typing, and save it (Ctrl-S's command).
+  async function typeAndSave(path, text) {
+    const panel = findPanel(path);
+    window.jupyterapp.shell.activateById(panel.id);
+    panel.context.model.sharedModel.setSource(text);
+    await panel.context.save();  // what Ctrl-S does for this document
+    return {ok: !panel.context.model.dirty, saved: panel.context.contentsModel.last_modified};
+  }
+
+  // Run one cell of the notebook at `path` (as Shift-Enter would) and resolve with what it printed.
+  async function runCell(path, index, timeoutMs) {
+    const app = window.jupyterapp;
+    const panel = findPanel(path);
+    app.shell.activateById(panel.id);
+    panel.content.activeCellIndex = index;
+    const cell = panel.content.widgets[index];
+    const before = cell.model.executionCount;
+    await app.commands.execute('notebook:run-cell');
+    const t0 = Date.now();
+    while (cell.model.executionCount === before || cell.model.executionCount === null ||
+           panel.sessionContext.session.kernel.status !== 'idle') {
+      if (Date.now() - t0 > timeoutMs) return {ok: false, error: 'the cell did not finish in time'};
+      await sleep(200);
+    }
+    return {ok: true, stdout: stdout(cell.model.outputs.toJSON())};
+  }
+
+  return {openAndRun, state, inspect, signature, fullHeight, markClean, browseTo, isOpen, typeAndSave,
+          runCell};
 })();

@@ -30,6 +30,7 @@ Needs ``chromium`` and ``chromium-driver`` (Debian/Ubuntu: ``apt-get install chr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -38,7 +39,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from check_lines import EXPECTATIONS
 from lab_browser import WINDOW, Lab, browser_session
+from learner_check import Expectation
 
 REPO = Path(__file__).resolve().parents[1]
 JS = (Path(__file__).parent / "browser_check.js").read_text()
@@ -288,9 +291,16 @@ def _fingerprint(paths: list[Path]) -> dict[Path, tuple[int, int]]:
 
 
 def check_notebook(
-    driver, lab: Lab, notebook: Path, root: Path, out: Path, timeout: float
+    driver,
+    lab: Lab,
+    notebook: Path,
+    root: Path,
+    out: Path,
+    timeout: float,
+    expectation: Expectation | None = None,
 ) -> Result:
-    """Open ``notebook`` in JupyterLab, run all cells, check the outputs, poke the first widget, screenshot."""
+    """Open ``notebook`` in JupyterLab, run all cells, check the outputs (and, with an ``expectation``, what
+    the check cells said), poke the first widget, screenshot."""
     rel = notebook.relative_to(root).as_posix()
     out.mkdir(parents=True, exist_ok=True)
     result = Result(notebook.stem)
@@ -316,9 +326,11 @@ def check_notebook(
             result.failures.append(state["error"])
         elif state["run"].get("error"):
             result.failures.append(f"notebook:run-all-cells failed: {state['run']['error']}")
-        _inspect(driver, rel, result, timed_out=bool(state.get("timed_out")))
+        report = _inspect(driver, rel, result, timed_out=bool(state.get("timed_out")))
         if not state.get("timed_out"):
             _poke_first_widget(driver, rel, deadline, result)
+            if expectation is not None:
+                expectation.after_run(driver, rel, report, result, deadline)
     except CheckTimeout:
         result.failures.append("overall timeout reached during this notebook")
         raise
@@ -358,6 +370,7 @@ def run_checks(
     chapter_timeout: float = 60.0,
     overall_timeout: float | None = None,
     echo=print,
+    expectation: Expectation | None = None,
 ) -> list[Result]:
     """Check ``notebooks`` in one JupyterLab + one browser; both stopped on every path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -373,7 +386,9 @@ def run_checks(
     try:
         with browser_session(root) as (lab, driver):
             for notebook in notebooks:
-                result = check_notebook(driver, lab, notebook, root, out, chapter_timeout)
+                result = check_notebook(
+                    driver, lab, notebook, root, out, chapter_timeout, expectation
+                )
                 results.append(result)
                 echo(
                     f"{'PASS' if result.ok else 'FAIL'} {result.notebook} ({result.seconds:.1f} s)"
@@ -405,14 +420,34 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="overall seconds (default: 120 + (chapter timeout + 30) per notebook)",
     )
+    parser.add_argument(
+        "--expect",
+        choices=EXPECTATIONS,
+        default=None,
+        help="also check what the check cells say: 'stubs' (exercises/ untouched: nothing passes, "
+        "every capstone part is the reference's) or 'typed-in' (solutions/ written into exercises/ "
+        "for the run and put back after: every check passes, every part is yours)",
+    )
+    parser.add_argument(
+        "--round-trip",
+        action="store_true",
+        help="with --expect stubs: in chapter 03, type a wrong then the right answer into ch03.ex1 in "
+        "JupyterLab's editor and read its check cell each time",
+    )
     args = parser.parse_args(argv)
+    if args.round_trip and args.expect != "stubs":
+        parser.error("--round-trip needs --expect stubs")
+    expectation = Expectation(args.expect, args.round_trip) if args.expect else None
     notebooks = find_notebooks(args.chapters)
     if not notebooks:
         print("no chapter notebooks found (chapters/NN_*.ipynb)")
         return 1
     t0 = time.monotonic()
     try:
-        results = run_checks(notebooks, args.out, args.chapter_timeout, args.timeout)
+        with expectation.prepared() if expectation else contextlib.nullcontext():
+            results = run_checks(
+                notebooks, args.out, args.chapter_timeout, args.timeout, expectation=expectation
+            )
     except (CheckTimeout, RuntimeError) as exc:
         print(f"browser check aborted: {exc}")
         return 1

@@ -115,6 +115,7 @@ def server_env(tmp: Path) -> dict[str, str]:
         json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_lsp": False}}})
     )
     env.pop("MPLBACKEND", None)  # the learner's default (inline), whatever the CI shell sets
+    env.pop("PAGED_IMPL", None)  # a learner never sets it: the kernels build on exercises/
     env["TQDM_DISABLE"] = "1"
     env.setdefault("PYTHONHASHSEED", "0")
     if not Path("/dev/nvidia0").exists():

@@ -1,6 +1,6 @@
 """The learner's loop inside a chapter: ``check("ch02.ex1")`` right after a build step, ``solution(...)``
 to reveal the reference for self-study, ``learner_or_reference`` to carry on with an unfinished piece,
-``exercise_module`` to import your file afresh.
+``exercise_module`` to import your file afresh, ``hint("ch02.ex1")`` for a nudge (call again for a stronger one).
 
 Which files the chapters build on is decided once per process (one Jupyter kernel): ``impl_package()``,
 ``exercises`` (your files) unless ``PAGED_IMPL`` said otherwise when this module was first imported (the
@@ -317,6 +317,32 @@ def learner_or_reference(exercises: str | list[str], learner, reference, impl: s
     return learner
 
 
+_hints_given: dict[str, int] = {}
+
+
+def hint(exercise: str) -> None:
+    """Print the next hint for region ``exercise``: a nudge on the first call, a stronger one on each call
+    after it, then where the answer is (``solution``). The hints come from ``exercises/hints.json``
+    (generated from the regions' ``# HINT:`` lines; a student release ships it)."""
+    import json
+
+    if not _ID.match(exercise):
+        raise ValueError(f"exercise ids look like 'ch02.ex1', got {exercise!r}")
+    path = ROOT / "exercises" / "hints.json"
+    tiers = json.loads(path.read_text()).get(exercise, []) if path.exists() else []
+    given = _hints_given.get(exercise, 0)
+    if given < len(tiers):
+        _hints_given[exercise] = given + 1
+        print(f"hint {given + 1} of {len(tiers)} for {exercise}: {tiers[given]}")
+    else:
+        told = (
+            f"all {len(tiers)} hints for {exercise} are given"
+            if tiers
+            else f"no hints for {exercise}"
+        )
+        print(f"{told}: solution({exercise!r}) prints the reference answer")
+
+
 def solution(exercise: str) -> None:
     """Print the reference answer of one region, for self-study (a student release has no ``solutions/``)."""
     match = _ID.match(exercise)
@@ -332,6 +358,6 @@ def solution(exercise: str) -> None:
                 lines.append(f"# {path.relative_to(ROOT)}")
             elif inside and re.match(r"^\s*# END SOLUTION", line):
                 inside = False
-            elif inside and not re.match(r"^\s*# STUB:", line):
+            elif inside and not re.match(r"^\s*# (STUB|HINT):", line):
                 lines.append(line)
     print("\n".join(lines) if lines else f"no region {exercise} in solutions/")

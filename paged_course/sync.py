@@ -12,11 +12,16 @@ becomes, in ``exercises/exNN_topic.py``, the STUB lines when there are any, else
 BEGIN line (``# BEGIN SOLUTION ch02.ex1 -- hint text``). Indentation is kept. The generator rejects
 unbalanced, nested or duplicate markers, checks that the output parses, and is idempotent.
 ``--check`` exits 1 when ``exercises/`` differs from what it would write (CI runs it).
+
+``# HINT: text`` lines inside a region are its tiered hints, a nudge first and stronger ones after (one
+tier per line); they leave the stub and go to ``exercises/hints.json``, which
+``paged_course.check.hint`` reads one tier per call (a student release ships it, and has no solutions/).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -26,6 +31,8 @@ BEGIN = re.compile(
 )
 END = re.compile(r"^\s*# END SOLUTION\s*$")
 STUB = re.compile(r"^(?P<indent>\s*)# STUB: ?(?P<code>.*)$")
+HINT = re.compile(r"^\s*# HINT: ?(?P<text>.*)$")
+HINTS_FILE = "hints.json"
 HEADER = (
     "# Generated from {name} by `python -m paged course sync`. Edit only the marked regions;\n"
     "# grade with `python -m paged grade`.\n"
@@ -39,6 +46,21 @@ class MarkerError(ValueError):
 def exercise_ids(source: str) -> list[str]:
     """Ids of the marked regions in a solutions file, in order."""
     return [m["id"] for line in source.splitlines() if (m := BEGIN.match(line))]
+
+
+def hints(source: str) -> dict[str, list[str]]:
+    """``{region id: [hint tier 1, tier 2, ...]}`` from the ``# HINT:`` lines of a solutions file."""
+    found: dict[str, list[str]] = {}
+    current = None
+    for line in source.splitlines():
+        if (begin := BEGIN.match(line)) is not None:
+            current = begin["id"]
+            found[current] = []
+        elif END.match(line):
+            current = None
+        elif current is not None and (hint := HINT.match(line)) is not None:
+            found[current].append(hint["text"].strip())
+    return {k: v for k, v in found.items() if v}
 
 
 def make_stub(source: str, name: str = "<solutions>", keep: tuple[str, ...] = ()) -> str:
@@ -80,12 +102,14 @@ def make_stub(source: str, name: str = "<solutions>", keep: tuple[str, ...] = ()
             region = None
         elif region is not None:
             stub = STUB.match(line)
+            if HINT.match(line):
+                continue
             if stub:
                 region["stub"].append(stub["indent"] + stub["code"])
             else:
                 region["code"].append(line)
-        elif "# STUB:" in line:
-            raise MarkerError(f"{name}:{lineno}: '# STUB:' outside a solution region")
+        elif "# STUB:" in line or HINT.match(line):
+            raise MarkerError(f"{name}:{lineno}: '# STUB:' or '# HINT:' outside a solution region")
         else:
             out.append(line)
     if region is not None:
@@ -128,8 +152,11 @@ def sync(root: Path, check: bool = False) -> list[str]:
     wanted = {
         "__init__.py": '"""Learner stubs (generated from solutions/; edit the marked regions)."""\n'
     }
+    tiers: dict[str, list[str]] = {}
     for path in sorted(solutions.glob("ex*.py")):
         wanted[path.name] = make_stub(path.read_text(), f"solutions/{path.name}")
+        tiers.update(hints(path.read_text()))
+    wanted[HINTS_FILE] = json.dumps(dict(sorted(tiers.items())), indent=1) + "\n"
     for name, text in wanted.items():
         target = exercises / name
         if not target.exists() or target.read_text() != text:

@@ -129,3 +129,28 @@ def test_learner_parts_take_the_file_their_checks_passed_not_a_stale_import(monk
     assert (
         parts.allocator is not object and parts.allocator.__module__ == "solutions.ex02_allocator"
     ), "the engine must run the code the checks passed, not an import from before the last save"
+
+
+def test_hint_gives_one_tier_per_call_then_points_at_the_solution(tmp_path, monkeypatch, capsys):
+    import json
+
+    import paged_course.check as c
+    from paged_course.check import hint
+
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "hints.json").write_text(
+        json.dumps({"ch09.ex1": ["nudge", "strong"]})
+    )
+    monkeypatch.setattr(c, "ROOT", tmp_path)
+    monkeypatch.setattr(c, "_hints_given", {})
+    for _ in range(3):
+        hint("ch09.ex1")
+    hint("ch09.ex2")
+    assert capsys.readouterr().out.splitlines() == [
+        "hint 1 of 2 for ch09.ex1: nudge",
+        "hint 2 of 2 for ch09.ex1: strong",
+        "all 2 hints for ch09.ex1 are given: solution('ch09.ex1') prints the reference answer",
+        "no hints for ch09.ex2: solution('ch09.ex2') prints the reference answer",
+    ]
+    with pytest.raises(ValueError, match="exercise ids look like"):
+        hint("02.1")

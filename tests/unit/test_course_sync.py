@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_course.sync import BEGIN, END, MarkerError, exercise_ids, main, make_stub, sync
+from paged_course.sync import BEGIN, END, MarkerError, exercise_ids, hints, main, make_stub, sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,6 +17,8 @@ SOLUTION = '''"""A tiny exercise."""
 def add(a, b):
     total = 0
     # BEGIN SOLUTION ch09.ex1 -- add the "two" numbers
+    # HINT: what does + do?
+    # HINT: total = a ... b
     total = a + b
     # END SOLUTION
     return total
@@ -43,12 +45,16 @@ def test_stub_replaces_regions_and_keeps_indentation():
     assert stub.startswith("# Generated from solutions/") and "Edit only the marked regions" in stub
     ast.parse(stub)
     assert exercise_ids(SOLUTION) == ["ch09.ex1", "ch09.ex2"]
+    assert "HINT" not in stub and "what does + do" not in stub, "hints leave the stub"
+    assert hints(SOLUTION) == {"ch09.ex1": ["what does + do?", "total = a ... b"]}
+    typed = make_stub(SOLUTION, "solutions/ex09_demo.py", keep=("ch09.ex1",))
+    assert "    total = a + b\n" in typed and "HINT" not in typed and "ch09.ex1" not in typed
 
 
 def test_stub_of_stub_is_idempotent_and_sync_is_idempotent(tmp_path):
     (tmp_path / "solutions").mkdir()
     (tmp_path / "solutions" / "ex09_demo.py").write_text(SOLUTION)
-    assert sync(tmp_path) == ["__init__.py", "ex09_demo.py"]
+    assert sync(tmp_path) == ["__init__.py", "ex09_demo.py", "hints.json"]
     first = (tmp_path / "exercises" / "ex09_demo.py").read_text()
     assert sync(tmp_path) == [], "a second sync changes nothing"
     assert (tmp_path / "exercises" / "ex09_demo.py").read_text() == first

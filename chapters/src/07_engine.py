@@ -25,7 +25,8 @@
 # 3. plug a paged KV cache into *any* transformers decoder through its public extension points (no patching);
 # 4. check the engine's output against transformers' own `generate`, token for token;
 # 5. run the engine assembled from **your own parts** of chapters 02-06 against transformers (the capstone);
-# 6. measure seed claim C6 (throughput rises with concurrency) at small scale on this CPU, ours against
+# 6. measure ledger row C6, a claim of the fragmentation article (`docs/sources.md`: throughput rises with
+#    concurrency) at small scale on this CPU, ours against
 #    transformers, and read what a GPU run adds.
 #
 # Code: `paged/engine/llm_engine.py` (the step loop), `paged/engine/llm.py` (`LLM`), `paged/worker/model_runner.py` (packing a step),
@@ -372,9 +373,9 @@ print(
 # The same check, graded: `python -m paged grade ch07` builds the engine from your parts *without* fallback
 # (every part must be yours) and runs this workload with preemption by recompute and by swap.
 #
-# ## 6. Seed claim C6: throughput against concurrency, ours against transformers
+# ## 6. Ledger row C6: throughput against concurrency, ours against transformers
 #
-# The seed (002, §4.3) reports for Llama-2-7B on an A100 that vLLM beats transformers' `generate` by 1.14x at one
+# The fragmentation article (§4.3) reports for Llama-2-7B on an A100 that vLLM beats transformers' `generate` by 1.14x at one
 # request and more with concurrency, until `generate` runs out of memory at 32. We measure the shape at small scale
 # on this CPU with the benchmark's reference model (`paged_course.bench.engine`: Llama, 4 layers, hidden 256, vocabulary
 # 2048) on a *ragged* workload, the case continuous batching is for: `c` requests at once with prompts of 16-64
@@ -491,7 +492,7 @@ print(
 # - The engine is built from parts with small interfaces; assembled from yours, it produces transformers'
 #   tokens.
 # - C6 at small scale on CPU: throughput rises with concurrency for both systems; the engine's lead comes from
-#   ragged lengths (and, on a GPU, from memory); the seed's A100 numbers stay the seed's (E11).
+#   ragged lengths (and, on a GPU, from memory); the fragmentation article's A100 numbers stay its own (E11).
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")

@@ -17,12 +17,13 @@
 # Seven chapters built the pieces: a memory calculator and a fragmentation simulator (01), the block allocator
 # (02), block tables and the KV pool (03), the online-softmax kernel (04), prefix caching and copy-on-write (05),
 # the scheduler (06) and the engine (07). This chapter measures the whole, closes the books on the seed articles
-# and shows where each piece lives in vLLM.
+# (the fragmentation article and the implementation article, `docs/sources.md`) and shows where each piece
+# lives in vLLM.
 #
 # **You will learn to**
 #
 # 1. choose a block size with numbers: memory waste from the simulator on two length distributions, and what
-#    the GPU kernel benchmark adds (seed claims C7 and E10);
+#    the GPU kernel benchmark adds (ledger rows C7 and E10);
 # 2. size a KV cache at scale: a million simulated requests of Llama-2-7B on an 80 GB GPU, static
 #    pre-allocation against paged blocks;
 # 3. measure throughput against concurrency for our engine and transformers' `generate` on the same model with
@@ -153,7 +154,7 @@ display(block_size_widget(num_requests=2000))
 # **The kernel's side needs a GPU.** `python -m paged bench kernel` (run by `scripts/gpu_check.sh`) times our
 # Triton decode kernel (best of several calls, warm-up untimed, the L2 cache flushed before each) for fp16, 32 query heads over 8 KV heads of dim 128, at
 # batch 1 to 64 and contexts of 1,024 to 8,192 tokens, for block sizes 8, 16 and 32, next to the same kernel on
-# a contiguous pool (the paging overhead, seed error E2) and to PyTorch's SDPA. On a CPU the kernel runs only in
+# a contiguous pool (the paging overhead, ledger row E2) and to PyTorch's SDPA. On a CPU the kernel runs only in
 # Triton's interpreter, whose times say nothing about a GPU. When a GPU run's JSON is in `gpu-results/` or
 # `bench-results/`, the next cell plots it; otherwise it falls back to the H200 run committed in
 # `docs/gpu/h200-2026-11-30/` (Triton 3.6, torch 2.11), and says which it shows.
@@ -180,7 +181,7 @@ else:
     )
 
 # %% [markdown]
-# **C7 and E10, settled.** Block 16 is a good default, not a magic number. The seed's reason ("shared memory")
+# **C7 and E10, settled.** Block 16 is a good default, not a magic number. The fragmentation article's reason ("shared memory", §5)
 # is not the paper's: the paper names the trade-off between kernel parallelism (small blocks give each warp too
 # little work) and internal fragmentation plus lost sharing (large blocks). On memory alone, 16 to 128 are alike
 # for chat traffic and large blocks hurt short requests.
@@ -228,7 +229,7 @@ plot_capacity(cap, "Llama-2-7B, 80 GB GPU, utilization 0.9")
 plt.show()
 
 # %% [markdown]
-# Paging fits about ten times more requests in the same memory. The seed (002, §4.1) put it at "~8 vs ~32" for
+# Paging fits about ten times more requests in the same memory. The fragmentation article (§4.1) put it at "~8 vs ~32" for
 # the same GPU and model, without saying how: with `max_seq_len` 4096 the static count is 29, and with the
 # chat-like lengths the paged count is about 280. The ratio depends on the length distribution: the shorter the
 # requests relative to `max_seq_len`, the larger the gain. In practice the scheduler's `max_num_seqs` and the
@@ -236,7 +237,7 @@ plt.show()
 #
 # ## 3. Throughput against concurrency (C6)
 #
-# The seed's table (002, §4.3) claims, for Llama-2-7B on an A100, that vLLM is 1.14x faster than transformers'
+# The fragmentation article's table (§4.3) claims, for Llama-2-7B on an A100, that vLLM is 1.14x faster than transformers'
 # `generate` at one request, 3.75x at 16, and that `generate` runs out of memory from 32 requests on. We cannot
 # run an A100 here; we can measure the shape of the claim on this CPU with the engine benchmark's reference model
 # (Llama, 4 layers, hidden 256, 8 heads over 2 KV heads, random weights) and its functions (`paged_course.bench.engine`):
@@ -431,31 +432,35 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 #
 # ## 5. From this course to vLLM
 #
-# The settings first:
+# The engine is a hybrid on purpose: vLLM v1's token budget and chunked prefill, vLLM v0's swap, watermark and
+# copy-on-write fork (v1 recomputes only and fans `n > 1` out into independent requests). vLLM shipped both
+# engines up to 0.10.2 (September 2025); 0.11.0 removed v0's code (`vllm/core/`, the v0 `LLMEngine`). The
+# settings first, each with the release it was read in:
 #
 # | concept | here (`paged.LLM`) | vLLM (`vllm.LLM` / engine args) |
 # |---|---|---|
 # | tokens per block | `block_size=16` | `block_size` (16 by default on GPUs) |
 # | KV pool size | `gpu_memory_utilization=0.9`, `kv_cache_memory_bytes` | `gpu_memory_utilization` (0.9) |
-# | prefix caching | `enable_prefix_caching=True` | `enable_prefix_caching` (off in v0, on in v1) |
-# | preemption | `preemption_mode="recompute"` or `"swap"` | v0: recompute one sequence, swap a group; v1: recompute |
-# | swap space | `num_cpu_blocks` (blocks) | `swap_space` (GiB of CPU memory, default 4; v0 only) |
-# | watermark | `watermark=0.01` | v0 block manager default 0.01; none in v1 0.8.5 (later: 0.0 by default) |
+# | prefix caching | `enable_prefix_caching=True` | `enable_prefix_caching`: off by default in v0, on in v1 (0.8.5, 0.34.0) |
+# | preemption | `preemption_mode="recompute"` or `"swap"` | v0 (0.10.2): recompute a one-sequence group, swap a larger one, unless `preemption_mode` says; v1: recompute only |
+# | swap space | `num_cpu_blocks` (blocks) | `swap_space` (GiB of CPU memory, default 4; v0 only, gone by 0.34.0) |
+# | watermark | `watermark=0.01` | v0: 0.01 (`SelfAttnBlockSpaceManager`, 0.10.2); v1: none up to 0.23.0, from 0.24.0 an optional `watermark` (0.0, off), for admissions only |
 # | batch limits | `max_num_seqs`, `max_num_batched_tokens` (the step's token budget) | the same names |
-# | chunked prefill | `enable_chunked_prefill=True`, `long_prefill_token_threshold=0` | v1: always on; v0: `enable_chunked_prefill` (off by default) |
+# | chunked prefill | `enable_chunked_prefill=True`, `long_prefill_token_threshold=0` | v1: forced on for generative models in 0.8.5 to 0.11.0, on by default from 0.11.1; v0: off by default (on for models over 32K of context) |
 #
-# Then the code, file by file (v0 as of 0.8.5, the last release with both engines):
+# Then the code, file by file, as of 0.10.2, the last release with both engines' files (v1's paths are the same
+# in 0.8.5; by 0.34.0 the model runner and the block table moved to `vllm/v1/worker/gpu/`):
 #
 # | piece | here | vLLM v0 | vLLM v1 |
 # |---|---|---|---|
 # | block manager | `paged/core/block_manager.py` | `vllm/core/block_manager.py` | `vllm/v1/core/kv_cache_manager.py` |
 # | allocator, free queue | `paged/core/allocator.py` | `vllm/core/block/naive_block.py` | `vllm/v1/core/block_pool.py` |
 # | prefix caching | `paged/core/prefix_cache.py` | `vllm/core/block/prefix_caching_block.py` | `v1/core/kv_cache_utils.py` |
-# | copy-on-write | `copy_on_write` in `paged/core/block_manager.py` | `vllm/core/block/` (ref counts, COW) | none (no forks in v1) |
+# | copy-on-write | `copy_on_write` in `paged/core/block_manager.py` | `vllm/core/block/` (ref counts, COW; forked by `n > 1` up to 0.6.3) | none (`n > 1`: `vllm/v1/engine/parallel_sampling.py`) |
 # | scheduler, chunked prefill, preemption | `paged/core/scheduler.py` | `vllm/core/scheduler.py` | `vllm/v1/core/sched/scheduler.py` |
 # | KV pool tensors, swap | `paged/worker/kv_cache.py` | `vllm/worker/cache_engine.py` | `vllm/v1/worker/gpu_model_runner.py` |
 # | KV budget | `paged/worker/model_runner.py` | `vllm/worker/worker.py` | `vllm/v1/worker/gpu_worker.py` |
-# | decode kernel | `kernels/paged_attention.py` (the teaching one: `paged_course/kernel_lab/`) | `csrc/attention/attention_kernels.cu` | `v1/attention/ops/triton_unified_attention.py`, `v1/attention/backends/` |
+# | decode kernel | `kernels/paged_attention.py` (the teaching one: chapter 04's `exercises/ex04_online_softmax.py`) | `csrc/attention/attention_kernels.cu` | `vllm/attention/ops/triton_unified_attention.py` (`vllm/v1/attention/ops/` from 0.16.0), `vllm/v1/attention/backends/` |
 # | KV write | `write_kv` in `paged/worker/attention.py` (a Triton version: `paged_course/kernel_lab/cache_ops.py`) | `csrc/cache_kernels.cu` | the backends' `reshape_and_cache_flash` |
 # | engine, `LLM` | `paged/engine/llm_engine.py`, `paged/engine/llm.py` | `vllm/engine/llm_engine.py` | `vllm/v1/engine/core.py` |
 #
@@ -465,9 +470,9 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 #
 # The KV layout `[num_blocks, block_size, num_kv_heads, head_dim]` per layer is v1's (FlashAttention's "NHD");
 # v0's own CUDA kernel split the key cache further into `x`-element chunks for vectorized loads. v0 and v1 differ
-# most in what they dropped: v1 (0.8.5) has no copy-on-write, no swap, no watermark (later releases give its
-# `KVCacheManager` an optional one, off by default); it recomputes preempted requests and keeps freed cached
-# blocks in the same queue as never-used ones (vLLM 0.8.5 source).
+# most in what v1 dropped: v1 (0.8.5 to 0.34.0) has no copy-on-write and no swap, and no watermark before 0.24.0
+# (from then an optional one in `KVCacheManager`, off by default); it recomputes preempted requests and keeps freed
+# cached blocks in the same queue as never-used ones (`FreeKVCacheBlockQueue` in `vllm/v1/core/kv_cache_utils.py`).
 #
 # ### The same workload on vLLM
 #
@@ -563,8 +568,10 @@ else:
 #   kernel, but that kernel is latency-bound (11.5% of HBM bandwidth), so the figure says little about paging at
 #   the roofline; the next GPU run re-measures it on chapter 04's tuned kernel (the paper: 20-26% against a tuned
 #   kernel).
-# - Every piece has a counterpart in vLLM; v1 (as of 0.8.5) keeps blocks, block tables, prefix caching and
-#   recompute preemption, and drops copy-on-write, swapping and the watermark.
+# - Every piece has a counterpart in vLLM. The engine is a hybrid: v1's token budget and chunked prefill, v0's
+#   swap, watermark and copy-on-write fork. v1 (0.8.5 to 0.34.0) keeps blocks, block tables, prefix caching and
+#   recompute preemption, and drops copy-on-write and swapping (and the watermark up to 0.23.0); v0's code
+#   shipped until 0.10.2.
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")

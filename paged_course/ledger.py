@@ -2,9 +2,10 @@
 (``docs/sources.md``: the fragmentation article and the implementation article), measured.
 
 ``CLAIMS`` holds, per id, what the article states (and where), the chapter that measures it and the source
-of the correct statement (paper section, or vLLM file with the release it was read in). The ``measure_*`` functions compute the numbers from
-this package at sizes that run in a second or two on a laptop CPU; chapter 08 calls them, fills in the
-rows that need the engine or a GPU, and prints the table with ``ledger_markdown``.
+of the correct statement (paper section, or vLLM file with the release it was read in). The
+``measure_*`` functions compute the numbers from this package at sizes that run in a second or two on a
+laptop CPU; chapter 08 calls them, fills in the rows that need the engine or a GPU, and prints the table
+with ``ledger_markdown``.
 
     python -m paged_course.ledger [--bench DIR]     # the table as Markdown; DIR: JSON of `python -m paged bench`
 

@@ -56,6 +56,25 @@ def exercise_ids(source: str) -> list[str]:
     return [m["id"] for line in source.splitlines() if (m := BEGIN.match(line))]
 
 
+UNWRITTEN = re.compile(r"""NotImplementedError\(\s*["'](?P<id>ch\d\d\.ex\d+[a-z]?):""")
+
+
+def course_order(ex_id: str) -> tuple[int, int, str]:
+    """Sort key of a region id: chapter, then exercise number, then suffix (``ch02.ex10`` after ``ch02.ex9``)."""
+    m = re.fullmatch(r"ch(\d\d)\.ex(\d+)([a-z]?)", ex_id)
+    if m is None:
+        raise ValueError(f"not a region id: {ex_id!r} (expected chNN.exK)")
+    return int(m.group(1)), int(m.group(2)), m.group(3)
+
+
+def unwritten_regions(source: str) -> list[str]:
+    """Ids of the regions of an exercise file that still raise their stub's ``NotImplementedError("chNN.exK:
+    ...")``, in course order, each once (comment lines, such as a solution's ``# STUB:`` lines, do not count).
+    A region with a starter instead of a ``raise`` is not found here."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+    return sorted({m["id"] for m in UNWRITTEN.finditer(code)}, key=course_order)
+
+
 def hints(source: str) -> dict[str, list[str]]:
     """``{region id: [hint tier 1, tier 2, ...]}`` from the ``# HINT:`` lines of a solutions file."""
     found: dict[str, list[str]] = {}

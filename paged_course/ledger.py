@@ -595,18 +595,23 @@ def build_rows(m: dict) -> list[Row]:
     if kernel and kernel.get("mode") == "gpu":
         worst = max(r["paged_over_contiguous"] for r in kernel["sweep"])
         bw = bandwidth_row(kernel["sweep"])
+        which = "the teaching kernel" if "steps" not in kernel else "the tuned kernel"
         where = (
             (
-                f", in a kernel at {bw['pct_peak']:.1f}% of peak HBM bandwidth (batch {bw['batch']}, context "
-                f"{bw['context']}, block {bw['block_size']})"
+                f", in {which} at {bw['pct_peak']:.1f}% of peak HBM bandwidth (batch {bw['batch']}, "
+                f"context {bw['context']}, block {bw['block_size']})"
             )
             if bw
-            else ""
+            else f", in {which}"
         )
         rows["E2"] = (
             f"paged / contiguous kernel time up to {worst:.2f} on {kernel['device']}{where}",
-            "measured on a latency-bound kernel: says little about paging at the bandwidth roofline; "
-            "chapter 04's tuned kernel re-measures it",
+            (
+                "measured on a latency-bound kernel: says little about paging at the bandwidth roofline "
+                "(the tuned kernel's figure needs a GPU run of it)"
+                if "steps" not in kernel
+                else "measured on the tuned kernel"
+            ),
         )
     else:
         rows["E2"] = (
@@ -618,7 +623,9 @@ def build_rows(m: dict) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m paged_course.ledger [--bench DIR]``: print the ledger as Markdown (DIR: ``bench`` JSON folder)."""
+    """``python -m paged_course.ledger [--bench DIR] [--kernel FILE]``: print the ledger as Markdown (DIR: a
+    ``bench`` JSON folder; FILE: a GPU run's ``kernel.json``, e.g. ``docs/gpu/h200-2026-11-30/kernel.json``,
+    which wins over DIR's)."""
     import argparse
     import json
     from pathlib import Path
@@ -628,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
         "--bench",
         type=Path,
         help="folder with engine.json / kernel.json from python -m paged bench",
+    )
+    parser.add_argument(
+        "--kernel", type=Path, help="a GPU run's kernel.json for the E2 row (wins over --bench's)"
     )
     args = parser.parse_args(argv)
     measured = measure_all()
@@ -640,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                 measured["device"] = record["environment"]["device"]
             else:
                 measured["kernel"] = record["results"]
+    if args.kernel is not None:
+        measured["kernel"] = json.loads(args.kernel.read_text())["results"]
     print(ledger_markdown(build_rows(measured)))
     return 0
 

@@ -561,7 +561,9 @@ print(
 # %% [markdown]
 # The ratio is a CPU measurement of *this* reference, not of vLLM's kernel: the paper measured its fused CUDA
 # kernel at 20-26% higher attention latency than FasterTransformer's contiguous kernel (§7.1), not the
-# "2-5%" the implementation article states (§3.1; ledger row E2). Chapter 04 builds the fused kernel; chapter 08 times it on a GPU.
+# "2-5%" the implementation article states (§3.1; ledger row E2). Chapter 04 builds the fused kernel;
+# `python -m paged bench kernel` times it on a GPU (the committed H200 run timed chapter 04's teaching kernel,
+# not yet the tuned one; chapter 08 reads it).
 #
 # ## 5. One block table per sequence, for every layer (ledger row E6)
 #

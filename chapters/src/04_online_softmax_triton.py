@@ -47,6 +47,7 @@
 # %%
 import inspect
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -991,9 +992,14 @@ if lab_run is not None:
         f"what the run of {lab_run['time'][:10]} measured, for the {lab_run['sweep_kernel']} kernel:"
     )
     for name, verdict in lab_run["targets"].items():
-        # the quantity the run measured, without the benchmark's threshold
-        quantity = name.split(" >= ")[0].split(" <= ")[0]
-        print(f"  {quantity}: {verdict.rsplit(' (', 1)[0]}")
+        value = verdict.rsplit(" (", 1)[0]  # the measured value, without the benchmark's threshold
+        shape = re.match(r"B=(\d+) ctx=(\d+) >=.*peak HBM", name)
+        if shape:
+            print(f"  HBM bandwidth at batch {shape[1]}, context {shape[2]}: {value} of peak")
+        elif name.startswith("paged <="):
+            print(f"  paged / contiguous kernel time: {value}")
+        else:
+            print(f"  {name.split(' >= ')[0].split(' <= ')[0]}: {value}")
 if lab_run is None or lab_run["sweep_kernel"] == "teaching":
     print(
         "the tuned kernel on a GPU: not measured yet (the committed run timed the teaching kernel); "

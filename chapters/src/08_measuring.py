@@ -101,9 +101,10 @@ def latest_result(name: str, on_gpu: bool = False) -> dict | None:
 # sizes above 32 were clearly worse; vLLM's default is 16.
 #
 # The memory half of that study we can run here: the paged simulator from chapter 01 on a pool of 32,768
-# token slots, once on the chat-like trace (means near ShareGPT: 161 prompt / 338 output tokens) and once on
-# a short-request trace (means near Alpaca in the paper's Fig. 11: 19 prompt / 58 output tokens). Both traces
-# have 2,000 requests queued at step 0. "tokens/step" is the simulated throughput: generated tokens over decode
+# token slots, once on the chat-like trace and once on a short-request trace. Their lengths are drawn from
+# log-normal distributions with ShareGPT's means (161 prompt / 338 output tokens) and Alpaca's (19 / 58), as
+# the paper's Fig. 11 gives them, then clipped to 2,048 tokens; the cell prints the means each trace really
+# has. Both traces have 2,000 requests queued at step 0. "tokens/step" is the simulated throughput: generated tokens over decode
 # steps, which counts only memory effects (a step costs the same whatever the block size).
 
 # %% tags=["nbval-check-output"]
@@ -115,8 +116,10 @@ studies = {
 }
 for name, rows in studies.items():
     ref = next(r["tokens_per_step"] for r in rows if r["block_size"] == 16)
+    trace = chat if "chat" in name else short
     print(
-        f"{name}: mean final length {(chat if 'chat' in name else short).final_len.mean():.0f} tokens"
+        f"{name}: means of the trace: prompt {trace.prompt_len.mean():.1f}, output "
+        f"{trace.output_len.mean():.1f}, final length {trace.final_len.mean():.0f} tokens"
     )
     print(
         f"{'block':>6} {'util':>7} {'running':>8} {'steps':>6} {'tok/step':>9} {'vs 16':>6} {'preempt':>8}"
@@ -157,14 +160,17 @@ display(block_size_widget(num_requests=2000))
 # a contiguous pool (the paging overhead, ledger row E2) and to PyTorch's SDPA. On a CPU the kernel runs only in
 # Triton's interpreter, whose times say nothing about a GPU. When a GPU run's JSON is in `gpu-results/` or
 # `bench-results/`, the next cell plots it; otherwise it falls back to the H200 run committed in
-# `docs/gpu/h200-2026-11-30/` (Triton 3.6, torch 2.11), and says which it shows.
+# `docs/gpu/h200-2026-11-30/` (Triton 3.6, torch 2.11), and says which run and which kernel it shows. The
+# committed run timed the teaching kernel of chapter 04 (the engine's kernel at the time), not the tuned one.
 
 # %%
 kernel_record = latest_result("kernel", on_gpu=True)
 kernel = kernel_record["results"] if kernel_record else None
 if kernel and kernel.get("mode") == "gpu":
+    which = "the teaching kernel" if "steps" not in kernel else "the tuned kernel"
     print(
-        f"GPU kernel run on {kernel_record['environment']['device']}, {kernel_record['environment']['time']}"
+        f"GPU kernel run on {kernel_record['environment']['device']}, "
+        f"{kernel_record['environment']['time']}: {which}"
     )
     plot_kernel_block_sizes(kernel["sweep"])
     plt.show()
@@ -181,10 +187,13 @@ else:
     )
 
 # %% [markdown]
-# **C7 and E10, settled.** Block 16 is a good default, not a magic number. The fragmentation article's reason ("shared memory", §5)
-# is not the paper's: the paper names the trade-off between kernel parallelism (small blocks give each warp too
-# little work) and internal fragmentation plus lost sharing (large blocks). On memory alone, 16 to 128 are alike
-# for chat traffic and large blocks hurt short requests.
+# **C7 and E10: what was measured.** On memory, measured above in the simulator: 16 to 128 are alike for chat
+# traffic and large blocks hurt short requests. On time, the committed H200 run timed the teaching kernel at
+# blocks 8, 16 and 32 (the cell above): it says how that latency-bound kernel behaves, not how the engine's tuned
+# kernel, whose tiles span blocks, does; nothing here has timed the tuned kernel by block size yet. The paper's
+# own study (§7.2, Fig. 18b) is the measured source for 16: it names the trade-off between kernel parallelism
+# (small blocks give each warp too little work) and internal fragmentation plus lost sharing (large blocks), not
+# the fragmentation article's "shared memory" (§5).
 #
 # ## 2. KV memory at scale: a million requests
 #
@@ -319,11 +328,11 @@ else:
 # plausible arithmetic for `max_seq_len` 4096.
 # The A100 figures themselves (1,200 vs 5,800 tokens/s) remain the seed's, unsourced (E11).
 #
-# ### The same sweep on an H200: where `generate` wins
+# ### The same sweep on an H200: where `generate` is ahead
 #
 # The committed GPU run (`docs/gpu/h200-2026-11-30/`, `python -m paged bench engine` on one NVIDIA H200: the same
-# 4-layer model, 64 prompt tokens and 32 generated tokens per request, concurrency 1 to 128) tells a different
-# story from the CPU. The next cell reads its JSON, and the kernel and step-profile figures that explain it:
+# 4-layer model, 64 prompt tokens and 32 generated tokens per request, concurrency 1 to 128) measured the engine as
+# it was on that date, decoding with chapter 04's teaching kernel, and tells a different story from the CPU. The next cell reads its JSON, and the kernel and step-profile figures that explain it:
 
 # %% tags=["nbval-check-output"]
 h200_dir = Path("..") / "docs" / "gpu" / "h200-2026-11-30"
@@ -357,9 +366,9 @@ print(
 )
 
 # %% [markdown]
-# Up to 8 requests the two systems are within about 6% of each other. From 16 concurrent requests on, transformers'
-# `generate` won, and its lead grew with the batch: the engine reached 0.87x of its throughput at 16 requests,
-# 0.48x at 64 and 0.36x at 128. Paging was not the reason (in our own kernel it cost at most 2.4%, printed
+# At 1 and 2 requests the engine was even with transformers' `generate` or ahead (1.01x, 1.05x); at 4 and 8 requests
+# `generate` was 6% ahead (0.94x), and from 16 on its lead grew with the batch: the engine reached 0.87x of its
+# throughput at 16 requests, 0.48x at 64 and 0.36x at 128. Paging was not the reason (in our own kernel it cost at most 2.4%, printed
 # above). Three costs of the engine as it was for that run are visible in the committed numbers:
 #
 # - **Prefills ran one sequence at a time.** The attention backend ran a separate causal SDPA for each prompt in
@@ -377,7 +386,7 @@ print(
 # weighed more. Nor does this sweep show what paging is for: every request has the same length and the GPU has
 # memory to spare, so a static batch wastes nothing.
 #
-# The engine has since taken vLLM's answers to all three, and **none of them has been measured on a GPU yet**:
+# The engine now has vLLM's answers to all three, and **none of them has been measured on a GPU yet**:
 # on CUDA every prompt chunk of a step goes through one call of a Triton prefill kernel over the block tables
 # (`kernels/prefill_attention.py`), decodes use chapter 04's tuned kernel (the group of query heads in `tl.dot`,
 # tiles across blocks, split-K chosen from the SM count), the step's metadata goes to the device in one copy, and
@@ -414,19 +423,19 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 #   shared part's share of the prompt, so a longer private part lowers it).
 # - **Depends**: C2 (with the seed's own definitions, where internal waste is all unused reservation,
 #   contiguous reservation falls inside its ranges: 52% internal, 14% external; the split changes with the
-#   trace and the reservation rule), C6 (both systems gain from concurrency on a CPU, and on the H200 `generate`
-#   gains more from 16 requests up; the seed's A100 ratios are not ours to confirm), C7 (16 is a sound default; the paper's reason is the trade-off above).
+#   trace and the reservation rule), C6 (both systems gain from concurrency on a CPU; on the H200 run, with the
+#   teaching kernel, `generate` was ahead from 4 requests up; the seed's A100 ratios are not ours to confirm), C7 (16 is a sound default; the paper's reason is the trade-off above).
 # - **Corrected**: E1 (the sketch normalizes by the sum over the head dimension: a wrong answer, not attention),
 #   E3-E5 (block-level chained keys; a 9-token prefix shares nothing; copy-on-write comes from forks writing a
 #   shared partial block), E6 (one block table per sequence), E7 (0.67 GB for Llama-2-70B), E8 (8 MiB per block,
 #   not 1 GiB), E9 (the watermark blocks admission; it *prevents* preemptions: 2,368 without it, 910 at 0.01),
 #   E10, E11.
-# - **Measured on a GPU**: E2. On the committed H200 run our kernel on a paged pool takes at most 2.4% longer
+# - **Measured on a GPU**: E2, on the teaching kernel. On the committed H200 run it takes at most 2.4% longer
 #   than the same kernel on a contiguous pool (block 8; 0.996-1.002x at blocks 16 and 32). That figure was
 #   measured on a latency-bound kernel: ours reaches 11.5% of the H200's HBM bandwidth at batch 64, context
 #   4,096, and PyTorch's SDPA on contiguous KV is about 8x faster. A kernel that far below the bandwidth roofline
 #   hides the block-table lookups behind its own slowness, so the 2.4% says little about what paging costs a
-#   kernel that streams K and V at full speed; chapter 04's performance lab re-measures it on the tuned kernel.
+#   kernel that streams K and V at full speed; the tuned kernel's figure needs a GPU run of it.
 #   The paper's figure is of that kind: 20-26% higher attention-kernel latency than FasterTransformer's tuned
 #   kernel (§7.1, Fig. 18a), with a small end-to-end cost because attention is one part of a step.
 #
@@ -555,19 +564,21 @@ else:
 # ## Summary
 #
 # - Block size: on memory alone 16-128 perform alike for chat-like traffic and large blocks hurt short requests
-#   (paper §7.2); what rules out tiny blocks is kernel time, measured on a GPU by `bench kernel` (C7, E10).
+#   (paper §7.2); what rules out tiny blocks is kernel time, which `bench kernel` measures on a GPU (the
+#   committed run: the teaching kernel only) and the paper measured for vLLM's kernel (C7, E10).
 # - At scale, paging holds about ten times more Llama-2-7B requests than static 4096-token slots on an 80 GB GPU
 #   (about 280 vs 29 for chat-like lengths), because memory follows the real length.
 # - Batching raises throughput for both our engine and `generate` on this CPU, with identical greedy tokens; the
 #   seed's A100 table is not reproduced here and stays unsourced (C6, E11). On the committed H200 run `generate`
-#   won from 16 concurrent requests up (the engine of that run at 0.36x at 128), because of per-sequence prefills,
+#   was ahead from 4 concurrent requests up (0.94x at 4 and 8, 0.36x at 128, with the teaching kernel), because
+#   of per-sequence prefills,
 #   a slow decode kernel and per-step Python, not because of paging. The batched prefill kernel, the tuned decode
 #   kernel and the CUDA graphs the engine has now are not yet measured on a GPU.
 # - The ledger gives every seed claim a number or a sourced correction: 4 hold, 3 depend on the workload or
-#   device, 10 are corrected, and E2 is measured on the committed H200 run: paging costs at most 2.4% in our
-#   kernel, but that kernel is latency-bound (11.5% of HBM bandwidth), so the figure says little about paging at
-#   the roofline; the next GPU run re-measures it on chapter 04's tuned kernel (the paper: 20-26% against a tuned
-#   kernel).
+#   device, 10 are corrected, and E2 is measured on the committed H200 run: paging costs at most 2.4% in the
+#   teaching kernel, but that kernel is latency-bound (11.5% of HBM bandwidth), so the figure says little about
+#   paging at the roofline; measuring it there needs a GPU run of chapter 04's tuned kernel (the paper: 20-26%
+#   against a tuned kernel).
 # - Every piece has a counterpart in vLLM. The engine is a hybrid: v1's token budget and chunked prefill, v0's
 #   swap, watermark and copy-on-write fork. v1 (0.8.5 to 0.34.0) keeps blocks, block tables, prefix caching and
 #   recompute preemption, and drops copy-on-write and swapping (and the watermark up to 0.23.0); v0's code

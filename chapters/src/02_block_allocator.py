@@ -27,8 +27,8 @@
 #    the id and **reference count** checks with their errors (`NoFreeBlocksError`, `ValueError`), and `take`;
 # 3. run the engine with your allocator inside and get the same tokens as with the reference;
 # 4. read a **block table**: logical blocks of one sequence mapped to physical blocks anywhere in the pool;
-# 5. see what the scheduler sees: `BlockSpaceManager.can_allocate` with vLLM v0's **watermark** (ledger row E9: the fragmentation article's
-#    misreading of it, `docs/sources.md`);
+# 5. see what the scheduler sees: `BlockSpaceManager.can_allocate` with vLLM v0's **watermark** (ledger row E9:
+#    the fragmentation article's misreading of it, `docs/sources.md`);
 # 6. measure what the allocator costs on this CPU.
 #
 # The reference code is the package's: `paged/core/allocator.py`, `paged/core/block_table.py`,

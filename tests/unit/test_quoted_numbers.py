@@ -194,11 +194,9 @@ def test_the_capacity_at_scale_is_chapter_08s():
         2, 1
     )
     fills = re.findall(r"real tokens fill (\d+\.\d%)", outputs("08"))
-    seconds = output_number("08", r"one million requests sized in (\d+\.\d+) s")
     quotes(
         capacity,
         "docs/results.md",
-        f"vectorized, {seconds} s",
         f"leaves {gb} GB = {blocks} blocks of 16 tokens",
         f"(real tokens fill {fills[0]} of them)",
         f"real tokens fill {fills[1]} of the blocks",

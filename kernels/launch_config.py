@@ -119,13 +119,19 @@ def decode_config(head_dim: int, dtype: torch.dtype, spec: GpuSpec | None) -> di
 
 
 def prefill_config(head_dim: int, dtype: torch.dtype, spec: GpuSpec | None) -> dict:
-    """Prefill launch config: square tiles of ``BLOCK_M`` query by ``BLOCK_N`` KV tokens, 64 while a row of
-    K is at most 256 bytes, else 32; 4 warps, 2 stages. The interpreter pays per program and per tile
-    whatever their size: 16, 1 stage, for tiny tests."""
+    """Prefill launch config: tiles of ``BLOCK_M`` query by ``BLOCK_N`` KV tokens, 64 x 64 while a row of
+    K is at most 256 bytes, else 32 x 32; 4 warps, 2 stages. Before sm_90 the tensor-core instruction
+    (``mma.sync``) takes both operands from registers: at rows of 256 bytes (head dim 128 in fp16 / bf16)
+    a 64 x 64 tile needs more than the 255 registers a thread has and spills (the compile report: 255
+    registers and 16 bytes of stack on an A100), so there the KV tile is 32 tokens (188 registers, no
+    spill); sm_90's ``wgmma`` reads them from shared memory (191 registers at 64 x 64). The interpreter
+    pays per program and per tile whatever their size: 16, 1 stage, for tiny tests."""
     if spec is None:
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    block = 64 if max(16, triton.next_power_of_2(head_dim)) * dtype.itemsize <= 256 else 32
-    return {"BLOCK_M": block, "BLOCK_N": block, "num_warps": 4, "num_stages": 2}
+    row = max(16, triton.next_power_of_2(head_dim)) * dtype.itemsize  # bytes of one K row
+    block = 64 if row <= 256 else 32
+    block_n = 32 if spec.arch < 90 and row >= 256 else block
+    return {"BLOCK_M": block, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
 
 
 def choose_num_splits(

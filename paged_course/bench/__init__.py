@@ -1,5 +1,7 @@
 """Benchmarks: ``python -m paged bench {sim,allocator,prefix,scheduler,kernel,engine,all} [--quick] [--out DIR]``
 (``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's ungraded exercise;
+``bench kernel --compile [--jobs N] [--update-static]``: every engine kernel compiled for sm_80 and sm_90
+without a GPU, registers / spills / shared memory / load widths checked (``kernel_compile.py``);
 ``bench engine --big``: also the Llama 8x512 workload, ``--profile``: where the engine's time goes).
 
 ``python -m paged bench`` with no name lists the benchmarks (it runs nothing and writes nothing).
@@ -94,6 +96,23 @@ def main(argv: list[str]) -> int:
         help="kernel only: time the learner's kernel of ex04_fast_decode.py from this package",
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="kernel only: compile every engine kernel for sm_80 and sm_90 (no GPU needed), write "
+        "kernels.json / kernels.md, exit 1 on a compile error, a spill, narrow K/V loads or a regression",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="with --compile: compile processes (default: CPUs, <= 4)",
+    )
+    parser.add_argument(
+        "--update-static",
+        action="store_true",
+        help="with --compile: also write the committed report docs/gpu/static/ (no regression check)",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="engine only: where our time goes (cProfile)"
     )
     parser.add_argument(
@@ -106,8 +125,14 @@ def main(argv: list[str]) -> int:
             print(f"  {name:<10} {ABOUT[name]}")
         print(f"  {'all':<10} each of the above in turn (with --quick: {QUICK_TIME})")
         return 0
-    if args.impl and args.name != "kernel":
-        parser.error("--impl applies to `bench kernel` only")
+    if (args.impl or args.compile) and args.name != "kernel":
+        parser.error("--impl and --compile apply to `bench kernel` only")
+    if (args.jobs or args.update_static) and not args.compile:
+        parser.error("--jobs and --update-static apply to `bench kernel --compile` only")
+    if args.compile:
+        from paged_course.bench import kernel_compile
+
+        return kernel_compile.main(args.out, args.jobs, args.update_static)
     if (args.profile or args.big) and args.name != "engine":
         parser.error("--profile and --big apply to `bench engine` only")
     args.out.mkdir(parents=True, exist_ok=True)

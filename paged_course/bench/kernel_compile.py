@@ -62,13 +62,10 @@ STEPS = {  # step -> (context length, new tokens) of each sequence
     "decode_split": [(8192, 1)],  # batch 1: split-K and the merge kernel
     "prefill": [(1024, 512), (384, 384)],  # a chunk with cached context and a whole prompt
 }
-KV_OPERANDS = ("K", "V")
-_ORDER = {
-    "decode": 0,
-    "decode_split": 1,
-    "merge": 2,
-    "prefill": 3,
-}  # the kernels' pointer arguments whose loads are K/V tiles
+KV_OPERANDS = ("K", "V")  # the kernels' pointer arguments whose loads are K/V tiles
+# the report's order: the engine's kernels (by kernel, then GPU), then chapter 04's (by GPU)
+_ORDER = {"decode": 0, "decode_split": 1, "merge": 2, "prefill": 3}
+_ORDER.update({"teaching": 4, "tuned": 5, "tuned, no hints": 6})  # then the learner's kernel
 
 
 def engine_configs() -> list[dict]:
@@ -104,11 +101,14 @@ def captured_launches():
         JITFunction.run = original
 
 
-def engine_step(step: str, dtype: str, head_dim: int, group: int, block_size: int) -> list:
-    """The kernel launches of one layer's attention in an engine step on CUDA, captured (child only).
+def engine_step(
+    step: str, dtype: str, head_dim: int, group: int, block_size: int, device: str = "cpu"
+) -> list:
+    """The kernel launches of one layer's attention in an engine step on CUDA, captured, not run.
 
     Builds the step as the engine does (``KVCache``, ``AttentionMetadata.build``) and calls the engine's
-    attention function with ``query [1, H, T, D]`` as a Llama layer passes it (contiguous after rotary)."""
+    attention function with ``query [1, H, T, D]`` as a Llama layer passes it (contiguous after rotary).
+    ``device="cpu"`` in a compile-only child; ``"cuda"`` on a GPU (the same launches, real tensors)."""
     from types import SimpleNamespace
 
     import torch
@@ -118,7 +118,7 @@ def engine_step(step: str, dtype: str, head_dim: int, group: int, block_size: in
     from paged.worker.kv_cache import KVCache
 
     cuda, kv_heads, torch_dtype = torch.device("cuda"), HEADS // group, getattr(torch, dtype)
-    kv = KVCache(2, NUM_BLOCKS, block_size, kv_heads, head_dim, torch_dtype)
+    kv = KVCache(2, NUM_BLOCKS, block_size, kv_heads, head_dim, torch_dtype, device)
     seqs = STEPS[step]
     tables = [[b % NUM_BLOCKS for b in range(-(-ctx // block_size))] for ctx, _ in seqs]
     meta = AttentionMetadata.build(
@@ -127,13 +127,13 @@ def engine_step(step: str, dtype: str, head_dim: int, group: int, block_size: in
         [ctx for ctx, _ in seqs],
         [q for _, q in seqs],
         block_size,
-        "cpu",
+        device,
         decode=Parts().decode_for(cuda),
         prefill=Parts().prefill_for(cuda),
     )
     tokens = sum(q for _, q in seqs)
-    query = torch.zeros(1, HEADS, tokens, head_dim, dtype=torch_dtype)
-    key = torch.zeros(1, kv_heads, tokens, head_dim, dtype=torch_dtype)
+    query = torch.zeros(1, HEADS, tokens, head_dim, dtype=torch_dtype, device=device)
+    key = torch.zeros(1, kv_heads, tokens, head_dim, dtype=torch_dtype, device=device)
     with captured_launches() as launches:
         paged_attention_forward(
             SimpleNamespace(layer_idx=1), query, key, key.clone(), None, None, paged_metadata=meta
@@ -409,6 +409,38 @@ def lab_rows(gpu: str, impl: str | None = "exercises") -> list[dict]:
     return rows
 
 
+def compile_lab(impl: str | None = "exercises", gpus=tuple(TARGETS)) -> list[dict]:
+    """Chapter 04: :func:`lab_rows` for each of ``gpus``, compiled in one compile-only child process
+    (this process may have decorated the kernels for the interpreter). About 10-20 s the first time;
+    Triton's cache (``~/.triton/cache``) serves a kernel it compiled before at once."""
+    jobs = [{"call": f"{__name__}:lab_rows", "kwargs": {"gpu": g, "impl": impl}} for g in gpus]
+    return compile_in_children(jobs, processes=1)
+
+
+def text_table(rows: list[dict]) -> str:
+    """A compact plain-text table of compiled kernels (chapter 04): one line per kernel and GPU."""
+    head = (
+        f"{'kernel':<28}{'GPU':<14}{'registers':>10}{'stack B':>9}{'shared KB':>11}"
+        f"{'K/V loads 16 B / narrower':>27}{'cp.async':>10}{'mma / wgmma':>13}  programs per SM"
+    )
+    lines = [head]
+    for r in rows:
+        where = f"{r['gpu']} (sm_{TARGETS[r['gpu']]})"
+        if "error" in r:
+            lines.append(
+                f"{r['kernel']:<28}{where:<14}  does not compile: {error_summary(r['error'])}"
+            )
+            continue
+        kv, occ = kv_loads(r), r["occupancy"]
+        loads, mma = f"{kv['wide']} / {kv['narrow']}", f"{r['mma']} / {r['wgmma']}"
+        lines.append(
+            f"{r['kernel']:<28}{where:<14}{r['registers']:>10}{r['stack_bytes']:>9}"
+            f"{r['shared_bytes'] / 1024:>11.1f}{loads:>27}{r['cp_async']:>10}{mma:>13}"
+            f"  {occ['programs_per_sm']} ({occ['limited_by']})"
+        )
+    return "\n".join(lines)
+
+
 def _learner(impl: str):
     import importlib
 
@@ -476,7 +508,9 @@ def compile_in_children(jobs: list[dict], processes: int = 1, timeout: float = 1
 
 def _sort_key(row: dict) -> tuple:
     config = (row["dtype"] != "float16", row["head_dim"], row.get("group"), row.get("block_size"))
-    order = (_ORDER.get(row["kernel"], 9), list(TARGETS).index(row["gpu"]))
+    order = (list(TARGETS).index(row["gpu"]), _ORDER.get(row["kernel"], 9))
+    if row["kernel"] in ("decode", "decode_split", "merge", "prefill"):
+        order = order[::-1]  # the engine's kernels by kernel, then GPU; the lab's by GPU
     return (
         (*order, *config, row.get("num_splits") or 0)
         if row["kernel"] != "merge"
@@ -646,7 +680,7 @@ def main(out: Path, processes: int | None = None, update_static: bool = False) -
     text = report_markdown(report)
     for folder in [out] + ([STATIC] if update_static else []):
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "kernels.json").write_text(json.dumps(report, indent=1) + "\n")
+        (folder / "kernels.json").write_text(dump(report))
         (folder / "kernels.md").write_text(text)
     print(text)
     print(
@@ -655,6 +689,18 @@ def main(out: Path, processes: int | None = None, update_static: bool = False) -
     problems = report["problems"]
     print("compile report: " + (f"{len(problems)} problem(s)" if problems else "all checks pass"))
     return 1 if problems else 0
+
+
+def dump(report: dict) -> str:
+    """The report as JSON with one line per row (readable diffs when a kernel changes)."""
+    lines = []
+    for key, value in report.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            rows = ",\n".join(f"  {json.dumps(v, sort_keys=True)}" for v in value)
+            lines.append(f" {json.dumps(key)}: [\n{rows}\n ]")
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def _triton_version() -> str | None:

@@ -235,3 +235,33 @@ def test_compile_flags_belong_to_bench_kernel(argv, capsys):
     with pytest.raises(SystemExit) as err:
         main(argv)
     assert err.value.code == 2 and "--compile" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step", ["decode", "decode_split", "prefill"])
+def test_the_jit_on_this_gpu_compiles_what_the_report_says(step):
+    """On a GPU: the engine's launches compiled by Triton's own JIT for this device (``warmup``: compile,
+    no launch) do not spill, and with the report's Triton version on an A100 / H100 / H200 they have the
+    committed report's registers and shared memory (so the report cannot drift from a real launch)."""
+    from paged.kernels.launch_config import device_spec
+
+    spec = device_spec(torch.device("cuda"))
+    shape = {"dtype": "float16", "head_dim": 128, "group": 4, "block_size": 16}
+    report = json.loads((kc.STATIC / "kernels.json").read_text())
+    rows = {r["id"]: r for r in report["rows"]}
+    gpu = {"A100": "A100", "H100": "H200", "H200": "H200"}.get(spec.name)
+    for fn, grid, args, kwargs in kc.engine_step(step, **shape, device="cuda"):
+        compiled = fn.warmup(*args, grid=grid, **kwargs)
+        compiled._init_handles()
+        assert compiled.n_spills == 0, f"{fn.fn.__name__} spills on {spec.name}"
+        name = "merge" if fn.fn.__name__ == "_merge_splits_kernel" else step
+        num_splits = dict(zip(fn.arg_names, args)).get("num_splits")
+        row = rows.get(kc.row_id({**shape, "gpu": gpu, "kernel": name, "num_splits": num_splits}))
+        same = report["triton"] == kc._triton_version() and spec.arch == kc.TARGETS.get(gpu)
+        if row is not None and same:
+            assert compiled.n_regs == row["registers"], (
+                row["id"],
+                compiled.n_regs,
+                row["registers"],
+            )
+            assert compiled.metadata.shared <= row["shared_bytes"], row["id"]

@@ -409,12 +409,28 @@ def lab_rows(gpu: str, impl: str | None = "exercises") -> list[dict]:
     return rows
 
 
-def compile_lab(impl: str | None = "exercises", gpus=tuple(TARGETS)) -> list[dict]:
-    """Chapter 04: :func:`lab_rows` for each of ``gpus``, compiled in one compile-only child process
-    (this process may have decorated the kernels for the interpreter). About 10-20 s the first time;
-    Triton's cache (``~/.triton/cache``) serves a kernel it compiled before at once."""
+def compile_lab(
+    impl: str | None = "exercises", gpus=tuple(TARGETS), prefill: bool = True
+) -> list[dict]:
+    """Chapter 04: :func:`lab_rows` for each of ``gpus`` and, with ``prefill``, the prefill kernel at head
+    dim 128 (fp16) with the engine's tiles and with 64 x 64 (``kernel`` ``"prefill 64 x 64"``), compiled
+    in one compile-only child process (this process may have decorated the kernels for the interpreter).
+    About 10-30 s the first time; Triton's cache (``~/.triton/cache``) serves what it compiled before."""
     jobs = [{"call": f"{__name__}:lab_rows", "kwargs": {"gpu": g, "impl": impl}} for g in gpus]
-    return compile_in_children(jobs, processes=1)
+    for gpu in gpus if prefill else ():
+        for override, name in ((None, "prefill"), ({"BLOCK_N": 64}, "prefill 64 x 64")):
+            kwargs = {
+                "step": "prefill",
+                "gpu": gpu,
+                **LAB_SHAPE,
+                "override": override,
+                "name": name,
+            }
+            jobs.append({"call": f"{__name__}:variant_rows", "kwargs": kwargs})
+    rows = compile_in_children(jobs, processes=1)
+    for row in rows:
+        row["kernel"] = row.get("variant", row["kernel"])
+    return rows
 
 
 def text_table(rows: list[dict]) -> str:

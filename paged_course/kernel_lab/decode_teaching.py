@@ -50,7 +50,8 @@ import math
 import torch
 
 from paged.kernels._triton import jit, require_triton, tl, triton
-from paged.kernels.paged_attention import _merge_splits_kernel, validate_decode_inputs
+from paged.kernels.decode_inputs import validate_decode_inputs
+from paged.kernels.split_merge import launch_merge_splits
 
 
 @jit
@@ -251,25 +252,9 @@ def launch_teaching_decode(
         WRITE_LSE=True,
         **common,
     )
-    _merge_splits_kernel[
-        (num_seqs, num_heads)
-    ](  # the engine's merge kernel, shared with the tuned kernel
-        part,
-        lse,
-        out,
-        num_splits,
-        part.stride(0),
-        part.stride(1),
-        part.stride(2),
-        lse.stride(0),
-        lse.stride(1),
-        out.stride(0),
-        out.stride(1),
-        SPLITS_P2=triton.next_power_of_2(num_splits),
-        HEAD_DIM=head_dim,
-        HEAD_DIM_P2=d_p2,
-    )
-    return out
+    return launch_merge_splits(
+        part, lse, out
+    )  # the engine's merge kernel, shared with the tuned kernel
 
 
 def teaching_decode(

@@ -7,6 +7,10 @@
   same kernel source. Autotuning and ``triton.testing.do_bench`` need a GPU and are never used here.
 * No Triton at all (macOS and Windows have no wheels): ``HAS_TRITON`` is False, the kernel modules
   still import, and every entry point raises :class:`TritonUnavailableError` naming the reason.
+* ``PAGED_TRITON_COMPILE_ONLY=1`` in the environment (set by the compile report,
+  ``paged_course.bench.kernel_compile``, in a child process of its own): no interpreter even without a GPU,
+  so the kernels are decorated in compiled mode and can be compiled for a GPU target (``triton.compile``),
+  never launched. ``MODE`` is then ``"compile only"``.
 
 Every kernel module does ``from ._triton import triton, tl, HAS_TRITON`` first.
 """
@@ -20,7 +24,10 @@ import sys
 import torch
 
 HAS_CUDA: bool = torch.cuda.is_available()
-if not HAS_CUDA:
+COMPILE_ONLY: bool = os.environ.get("PAGED_TRITON_COMPILE_ONLY", "0") not in ("", "0")
+if COMPILE_ONLY:
+    os.environ.pop("TRITON_INTERPRET", None)  # a parent process may have set it for itself
+elif not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first @triton.jit in this process
 
 
@@ -44,7 +51,7 @@ def _reimport_triton_for_interpreter() -> None:
         del sys.modules[name]
 
 
-if not HAS_CUDA and "triton" in sys.modules:
+if not HAS_CUDA and not COMPILE_ONLY and "triton" in sys.modules:
     _reimport_triton_for_interpreter()
 
 try:
@@ -72,7 +79,13 @@ except ImportError as err:  # pragma: no cover - Linux CI always has triton
 
 INTERPRET: bool = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 MODE: str = (
-    "unavailable" if not HAS_TRITON else ("interpreter (CPU)" if INTERPRET else "compiled (GPU)")
+    "unavailable"
+    if not HAS_TRITON
+    else "interpreter (CPU)"
+    if INTERPRET
+    else "compile only"
+    if COMPILE_ONLY and not HAS_CUDA
+    else "compiled (GPU)"
 )
 
 

@@ -22,9 +22,12 @@ streams K and V from memory. Four ideas get it there (chapter 04's performance l
    current one is computed.
 4. **Split-K with a chosen split count.** ``num_splits=None`` applies :func:`choose_num_splits` (the rule of
    FlashAttention-3's ``num_splits_heuristic``): each sequence's tiles are cut into that many contiguous
-   ranges, one program each, which write a partial output and its log-sum-exp; ``_merge_splits_kernel``
-   combines them (:math:`w_i = e^{\mathrm{lse}_i - \max\mathrm{lse}}`, :math:`o = \sum w_i o_i / \sum w_i`).
+   ranges, one program each, which write a partial output and its log-sum-exp; ``split_merge.py`` combines
+   them (:math:`w_i = e^{\mathrm{lse}_i - \max\mathrm{lse}}`, :math:`o = \sum w_i o_i / \sum w_i`).
    A split with no token has :math:`\mathrm{lse} = -\infty`, weight 0: it merges as a no-op.
+
+The launch config (tile, warps, stages, split count) comes from ``launch_config.py``, per GPU; the input
+contract from ``decode_inputs.py``.
 
 Online softmax per tile, in base 2 (:math:`e^x = 2^{x \log_2 e}`, the scale folded in): with scores
 :math:`s` of the tile, :math:`m' = \max(m, \max s)`, :math:`\alpha = 2^{m-m'}`, :math:`p = 2^{s-m'}`,
@@ -48,20 +51,16 @@ math above, not copied.
 # ruff: noqa: E741 -- `l` is the running denominator of the online-softmax literature (and O the output)
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
-from ._triton import INTERPRET, jit, kernel_device, require_triton, tl, triton
+from ._triton import INTERPRET, jit, require_triton, tl, triton
+from .decode_inputs import validate_decode_inputs
+from .launch_config import choose_num_splits, decode_config, decode_slots, device_spec
+from .split_merge import launch_merge_splits
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-INDEX_DTYPES = (torch.int32, torch.int64)
-MAX_HEAD_DIM = 256
-MAX_SPLITS = 32  # the heuristic never picks more (an int num_splits may)
-INTERPRETER_SLOTS = (
-    4  # the interpreter has no SMs: the heuristic pretends 4 (a fixed, small choice)
-)
+__all__ = ["paged_attention_decode", "launch_decode", "validate_decode_inputs", "choose_num_splits"]
 
 
 @jit
@@ -99,9 +98,8 @@ def _decode_kernel(
     WRITE_LSE: tl.constexpr,
 ):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_m = tl.arange(
-        0, BLOCK_M
-    )  # rows: the query heads of this KV head's group (padded to >= 16)
+    # rows: the query heads of this KV head's group (padded to >= 16)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)  # token positions inside one KV tile
     offs_d = tl.arange(0, HEAD_DIM_P2)
     m_mask, d_mask = offs_m < GROUP, offs_d < HEAD_DIM
@@ -128,6 +126,7 @@ def _decode_kernel(
         ).to(tl.int64)
         slot = tokens % BLOCK_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
+        # k, v: [BLOCK_N, HEAD_DIM_P2]
         k = tl.load(
             K
             + physical[:, None] * stride_k_block
@@ -136,7 +135,7 @@ def _decode_kernel(
             + offs_d[None, :],
             mask=kv_mask,
             other=0.0,
-        )  # [BLOCK_N, HEAD_DIM_P2]
+        )
         v = tl.load(
             V
             + physical[:, None] * stride_v_block
@@ -146,9 +145,8 @@ def _decode_kernel(
             mask=kv_mask,
             other=0.0,
         )
-        s = (
-            tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        )  # [BLOCK_M, BLOCK_N], fp32, base 2
+        # s: [BLOCK_M, BLOCK_N], fp32, base 2
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the tile's first position is real
         alpha = tl.exp2(m - m_new)
@@ -173,188 +171,6 @@ def _decode_kernel(
         tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=m_mask)
 
 
-@jit
-def _merge_splits_kernel(
-    O_PART,
-    LSE,
-    O,
-    num_splits,
-    stride_p_seq,
-    stride_p_head,
-    stride_p_split,
-    stride_lse_seq,
-    stride_lse_head,
-    stride_o_seq,
-    stride_o_head,
-    SPLITS_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_P2: tl.constexpr,
-):
-    seq, head = tl.program_id(0), tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_P2)
-    offs_d = tl.arange(0, HEAD_DIM_P2)
-    s_mask = offs_s < num_splits
-    lse = tl.load(
-        LSE + seq * stride_lse_seq + head * stride_lse_head + offs_s,
-        mask=s_mask,
-        other=float("-inf"),
-    )
-    lse_max = tl.max(lse, axis=0)
-    lse_max = tl.where(
-        lse_max == float("-inf"), 0.0, lse_max
-    )  # all splits empty: avoid -inf - -inf
-    w = tl.exp(lse - lse_max)  # empty split: exp(-inf) = 0, a no-op in both sums
-    part = tl.load(
-        O_PART
-        + seq * stride_p_seq
-        + head * stride_p_head
-        + offs_s[:, None] * stride_p_split
-        + offs_d[None, :],
-        mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )
-    w_sum = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * part, axis=0) / tl.where(w_sum > 0, w_sum, 1.0)
-    tl.store(
-        O + seq * stride_o_seq + head * stride_o_head + offs_d,
-        out.to(O.dtype.element_ty),
-        mask=offs_d < HEAD_DIM,
-    )
-
-
-def validate_decode_inputs(
-    query, key_cache, value_cache, block_tables, context_lens, scale, num_splits
-) -> None:
-    """Raise ValueError (with the numbers) unless the inputs satisfy the contract of
-    :func:`paged_attention_decode`. Reads ``context_lens`` and ``block_tables`` (one device sync; callers
-    that build the inputs themselves and need none can use :func:`launch_decode`)."""
-    if query.dim() != 3:
-        raise ValueError(
-            f"query must be [num_seqs, num_heads, head_dim], got shape {tuple(query.shape)}"
-        )
-    if key_cache.dim() != 4:
-        raise ValueError(
-            "key_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
-            f"got shape {tuple(key_cache.shape)}"
-        )
-    if value_cache.shape != key_cache.shape:
-        raise ValueError(
-            f"value_cache shape {tuple(value_cache.shape)} != key_cache shape {tuple(key_cache.shape)}"
-        )
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-    if not query.dtype == key_cache.dtype == value_cache.dtype:
-        raise ValueError(
-            f"dtypes differ: query {query.dtype}, key_cache {key_cache.dtype}, "
-            f"value_cache {value_cache.dtype}"
-        )
-    num_seqs, num_heads, head_dim = query.shape
-    num_blocks, block_size, num_kv_heads, kv_head_dim = key_cache.shape
-    if kv_head_dim != head_dim:
-        raise ValueError(f"head_dim differs: query {head_dim}, key/value cache {kv_head_dim}")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
-    if block_size < 2 or block_size & (block_size - 1) or block_size > 256:
-        raise ValueError(f"block_size must be a power of two in [2, 256], got {block_size}")
-    if num_kv_heads == 0 or num_heads % num_kv_heads:
-        raise ValueError(
-            f"GQA needs num_heads % num_kv_heads == 0, got {num_heads} % {num_kv_heads}"
-        )
-    if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
-        raise ValueError("key_cache and value_cache must be contiguous in head_dim (stride 1)")
-    if block_tables.dim() != 2 or block_tables.dtype not in INDEX_DTYPES:
-        raise ValueError(
-            "block_tables must be a 2-D int32 (or int64) tensor [num_seqs, max_blocks_per_seq], "
-            f"got {block_tables.dtype} of shape {tuple(block_tables.shape)}"
-        )
-    if context_lens.dim() != 1 or context_lens.dtype not in INDEX_DTYPES:
-        raise ValueError(
-            f"context_lens must be a 1-D int32 (or int64) tensor [num_seqs], got {context_lens.dtype} "
-            f"of shape {tuple(context_lens.shape)}"
-        )
-    if block_tables.shape[0] != num_seqs or context_lens.shape[0] != num_seqs:
-        raise ValueError(
-            f"num_seqs differs: query {num_seqs}, block_tables {block_tables.shape[0]}, "
-            f"context_lens {context_lens.shape[0]}"
-        )
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
-    ):
-        raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits!r}")
-    if scale is not None and not math.isfinite(float(scale)):
-        raise ValueError(f"scale must be finite, got {scale}")
-    kernel_device(query, key_cache, value_cache, block_tables, context_lens)
-    if num_seqs == 0:
-        return
-    width = block_tables.shape[1]
-    lens = context_lens.long()
-    used = (
-        torch.arange(width, device=lens.device)[None, :]
-        < (lens[:, None] + block_size - 1) // block_size
-    )
-    bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
-    lo, hi, num_bad = torch.stack([lens.min(), lens.max(), bad.sum()]).tolist()  # one device sync
-    if lo < 0:
-        raise ValueError(f"context_lens must be >= 0, got minimum {lo}")
-    if hi > width * block_size:
-        raise ValueError(
-            f"context_len {hi} exceeds the block table's capacity: {width} blocks x "
-            f"{block_size} tokens = {width * block_size}"
-        )
-    if num_bad:
-        seq, col = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"block_tables[{seq}, {col}] = {int(block_tables[seq, col])} is outside the pool of "
-            f"{num_blocks} blocks (it holds tokens of a context of {int(lens[seq])})"
-        )
-
-
-def choose_num_splits(
-    num_programs: int, num_tiles: int, slots: int, max_splits: int = MAX_SPLITS
-) -> int:
-    """Split count for ``num_programs = num_seqs x num_kv_heads`` programs of ``num_tiles`` KV tiles each.
-
-    FlashAttention-3's rule: no split once the programs fill 80% of the ``slots`` (programs the GPU runs
-    at once); otherwise, among the split counts that shorten the longest split (``ceil(tiles / s)`` drops),
-    the smallest whose wave efficiency ``w / ceil(w)``, ``w = num_programs * s / slots``, is within 85%
-    of the best.
-    """
-    if num_programs >= 0.8 * slots or num_tiles <= 1:
-        return 1
-    counts = [
-        s
-        for s in range(1, min(max_splits, slots, num_tiles) + 1)
-        if s == 1 or -(-num_tiles // s) < -(-num_tiles // (s - 1))
-    ]
-    efficiency = {s: num_programs * s / slots / math.ceil(num_programs * s / slots) for s in counts}
-    return next(s for s in counts if efficiency[s] >= 0.85 * max(efficiency.values()))
-
-
-@functools.cache
-def _gpu_slots(device_index: int) -> tuple[int, int]:
-    """(programs the GPU runs at once, shared memory per program in bytes) for this kernel: two programs
-    per SM (4 warps, <= 96 KB of K/V stages each), from ``torch.cuda.get_device_properties``."""
-    props = torch.cuda.get_device_properties(device_index)
-    return 2 * props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", 0)
-
-
-def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
-    """Launch config (no autotuning): ``BLOCK_N`` so that one K+V tile stage is 32 KB (16..64 tokens),
-    4 warps, 3 pipeline stages where the GPU's shared memory holds them (else 2); in the interpreter a
-    fixed 64-token tile, 1 stage (pipelining and warps mean nothing there)."""
-    if INTERPRET or device.type != "cuda":
-        return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
-    stage = 2 * triton.next_power_of_2(head_dim) * dtype.itemsize  # bytes of K + V per token
-    block_n = max(16, min(64, 32768 // stage))
-    smem = _gpu_slots(device.index or 0)[1]
-    return {
-        "BLOCK_N": block_n,
-        "num_warps": 4,
-        "num_stages": 3 if smem >= 3 * block_n * stage + 32768 else 2,
-    }
-
-
 def launch_decode(
     query,
     key_cache,
@@ -371,9 +187,8 @@ def launch_decode(
     Wrong inputs here give wrong results or an illegal memory access, never an error message. ``config``
     overrides :func:`decode_config` (keys ``BLOCK_N`` (>= 16 on a GPU), ``num_warps``, ``num_stages``).
     """
-    if (
-        INTERPRET and query.dtype == torch.bfloat16
-    ):  # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
+    # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
+    if INTERPRET and query.dtype == torch.bfloat16:
         return launch_decode(
             query.float(),
             key_cache.float(),
@@ -392,64 +207,29 @@ def launch_decode(
         block_tables.contiguous(),
         context_lens.contiguous(),
     )
-    qk_scale = (
-        1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    ) * 1.4426950408889634  # x log2(e)
+    # x log2(e): the kernel's exponentials are base 2
+    qk_scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * 1.4426950408889634
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
-    cfg = {**decode_config(head_dim, query.dtype, query.device), **(config or {})}
+    spec = device_spec(query.device)
+    cfg = {**decode_config(head_dim, query.dtype, spec), **(config or {})}
     if num_splits is None:
-        slots = INTERPRETER_SLOTS if INTERPRET else _gpu_slots(query.device.index or 0)[0]
         num_splits = choose_num_splits(
             num_seqs * num_kv_heads,
             triton.cdiv(block_tables.shape[1] * block_size, cfg["BLOCK_N"]),
-            slots,
+            decode_slots(spec),
         )
-    d_p2 = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs every dimension >= 16 on a GPU
-    meta = dict(
-        GROUP=group,
-        BLOCK_M=max(16, triton.next_power_of_2(group)),
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
-        HEAD_DIM_P2=d_p2,
-        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        **cfg,
-    )
-    strides = (
-        query.stride(0),
-        query.stride(1),
-        *key_cache.stride()[:3],
-        *value_cache.stride()[:3],
-        block_tables.stride(0),
-    )
-    grid = (num_seqs, num_kv_heads, num_splits)
-    if num_splits == 1:
-        _decode_kernel[grid](
-            query,
-            key_cache,
-            value_cache,
-            block_tables,
-            context_lens,
-            out,
-            out,
-            qk_scale,
-            1,
-            *strides,
-            out.stride(0),
-            out.stride(1),
-            0,
-            0,
-            0,
-            WRITE_LSE=False,
-            **meta,
+    split = num_splits > 1  # then partial outputs and their log-sum-exp, merged by a second kernel
+    if split:
+        part = torch.empty(
+            num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
         )
-        return out
-    part = torch.empty(
-        num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
-    )
-    lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
-    _decode_kernel[grid](
+        lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
+        dest_strides = (*part.stride()[:3], lse.stride(0), lse.stride(1))
+    else:
+        part, lse, dest_strides = out, out, (out.stride(0), out.stride(1), 0, 0, 0)
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query,
         key_cache,
         value_cache,
@@ -459,28 +239,22 @@ def launch_decode(
         lse,
         qk_scale,
         num_splits,
-        *strides,
-        *part.stride()[:3],
-        lse.stride(0),
-        lse.stride(1),
-        WRITE_LSE=True,
-        **meta,
-    )
-    _merge_splits_kernel[(num_seqs, num_heads)](
-        part,
-        lse,
-        out,
-        num_splits,
-        *part.stride()[:3],
-        lse.stride(0),
-        lse.stride(1),
-        out.stride(0),
-        out.stride(1),
-        SPLITS_P2=triton.next_power_of_2(num_splits),
+        query.stride(0),
+        query.stride(1),
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
+        block_tables.stride(0),
+        *dest_strides,
+        GROUP=group,
+        BLOCK_M=max(16, triton.next_power_of_2(group)),  # tl.dot: every dimension >= 16
+        BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
-        HEAD_DIM_P2=d_p2,
+        HEAD_DIM_P2=max(16, triton.next_power_of_2(head_dim)),  # (the interpreter accepts less)
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        WRITE_LSE=split,
+        **cfg,
     )
-    return out
+    return launch_merge_splits(part, lse, out) if split else out
 
 
 def paged_attention_decode(

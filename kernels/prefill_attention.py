@@ -32,6 +32,7 @@ import math
 import torch
 
 from ._triton import INTERPRET, jit, require_triton, tl, triton
+from .launch_config import device_spec, prefill_config
 
 
 @jit
@@ -67,9 +68,8 @@ def _prefill_kernel(
     q_first = tl.load(QS + chunk).to(tl.int32)
     q_len = tl.load(QS + chunk + 1).to(tl.int32) - q_first
     context_len = tl.load(CL + chunk).to(tl.int32)
-    offs_m = tile * BLOCK_M + tl.arange(
-        0, BLOCK_M
-    )  # the tile's tokens, counted from the chunk's first
+    # the tile's tokens, counted from the chunk's first
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n, offs_d = tl.arange(0, BLOCK_N), tl.arange(0, HEAD_DIM_P2)
     m_mask, d_mask = offs_m < q_len, offs_d < HEAD_DIM
     q = tl.load(
@@ -96,6 +96,7 @@ def _prefill_kernel(
         ).to(tl.int64)
         slot = tokens % BLOCK_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
+        # k, v: [BLOCK_N, HEAD_DIM_P2]
         k = tl.load(
             K
             + physical[:, None] * stride_k_block
@@ -104,7 +105,7 @@ def _prefill_kernel(
             + offs_d[None, :],
             mask=kv_mask,
             other=0.0,
-        )  # [BLOCK_N, HEAD_DIM_P2]
+        )
         v = tl.load(
             V
             + physical[:, None] * stride_v_block
@@ -114,13 +115,11 @@ def _prefill_kernel(
             mask=kv_mask,
             other=0.0,
         )
-        s = (
-            tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        )  # [BLOCK_M, BLOCK_N], fp32, base 2
+        # s: [BLOCK_M, BLOCK_N], fp32, base 2
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         s = tl.where(t_mask[None, :] & (tokens[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(
-            m, tl.max(s, axis=1)
-        )  # finite from the first tile on: position 0 is visible to all
+        # finite from the first tile on: position 0 is visible to all
+        m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
@@ -161,9 +160,8 @@ def launch_prefill(
     without Triton.
     """
     require_triton()
-    if (
-        INTERPRET and query.dtype == torch.bfloat16
-    ):  # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
+    # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
+    if INTERPRET and query.dtype == torch.bfloat16:
         return launch_prefill(
             query.float(),
             key_cache.float(),
@@ -176,11 +174,8 @@ def launch_prefill(
         ).to(torch.bfloat16)
     num_heads, head_dim = query.shape[1:]
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    d_p2 = max(16, triton.next_power_of_2(head_dim))
-    # tiles of 64 tokens while a row of K is at most 256 bytes (shared memory); the interpreter pays per program
-    # and per tile whatever their size: 16, for tiny tests
-    block_m = 16 if INTERPRET else (64 if d_p2 * query.element_size() <= 256 else 32)
-    grid = (block_tables.shape[0], triton.cdiv(max_query_len, block_m), num_heads)
+    cfg = prefill_config(head_dim, query.dtype, device_spec(query.device))
+    grid = (block_tables.shape[0], triton.cdiv(max_query_len, cfg["BLOCK_M"]), num_heads)
     _prefill_kernel[grid](
         query,
         key_cache,
@@ -199,13 +194,10 @@ def launch_prefill(
         out.stride(0),
         out.stride(1),
         GROUP=num_heads // key_cache.shape[2],
-        BLOCK_M=block_m,
-        BLOCK_N=block_m,
         BLOCK_SIZE=key_cache.shape[1],
         HEAD_DIM=head_dim,
-        HEAD_DIM_P2=d_p2,
+        HEAD_DIM_P2=max(16, triton.next_power_of_2(head_dim)),  # tl.dot: every dimension >= 16
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=4,
-        num_stages=1 if INTERPRET else 2,
+        **cfg,
     )
     return out

@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
-# GPU check, one command for whoever has one CUDA GPU (sized for one H200: about 6 minutes, 8 at most):
-# the GPU tests, the kernel and engine benchmarks, the learner-kernel benchmark and the engine on a model,
-# every result in one dated folder under docs/gpu/ that chapters 04 and 08 read once it is committed.
+# GPU check, one command for whoever has one CUDA GPU (sized for one H200: about 7 minutes, 9 at most):
+# the GPU tests, the kernel and engine benchmarks, the learner-kernel benchmark, the engine on a model,
+# decode's roofline beside the measured kernels and the compile report, every result in one dated folder
+# under docs/gpu/ that chapters 04 and 08 read once it is committed.
 #
 #   scripts/gpu_check.sh [RESULTS_DIR]      (default: docs/gpu/<gpu>-<UTC date>, e.g. docs/gpu/h200-2026-12-14)
 #
 # Then: git add docs/gpu/<folder> && git commit (chapter 04 reads the newest docs/gpu/*/kernel.json).
 #
 # Environment: PYTHON (default python), MODEL (a local model folder or a cached hub name for the last part;
-# default: the course's built-in model), QUICK=1 (the benchmarks' --quick sizes), BUDGET_S (default 470),
+# default: the course's built-in model), QUICK=1 (the benchmarks' --quick sizes), BUDGET_S (default 560),
 # ALLOW_CPU=1 (run anyway without a GPU: a dry run of this script itself, into gpu-results/ by default).
 #
 # Parts, each under its own timeout and never fatal to the next:
 #   doctor    python -m paged doctor                                  -> doctor.log
 #   tests     pytest -m gpu                                           -> gpu-tests.xml, gpu-tests.log
 #   kernel    python -m paged bench kernel                            -> kernel.json, kernel.png, kernel.log
+#   roofline  python -m paged bench kernel --roofline                 -> roofline.md / .json: measured vs the
+#             byte floor at this GPU's bandwidth (a model), with the compile report's row for this GPU
 #   engine    python -m paged bench engine                            -> engine.json, engine.log (+ PNG)
 #   exercise  python -m paged bench kernel --impl solutions --quick   -> exercise/kernel.json, exercise.log
 #   model     LLM(MODEL).generate on 64 seeded prompts                -> model.json, model.log
+#   compile   python -m paged bench kernel --compile (sm_80 and sm_90, no GPU needed; checks spills,
+#             load widths and the committed report)                   -> kernels.json, kernels.md, compile.log
 # status.json lists each part's exit code (0 ok, 124 timed out, "skipped" when the budget ran out) and
 # seconds. The script exits 0 when every part passed, else 1 (2: nothing could run, with the reason).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
-BUDGET_S="${BUDGET_S:-470}"
+BUDGET_S="${BUDGET_S:-560}"
 QUICK_FLAG=""
 [ "${QUICK:-0}" = "1" ] && QUICK_FLAG="--quick"
 
@@ -84,6 +89,7 @@ run_part doctor 30 "$PYTHON" -m paged doctor
 run_part tests 120 "$PYTHON" -m pytest tests -m gpu -q -p no:cacheprovider --junitxml "$OUT/gpu-tests.xml"
 [ -f "$OUT/tests.log" ] && mv "$OUT/tests.log" "$OUT/gpu-tests.log"
 run_part kernel 200 "$PYTHON" -m paged bench kernel $QUICK_FLAG --out "$OUT"
+run_part roofline 20 "$PYTHON" -m paged bench kernel --roofline --out "$OUT"
 run_part engine 90 "$PYTHON" -m paged bench engine $QUICK_FLAG --out "$OUT"
 run_part exercise 40 "$PYTHON" -m paged bench kernel --impl solutions --quick --out "$OUT/exercise"
 run_part model 60 "$PYTHON" - "$OUT/model.json" "${MODEL:-}" <<'PY'
@@ -112,6 +118,10 @@ json.dump(record, open(out, "w"), indent=2, default=str)
 print(f"{record['model']}: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.0f} tok/s on "
       f"{record['environment']['device']}")
 PY
+
+run_part compile 120 "$PYTHON" -m paged bench kernel --compile --out "$OUT"
+# the roofline again, now beside this run's own compile report (kernels.json)
+[ -f "$OUT/kernels.json" ] && "$PYTHON" -m paged bench kernel --roofline --out "$OUT" > "$OUT/roofline.log" 2>&1
 
 STATUS+=("\"total_seconds\": $((SECONDS - t0))")
 GPU=$([ "$HAS_GPU" = "1" ] && echo true || echo false)

@@ -34,12 +34,14 @@
 # 6. (part 2, the performance lab) count the bytes a decode step must read, and take the kernel from about a tenth
 #    of a GPU's memory bandwidth towards all of it, one idea per step: the GQA group in tensor cores, KV tiles that
 #    span blocks, software pipelining, and a split count chosen from the machine;
-# 7. say what the paging overhead really is at the roofline, and what the paper measured (ledger row E2).
+# 7. say what the paging overhead really is at the roofline, and what the paper measured (ledger row E2);
+# 8. read what the compiler made of a kernel for an A100 and an H200, on a machine without a GPU: registers,
+#    spills, shared memory, load widths, and how many programs fit on one multiprocessor.
 #
 # Part 1 (sections 1-8) has you build the *teaching* kernel, written to be read, in
-# **`exercises/ex04_online_softmax.py`** (three marked regions: `ch04.ex1`, `ch04.ex2`, `ch04.ex4`); the finished
-# one is `paged_course.kernel_lab` (the folder `paged_course/kernel_lab/`), which the chapter uses wherever yours
-# does not pass its checks yet. Part 2 (sections 9-17) builds the *tuned* kernel that the engine runs:
+# **`exercises/ex04_online_softmax.py`** (three marked regions: `ch04.ex1`, `ch04.ex2`, `ch04.ex4`). Wherever yours
+# does not pass its checks yet, the chapter uses a reference: `paged_course.kernel_lab` for the online-softmax
+# update and the split merge, and the engine's tuned kernel for the decode. Part 2 (sections 9-18) builds the *tuned* kernel that the engine runs:
 # `paged.kernels.paged_attention_decode` (the folder `kernels/`). The PyTorch references are in
 # `paged_course.reference`. After each build step a cell `check("ch04.exK")` runs that step's graded tests on your
 # file and prints the first failing case in words.
@@ -716,6 +718,19 @@ for batch, context in kbench.TARGET_SHAPES:
     )
 
 # %% [markdown]
+# The same floor at every shape of the benchmark's sweep, on three GPUs at their datasheet bandwidths (2,039 GB/s
+# for the A100 80 GB SXM, 3.35 TB/s for the H100 SXM, 4.8 TB/s for the H200): a **model, not measured**. Where a
+# committed GPU run measured kernels at a shape, they stand beside it, as a multiple of that GPU's floor
+# (`python -m paged bench kernel --roofline`, `paged_course/bench/kernel_roofline.py`):
+
+# %%
+from IPython.display import Markdown, display
+
+from paged_course.bench import kernel_roofline
+
+display(Markdown(kernel_roofline.markdown(kernel_roofline.roofline())))
+
+# %% [markdown]
 # What did the teaching kernel achieve? The newest committed GPU run (the cell prints its source):
 
 # %%
@@ -1085,6 +1100,140 @@ if HAS_TRITON and (ex04_fast := exercise_module("ex04_fast_decode")) is not None
         )
 
 # %% [markdown]
+# ## 18. What the compiler made of your kernel
+#
+# The source is half of a kernel. On a GPU the first launch compiles it, and the compiler decides how many
+# registers each thread gets, whether values that do not fit **spill** to local memory (a per-thread region of
+# slow device memory), how much shared memory a program takes, how wide each load from memory is, whether the
+# loads of the next tiles go out early (`cp.async`, the instruction behind `num_stages`), and which tensor-core
+# instruction a `tl.dot` becomes. The interpreter shows none of it. Triton compiles for a GPU without one, though:
+# `triton.compile` turns a kernel into the GPU's assembly (PTX) and binary (a cubin), and `cuobjdump`, shipped
+# inside the Triton wheel, reads the registers, the stack and the static shared memory from the binary.
+#
+# `paged_course.bench.kernel_compile.compile_lab` does that for the teaching kernel, the tuned kernel (also without
+# its hints, below) and your `_learner_kernel` of `ex04_fast_decode.py`, at the engine's decode step of batch 64,
+# context 4,096 (fp16, 32 query heads over 8 KV heads of dim 128, block size 16), for an A100 (`sm_80`) and an H200
+# (`sm_90`). It compiles in a separate process, because this one decorated the kernels for the interpreter; the
+# first run takes 10-30 s, later ones come from Triton's cache. Triton has wheels for Linux only: on macOS or
+# Windows the cell says so and skips. The same tool, `python -m paged bench kernel --compile`, compiles every
+# kernel the engine launches at every configuration, and the course's CI fails on a spill or a narrow K/V load.
+
+# %%
+from paged.kernels import GPUS
+from paged_course.bench import kernel_compile
+
+compiled = []
+if not HAS_TRITON:
+    print("skipped:", REASON)
+else:
+    try:
+        compiled = kernel_compile.compile_lab(impl_package())
+    except (RuntimeError, OSError) as exc:  # e.g. no cuobjdump in this Triton build
+        print(f"could not compile for a GPU here: {type(exc).__name__}: {exc}")
+    print(kernel_compile.text_table([r for r in compiled if not r["kernel"].startswith("prefill")]))
+
+# %% [markdown]
+# Reading a row: *registers* per thread (at most 255); *stack B*, bytes of local memory per thread, nonzero when
+# registers ran out; *shared KB* per program; *K/V loads*, the PTX's load instructions for K and V tiles counted
+# by width (16 bytes, the widest a thread can load, or narrower; counted in the program text, not executed);
+# *cp.async*, asynchronous copies from memory into shared memory (software pipelining); *mma / wgmma*, Ampere's
+# and Hopper's tensor-core instructions (the decode tile has 16 rows, too few for Hopper's 64-row `wgmma`, so it
+# runs `mma` on both); *programs per SM*, below.
+#
+# ### The hints a launch passes: 16-byte loads or 2-byte loads
+#
+# At every launch Triton's JIT looks at the arguments before it compiles: a pointer whose address is a multiple of
+# 16 bytes, and an integer divisible by 16 (a stride of 1,024 elements), are marked `tt.divisibility = 16` in the
+# kernel's signature (an integer equal to 1 even becomes a constant). With those marks the compiler can prove that
+# a row of K, `head_dim` contiguous fp16 values starting at `block * stride_k_block + slot * stride_k_tok + ...`,
+# begins on a 16-byte boundary, and load 8 values with one instruction. The pool's layout makes every stride a
+# multiple of `head_dim` and PyTorch aligns its allocations, so the engine's launches always carry the marks. The
+# row *tuned, no hints* is the same source compiled without them:
+
+# %%
+if compiled:
+    for gpu in kernel_compile.TARGETS:
+        hinted, blind = (
+            next(r for r in compiled if r["kernel"] == name and r["gpu"] == gpu)
+            for name in ("tuned", "tuned, no hints")
+        )
+        for label, r in (("with hints", hinted), ("without", blind)):
+            widths = ", ".join(f"{n} of {w} B" for w, n in sorted(r["loads"]["K"].items()))
+            print(
+                f"{gpu} {label:10s}: {r['registers']:3d} registers, {r['stack_bytes']:3d} B of stack, "
+                f"K tile loads: {widths}; {r['cp_async']} cp.async"
+            )
+
+# %% [markdown]
+# With Triton 3.9 the A100 build goes from 116 registers, no stack and 35 `cp.async` to 255 registers, a 568-byte
+# stack and no `cp.async` at all (the H200 build: 120 registers against 255 and a 256-byte stack). Each thread
+# reads its 128 bytes of a K tile with 8 loads of 16 bytes in the first build (16 in the program text: the
+# pipelined loop has a prologue) and with 64 loads of 2 bytes in the second. Without the proof of alignment
+# every fp16 value is its own load with its own 64-bit address, the addresses take a large share of the
+# registers, the rest spills to local memory (which is device memory), and the pipelining is gone: the kernel
+# would add memory traffic to a step that already waits on memory. The lesson for your kernel: pass strides as
+# integer arguments (the JIT sees their values) and build addresses from them; where the JIT cannot see a
+# property, `tl.multiple_of(x, 16)` states it in the source.
+#
+# ### Occupancy: how many programs one multiprocessor holds
+#
+# An SM (streaming multiprocessor) keeps several programs resident and switches between them while their loads
+# are in flight. It holds as many as each of three budgets allows, and the smallest wins:
+#
+# - **registers**: 65,536 per SM, given to each warp (32 threads) in units of 256: a program of $W$ warps at $R$
+#   registers per thread costs $W \lceil 32R/256 \rceil \cdot 256$;
+# - **shared memory**: 164 KB per SM on an A100, 228 KB on an H100 or H200 (the CUDA programming guide's table
+#   per compute capability), each program taking what it allocates plus 1 KB the driver reserves;
+# - **warps**: 64 per SM, $64 / W$ programs.
+#
+# The tuned kernel's numbers, worked out:
+
+# %%
+for r in [r for r in compiled if r["kernel"] in ("teaching", "tuned")]:
+    spec, warps = GPUS[r["gpu"]], r["num_warps"]
+    per_warp = -(-32 * r["registers"] // 256) * 256
+    occ = kernel_compile.occupancy(spec, r["registers"], r["shared_bytes"], warps)["limits"]
+    print(
+        f"{r['kernel']:8s} on {r['gpu']}: registers {spec.regs_per_sm} // ({warps} x {per_warp}) = "
+        f"{occ['registers']}; shared {spec.smem_per_sm // 1024} KB // ({r['shared_bytes'] / 1024:.1f} + 1) KB = "
+        f"{occ['shared memory']}; warps 64 // {warps} = {occ['warps']}"
+    )
+
+# %% [markdown]
+# Four tuned programs fit per SM at head dim 128, by registers on both GPUs and by shared memory too on the A100.
+# Occupancy matters to decode through Little's law (section 12): the bytes an SM has in flight are its resident
+# programs times the tiles each one has requested, so fewer programs per SM means fewer bytes on their way. It
+# also explains a choice in section 13: the split rule counts two programs per SM, while the compiler's numbers
+# say four fit (seven or eight at head dim 64: `docs/gpu/static/kernels.md` has every kernel at every
+# configuration). Whether counting four would pick better split counts is a question for a GPU measurement;
+# until one is committed, that is a model, not measured.
+#
+# ### The prefill kernel on an A100: a tile that does not fit
+#
+# The chunked-prefill kernel (`kernels/prefill_attention.py`) computes a tile of 64 query tokens against tiles of
+# KV tokens with the same online softmax. At head dim 128 in fp16, the same cell's compile also built it with the
+# engine's tiles and with 64 x 64 tiles:
+
+# %%
+if compiled:
+    print(kernel_compile.text_table([r for r in compiled if r["kernel"].startswith("prefill")]))
+    for r in compiled:
+        if r["kernel"].startswith("prefill") and "error" not in r:
+            tile = f"{r['launch']['BLOCK_M']} x {r['launch']['BLOCK_N']}"
+            print(f"{r['kernel']:16s} on {r['gpu']}: tile {tile}, {r['num_warps']} warps")
+
+# %% [markdown]
+# At 64 x 64 the A100 build needs every one of the 255 registers a thread has and spills 16 bytes per thread;
+# the H200 build of the same source fits in about 190. Ampere's `mma` takes both operands from registers: a
+# program of 4 warps holds the fp32 accumulator $64 \times 128$ (64 registers per thread), the fp16 query tile
+# (32), the fp32 scores $64 \times 64$ (32) and their fp16 probabilities (16), 144 of the 255 before a single K or
+# V fragment or address. Hopper's `wgmma` reads its operands from shared memory instead. So the engine's launch
+# config is chosen per GPU (`kernels/launch_config.py`, `prefill_config`): KV tiles of 32 tokens before `sm_90`,
+# which halves the scores and the probabilities and leaves 188 registers and no stack. Eight warps, the other
+# obvious cure, compile to 128 registers and still spill. None of this needed a GPU, and none of it says how fast
+# either kernel runs: that is a measurement.
+
+# %% [markdown]
 # ## Summary
 #
 # - The online softmax keeps a running max `m`, denominator `l` and weighted sum `acc`; when the max grows,
@@ -1101,6 +1250,9 @@ if HAS_TRITON and (ex04_fast := exercise_module("ex04_fast_decode")) is not None
 # - The tuned kernel puts the group in `tl.dot`'s rows (padded to 16), reads tiles of 64 tokens gathered across
 #   blocks, pipelines the loads, and picks its split count from the SM count, the batch and the context. Its GPU
 #   numbers come from `scripts/gpu_check.sh`; until a run is committed, this chapter says they are not measured.
+# - Triton compiles for a GPU without one. What the compiler made of a kernel (registers, spills, shared memory,
+#   16-byte or 2-byte loads, `cp.async`) decides its speed as much as its source; the alignment hints of a launch
+#   turn 2-byte loads into 16-byte ones, and registers and shared memory decide how many programs an SM holds.
 # - Paging's cost (E2) must be measured at the roofline: the 2.4% of the teaching kernel was hidden by its slowness;
 #   the paper's 20-26% compares vLLM's kernel with FasterTransformer's, from lookups, branches and ragged lengths.
 # - Next, chapter 05 shares blocks between sequences: prefix caching and copy-on-write.
@@ -1110,6 +1262,8 @@ if HAS_TRITON and (ex04_fast := exercise_module("ex04_fast_decode")) is not None
 # - Milakov & Gimelshein, *Online normalizer calculation for softmax* (2018): the one-pass recurrence for `m` and `l`.
 # - Dao et al., *FlashAttention* (NeurIPS 2022), §3.1: tiling attention with the online softmax; Dao, Haziza,
 #   Massa, Sizov, *Flash-Decoding for long-context inference* (2023): split-K for decode, merged by log-sum-exp.
+# - NVIDIA, *CUDA C++ Programming Guide*: the technical specifications per compute capability (registers, shared
+#   memory and warps per SM) and the occupancy discussion in its performance guidelines.
 # - Kwon et al., *PagedAttention* (SOSP 2023), §4.1 (attention block by block through the block table) and §5.1
 #   (the fused kernel), §7.1 (its measured cost).
 # - vLLM v0's CUDA kernels: `csrc/attention/paged_attention_v1.cu` (one pass) and `csrc/attention/paged_attention_v2.cu`

@@ -452,15 +452,20 @@ def _steps(make, best_ms, peak, shapes, heads, kv_heads, head_dim, elem) -> list
 
 def _split_sweep(make, best_ms, sweep, device) -> list[dict]:
     """Forced split counts against the heuristic's pick (tuned kernel, block size 16)."""
-    from paged.kernels import INTERPRET, choose_num_splits
-    from paged.kernels.paged_attention import INTERPRETER_SLOTS, _gpu_slots, decode_config
+    from paged.kernels.launch_config import (
+        choose_num_splits,
+        decode_config,
+        decode_slots,
+        device_spec,
+    )
 
     rows = []
     for batch in sweep["split_batch"]:
         for context in sweep["split_context"]:
             inp = make(batch, context, 16)
-            cfg = decode_config(inp["query"].shape[2], inp["query"].dtype, inp["query"].device)
-            slots = INTERPRETER_SLOTS if INTERPRET or device != "cuda" else _gpu_slots(0)[0]
+            spec = device_spec(inp["query"].device)
+            cfg = decode_config(inp["query"].shape[2], inp["query"].dtype, spec)
+            slots = decode_slots(spec)
             pick = choose_num_splits(
                 batch * inp["key_cache"].shape[2], -(-context // cfg["BLOCK_N"]), slots
             )

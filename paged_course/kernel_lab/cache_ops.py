@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from paged.kernels._triton import jit, kernel_device, require_triton, tl, triton
-from paged.kernels.paged_attention import FLOAT_DTYPES, INDEX_DTYPES
+from paged.kernels.decode_inputs import FLOAT_DTYPES, INDEX_DTYPES
 
 
 @jit

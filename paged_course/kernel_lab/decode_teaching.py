@@ -24,7 +24,7 @@ query head of that KV head's group, so each K/V block is read from memory once p
 
 Split-K (flash-decoding, ``num_splits > 1``): the table's width is cut into ``num_splits`` ranges of blocks,
 one program each, which writes its partial output and its log-sum-exp; the engine's merge kernel
-(``paged.kernels.paged_attention._merge_splits_kernel``) combines them, a split holding no token weighing 0.
+(``paged.kernels.split_merge.launch_merge_splits``) combines them, a split holding no token weighing 0.
 
 Sources: vLLM ``csrc/attention/attention_kernels.cu`` (``paged_attention_v1`` / ``paged_attention_v2``:
 the same per-block walk, v2 being the split version with a reduce kernel); Dao et al., "Flash-Decoding
@@ -40,7 +40,8 @@ from types import ModuleType
 import torch
 
 from paged.kernels._triton import require_triton, triton
-from paged.kernels.paged_attention import _merge_splits_kernel, validate_decode_inputs
+from paged.kernels.decode_inputs import validate_decode_inputs
+from paged.kernels.split_merge import launch_merge_splits
 
 #: Where the teaching kernel comes from, in order: the reference answers, else the learner's file.
 PACKAGES = ("solutions", "exercises")
@@ -109,23 +110,9 @@ def launch_teaching_decode(
         lse,
         warps,
     )
-    _merge_splits_kernel[(num_seqs, num_heads)](  # the engine's merge kernel
-        part,
-        lse,
-        out,
-        num_splits,
-        part.stride(0),
-        part.stride(1),
-        part.stride(2),
-        lse.stride(0),
-        lse.stride(1),
-        out.stride(0),
-        out.stride(1),
-        SPLITS_P2=triton.next_power_of_2(num_splits),
-        HEAD_DIM=head_dim,
-        HEAD_DIM_P2=triton.next_power_of_2(head_dim),
-    )
-    return out
+    return launch_merge_splits(
+        part, lse, out
+    )  # the engine's merge kernel, shared with the tuned one
 
 
 def teaching_decode(

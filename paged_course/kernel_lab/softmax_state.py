@@ -2,7 +2,7 @@
 
 These are the reference answers that chapter 04 falls back on until the learner's own pass their checks
 (``exercises/ex04_online_softmax.py``); the teaching kernel (``decode_teaching.py``) does the same math
-inside Triton, and ``paged.kernels`` merges its splits with ``_merge_splits_kernel``.
+inside Triton, and ``paged.kernels`` merges its splits with ``paged.kernels.split_merge``.
 
 State of a softmax-weighted sum over the scores seen so far, per query row: the running max ``m``, the
 denominator ``l`` relative to it and the unnormalized sum ``acc`` of values relative to it (Milakov &

@@ -122,6 +122,20 @@ def test_scale_and_int64_tables():
     assert err <= TOL[torch.float32], f"explicit scale / int64 tables: max error {err:.2e}"
 
 
+@pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32)])
+def test_query_and_kv_tiles_of_different_sizes(monkeypatch, block_m, block_n):
+    """sm_80 at head dim 128 runs 64 x 32 tiles (``launch_config.prefill_config``): the causal walk must
+    not assume BLOCK_M == BLOCK_N. Here 32 x 16 and 16 x 32, chunks longer than a tile, a cached context."""
+    from paged.kernels import prefill_attention
+
+    config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 1}
+    monkeypatch.setattr(prefill_attention, "prefill_config", lambda *args: config)
+    q, k, v, bt, starts, lens = make_step([45, 70], [45, 37], 8, 4, 2, 16, torch.float32, seed=5)
+    out = launch_prefill(q, k, v, bt, starts, lens, 45)
+    err = (out.double().cpu() - reference(q, k, v, bt, starts, lens, 0.25)).abs().max().item()
+    assert err <= TOL[torch.float32], f"{block_m} x {block_n} tiles: max error {err:.2e}"
+
+
 def test_engine_chunks_through_the_kernel_match_the_torch_path():
     """A packed step (a fresh prompt, a chunk after cached context, two decodes) on a tiny Llama: the metadata
     with ``prefill=launch_prefill`` (one kernel call per layer) gives the per-chunk SDPA path's logits."""

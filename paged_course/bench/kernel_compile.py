@@ -1,0 +1,736 @@
+r"""What the compiler makes of every Triton kernel the engine launches, for an A100 (sm_80) and an H200 (sm_90),
+on a machine without a GPU: ``python -m paged bench kernel --compile [--out DIR] [--jobs N] [--update-static]``.
+
+**How.** Triton compiles for a GPU without one: ``triton.compile(ASTSource(...), target=GPUTarget("cuda",
+80, 32))`` produces PTX and a cubin, and the ``cuobjdump`` inside the triton wheel reads the cubin's
+registers, stack (spills) and static shared memory. The kernels must be decorated in compiled mode, and
+without CUDA ``paged.kernels`` forces the interpreter at import, so the compiling happens in child
+processes started with ``PAGED_TRITON_COMPILE_ONLY=1``. A child runs the engine's own attention step
+(``paged.worker.attention.paged_attention_forward`` on ``AttentionMetadata.build``'s tensors, with the
+decode and prefill functions the engine's ``Parts`` pick for a CUDA device) with every kernel launch
+captured instead of run, and :func:`paged.kernels.launch_config.compiling_for` telling the launches which
+GPU they configure themselves for. Each captured launch then goes through the JIT's own binder (the
+function Triton builds to specialise a launch: 16-byte aligned pointers and integers divisible by 16 get
+``tt.divisibility = 16``, an integer equal to 1 becomes a constant) and the JIT's own option parser, for
+that GPU's target. So the signature, the specialisation, the tile sizes and ``num_warps`` /
+``num_stages`` are those a launch on that GPU would compile: nothing here restates them.
+
+**What.** Every configuration the engine launches: fp16 and bf16, head dim 64 and 128, GQA group 1, 4
+and 8 (32 query heads), block size 16 and 32, for the decode kernel single-pass (batch 64, context
+4,096) and split-K (batch 1, context 8,192) with its merge kernel, and for the prefill kernel (two
+chunks of a step). Per compiled kernel: registers per thread, stack bytes (local memory: spills), shared
+memory (the launch's dynamic allocation plus static), global loads by width and by the tensor they read
+(from the PTX's ``.loc`` line info, matched to the kernel's ``tl.load`` calls), ``cp.async`` and TMA
+(``cp.async.bulk.tensor``) copies, ``mma.sync`` and ``wgmma`` instructions, and the programs an SM can
+hold by registers, shared memory and warps (occupancy: arithmetic on the compiler's numbers and the
+SM's limits from ``paged.kernels.GPUS``, not a measurement). Writes ``kernels.json`` and ``kernels.md``
+into ``--out``; ``--update-static`` also into ``docs/gpu/static/`` (the committed report).
+
+**Checks** (exit 1, each failure named): a compile error; a spill (stack > 0); a K or V tile load
+narrower than 16 bytes (block-table gathers and scalars are narrow by nature and do not count); fewer
+16-byte K/V loads or fewer ``cp.async`` than the committed report at the same configuration (unless
+``--update-static``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import inspect
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STATIC = ROOT / "docs" / "gpu" / "static"
+TARGETS = {"A100": 80, "H200": 90}  # GPU of paged.kernels.GPUS -> compute capability (sm_80, sm_90)
+DTYPES = ("float16", "bfloat16")
+HEAD_DIMS = (64, 128)
+GROUPS = (1, 4, 8)
+BLOCK_SIZES = (16, 32)
+HEADS = 32
+NUM_BLOCKS = 8  # the pool's size is no part of a kernel's specialisation: tables reuse these blocks
+STEPS = {  # step -> (context length, new tokens) of each sequence
+    "decode": [(4096, 1)] * 64,  # batch 64 fills the GPU: one pass
+    "decode_split": [(8192, 1)],  # batch 1: split-K and the merge kernel
+    "prefill": [(1024, 512), (384, 384)],  # a chunk with cached context and a whole prompt
+}
+KV_OPERANDS = ("K", "V")  # the kernels' pointer arguments whose loads are K/V tiles
+# the report's order: the engine's kernels (by kernel, then GPU), then chapter 04's (by GPU)
+_ORDER = {"decode": 0, "decode_split": 1, "merge": 2, "prefill": 3}
+_ORDER.update({"teaching": 4, "tuned": 5, "tuned, no hints": 6})  # then the learner's kernel
+
+
+def engine_configs() -> list[dict]:
+    """Every (GPU, dtype, head dim, group, block size) the report compiles the engine's steps at."""
+    return [
+        {"gpu": gpu, "dtype": dtype, "head_dim": d, "group": g, "block_size": bs}
+        for gpu in TARGETS
+        for dtype in DTYPES
+        for d in HEAD_DIMS
+        for g in GROUPS
+        for bs in BLOCK_SIZES
+    ]
+
+
+# ---------------------------------------------------------------------------- child: capture and compile
+
+
+@contextlib.contextmanager
+def captured_launches():
+    """Within the block, ``kernel[grid](*args, **kwargs)`` records ``(kernel, grid, args, kwargs)`` in the
+    yielded list instead of compiling and launching (compile-only processes)."""
+    from triton.runtime.jit import JITFunction
+
+    launches, original = [], JITFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, tuple(grid), args, kwargs))
+
+    JITFunction.run = record
+    try:
+        yield launches
+    finally:
+        JITFunction.run = original
+
+
+def engine_step(
+    step: str, dtype: str, head_dim: int, group: int, block_size: int, device: str = "cpu"
+) -> list:
+    """The kernel launches of one layer's attention in an engine step on CUDA, captured, not run.
+
+    Builds the step as the engine does (``KVCache``, ``AttentionMetadata.build``) and calls the engine's
+    attention function with ``query [1, H, T, D]`` as a Llama layer passes it (contiguous after rotary).
+    ``device="cpu"`` in a compile-only child; ``"cuda"`` on a GPU (the same launches, real tensors)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from paged.engine.parts import Parts
+    from paged.worker.attention import AttentionMetadata, paged_attention_forward
+    from paged.worker.kv_cache import KVCache
+
+    cuda, kv_heads, torch_dtype = torch.device("cuda"), HEADS // group, getattr(torch, dtype)
+    kv = KVCache(2, NUM_BLOCKS, block_size, kv_heads, head_dim, torch_dtype, device)
+    seqs = STEPS[step]
+    tables = [[b % NUM_BLOCKS for b in range(-(-ctx // block_size))] for ctx, _ in seqs]
+    meta = AttentionMetadata.build(
+        kv,
+        tables,
+        [ctx for ctx, _ in seqs],
+        [q for _, q in seqs],
+        block_size,
+        device,
+        decode=Parts().decode_for(cuda),
+        prefill=Parts().prefill_for(cuda),
+    )
+    tokens = sum(q for _, q in seqs)
+    query = torch.zeros(1, HEADS, tokens, head_dim, dtype=torch_dtype, device=device)
+    key = torch.zeros(1, kv_heads, tokens, head_dim, dtype=torch_dtype, device=device)
+    with captured_launches() as launches:
+        paged_attention_forward(
+            SimpleNamespace(layer_idx=1), query, key, key.clone(), None, None, paged_metadata=meta
+        )
+    return launches
+
+
+def specialise(launch, arch: int, hints: bool = True):
+    """``(ASTSource, target, options)`` of a captured launch, as the JIT builds them at a launch on a GPU
+    of compute capability ``arch`` (``hints=False`` drops every ``tt.divisibility``: what the same source
+    compiles to when Triton knows nothing of its pointers' alignment)."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn, _, args, kwargs = launch
+    kwargs = dict(kwargs)
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug  # as JITFunction.run
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(
+        backend, kwargs, bound, specialization, options
+    )
+    if not hints:
+        attrs = {k: [a for a in v if a[0] != "tt.divisibility"] for k, v in attrs.items()}
+    return ASTSource(fn, signature, constexprs, attrs), target, options
+
+
+def load_sites(fn) -> list[tuple[int, int, str]]:
+    """``(first line, last line, operand)`` of each ``tl.load`` in a kernel's source, innermost first:
+    the operand is the pointer argument its address starts from (``K + physical * stride ...`` -> ``"K"``)."""
+    path = inspect.getsourcefile(fn.fn)
+    tree = ast.parse(Path(path).read_text())
+    func = next(
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == fn.fn.__name__
+    )
+    sites = []
+    for node in ast.walk(func):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and node.args:
+            base = node.args[0]
+            while isinstance(base, (ast.BinOp, ast.Subscript, ast.Call, ast.Attribute)):
+                base = base.left if isinstance(base, ast.BinOp) else getattr(base, "value", base)
+                base = base.func if isinstance(base, ast.Call) else base
+            sites.append((node.lineno, node.end_lineno, getattr(base, "id", "?")))
+    return sorted(sites, key=lambda s: s[1] - s[0])
+
+
+_VEC = re.compile(r"\.v(\d+)")
+_BITS = re.compile(r"\.[bsuf](\d+)$")
+
+
+def ptx_memory_ops(ptx: str, source: str, sites: dict) -> dict:
+    """Count the PTX's global loads (by operand and width in bytes), ``cp.async`` copies, TMA copies and
+    matrix instructions. A load belongs to the ``tl.load`` whose source lines hold the ``.loc`` (line info)
+    it carries; one the compiler moved elsewhere (a scalar merged into later code) counts as ``"other"``."""
+    files = {
+        m.group(1): os.path.realpath(m.group(2))
+        for m in re.finditer(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M)
+    }
+    source = os.path.realpath(source)
+    loads: dict[str, dict[str, int]] = {}
+    counts = {"cp_async": 0, "tma": 0, "mma": 0, "wgmma": 0}
+    here = None
+    for raw in ptx.splitlines():
+        line = raw.strip()
+        if line.startswith(".loc"):
+            f, row = line.split()[1:3]
+            here = int(row) if files.get(f) == source else None
+            continue
+        op = line.split("@", 1)[-1].split()[1:2] if line.startswith("@") else line.split()[:1]
+        op = op[0] if op else ""
+        width = None
+        if op.startswith("ld.global"):
+            vec = _VEC.search(op)
+            bits = _BITS.search(op)
+            width = (int(vec.group(1)) if vec else 1) * (int(bits.group(1)) // 8 if bits else 0)
+        elif op.startswith("cp.async.bulk.tensor"):
+            counts["tma"] += 1
+        elif re.match(r"cp\.async\.c[ag]\.shared\.global", op):
+            counts["cp_async"] += 1
+            width = int(line.rstrip(";").split(",")[2].strip(), 0)
+        elif op.startswith("mma.sync"):
+            counts["mma"] += 1
+        elif op.startswith("wgmma.mma_async"):
+            counts["wgmma"] += 1
+        if width is not None:
+            operand = next((v for lo, hi, v in sites if here and lo <= here <= hi), "other")
+            by_width = loads.setdefault(operand, {})
+            by_width[str(width)] = by_width.get(str(width), 0) + 1
+    return {"loads": loads, **counts}
+
+
+def cubin_resources(cubin: bytes) -> dict:
+    """``REG``, ``STACK``, ``SHARED`` (static), ``LOCAL`` of the cubin's kernel, by the wheel's cuobjdump."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run(
+            [str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    found = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", text))
+    return {k: int(v) for k, v in found.items()}
+
+
+def occupancy(spec, registers: int, shared: int, num_warps: int) -> dict:
+    """Programs of ``num_warps`` warps one SM holds, by each limit (registers are allocated per warp in
+    units of 256; each program costs 1 KB of shared memory reserved by the driver on sm_80 and later)."""
+    per_warp = math.ceil(max(registers, 1) * 32 / 256) * 256
+    limits = {
+        "registers": spec.regs_per_sm // per_warp // num_warps,
+        "shared memory": spec.smem_per_sm // (shared + 1024),
+        "warps": spec.max_warps_per_sm // num_warps,
+    }
+    by = min(limits, key=limits.get)
+    return {"programs_per_sm": limits[by], "limited_by": by, "limits": limits}
+
+
+def compile_launch(launch, gpu: str, hints: bool = True) -> dict:
+    """Compile one captured launch for ``gpu`` (a key of ``paged.kernels.GPUS``) and read what came out."""
+    import triton
+
+    from paged.kernels import GPUS
+
+    fn, grid, args, kwargs = launch
+    start = time.perf_counter()
+    row = {
+        "function": fn.fn.__name__,
+        "gpu": gpu,
+        "arch": f"sm_{TARGETS[gpu]}",
+        "grid": list(grid),
+        "launch": {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")},
+        "num_splits": dict(zip(fn.arg_names, args)).get("num_splits"),
+        "hints": hints,
+    }
+    try:
+        src, target, options = specialise(launch, TARGETS[gpu], hints)
+        row["signature"] = {k: v for k, v in src.signature.items() if v != "constexpr"}
+        row["divisible_by_16"] = sorted(
+            fn.arg_names[k[0]] for k, v in src.attrs.items() if ["tt.divisibility", 16] in v
+        )
+        row["constants"] = {fn.arg_names[k[0]]: v for k, v in src.constants.items()}
+        row.update(num_warps=options.num_warps, num_stages=options.num_stages)
+        kernel = triton.compile(src, target=target, options=options.__dict__)
+    except Exception as exc:  # noqa: BLE001 - a compile error is a result of the report
+        row["error"] = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        return row
+    res = cubin_resources(kernel.asm["cubin"])
+    shared = kernel.metadata.shared + res.get("SHARED", 0)
+    row.update(
+        registers=res.get("REG"),
+        stack_bytes=res.get("STACK", 0) + res.get("LOCAL", 0),
+        shared_bytes=shared,
+        **ptx_memory_ops(kernel.asm["ptx"], inspect.getsourcefile(fn.fn), load_sites(fn)),
+        occupancy=occupancy(GPUS[gpu], res.get("REG", 0), shared, options.num_warps),
+        compile_s=round(time.perf_counter() - start, 2),
+    )
+    return row
+
+
+def _kernel_name(step: str, function: str) -> str:
+    return {"_merge_splits_kernel": "merge"}.get(function, step)
+
+
+def compile_job(job: dict) -> list[dict]:
+    """Rows for one engine configuration: every kernel of each step in :data:`STEPS`, compiled once."""
+    from paged.kernels.launch_config import GPUS, compiling_for
+
+    rows, seen = [], set()
+    shape = {k: job[k] for k in ("dtype", "head_dim", "group", "block_size")}
+    with compiling_for(GPUS[job["gpu"]]):
+        for step in STEPS:
+            for launch in engine_step(step, **shape):
+                row = compile_launch(launch, job["gpu"])
+                name = _kernel_name(step, row["function"])
+                key = row_id({**shape, **row, "kernel": name})
+                if key not in seen:
+                    seen.add(key)
+                    rows.append({"id": key, "kernel": name, **shape, **row})
+                    print(_progress(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def row_id(row: dict) -> str:
+    """A configuration's name: kernel, GPU, dtype, head dim, and the group and block size, or for the
+    merge kernel (which sees neither) the padded split count."""
+    base = f"{row['kernel']}:{row['gpu']}:{row['dtype']}:d{row['head_dim']}"
+    if row["kernel"] == "merge":
+        return base + f":s{row['num_splits']}"
+    return base + f":g{row['group']}:bs{row['block_size']}"
+
+
+def _progress(row: dict) -> str:
+    if "error" in row:
+        return f"  {row['id']}: COMPILE ERROR {row['error'][:120]}"
+    return (
+        f"  {row['id']}: {row['registers']} regs, stack {row['stack_bytes']}, "
+        f"smem {row['shared_bytes']}, {row['compile_s']} s"
+    )
+
+
+def variant_rows(
+    step: str,
+    gpu: str,
+    dtype: str,
+    head_dim: int,
+    group: int,
+    block_size: int,
+    override: dict | None = None,
+    hints: bool = True,
+    name: str = "variant",
+) -> list[dict]:
+    """The first kernel of an engine step, compiled with its launch's keyword arguments updated by
+    ``override`` (what ``launch_decode(..., config=override)`` passes; e.g. other tiles or warps) and with
+    or without divisibility hints: the report's rows for a what-if, a fix being tried, a planted fault."""
+    from paged.kernels.launch_config import GPUS, compiling_for
+
+    with compiling_for(GPUS[gpu]):
+        fn, grid, args, kwargs = engine_step(step, dtype, head_dim, group, block_size)[0]
+    row = compile_launch((fn, grid, args, {**kwargs, **(override or {})}), gpu, hints)
+    shape = {"dtype": dtype, "head_dim": head_dim, "group": group, "block_size": block_size}
+    ident = f"{name}:{row_id({**shape, **row, 'gpu': gpu, 'kernel': step})}"
+    return [{"id": ident, "kernel": step, "variant": name, "override": override, **shape, **row}]
+
+
+LAB_SHAPE = {
+    "dtype": "float16",
+    "head_dim": 128,
+    "group": 4,
+    "block_size": 16,
+}  # a Llama-3-8B layer
+
+
+def lab_rows(gpu: str, impl: str | None = "exercises") -> list[dict]:
+    """Chapter 04's kernels at the engine's decode step of batch 64, context 4,096 (fp16, 32 query heads
+    over 8 KV heads of dim 128, block size 16), compiled for ``gpu``: the teaching kernel
+    (``paged_course.kernel_lab``), the tuned kernel with and without divisibility hints, and the learner's
+    kernel of ``<impl>/ex04_fast_decode.py`` (an error row when it does not import or compile)."""
+    from paged.kernels.launch_config import GPUS, compiling_for
+    from paged_course.kernel_lab import launch_teaching_decode
+
+    with compiling_for(GPUS[gpu]):
+        tuned = engine_step("decode", **LAB_SHAPE)[0]
+        query, key_cache, value_cache, block_tables, context_lens = tuned[2][:5]
+        inputs = (query, key_cache, value_cache, block_tables, context_lens)
+        sides = [("teaching", lambda: launch_teaching_decode(*inputs))]
+        if impl:
+            sides.append(("yours", lambda: _learner(impl).launch_learner_decode(*inputs)))
+        launches = {"tuned": [tuned]}
+        for name, call in sides:
+            try:
+                with captured_launches() as launches[name]:
+                    call()
+            except Exception as exc:  # noqa: BLE001 - a learner's file in progress is a result too
+                launches[name] = f"{type(exc).__name__}: {exc}"
+    rows = []
+    for name, hints in (("teaching", True), ("tuned", True), ("tuned", False), ("yours", True)):
+        found = launches.get(name)
+        if found is None:
+            continue
+        label = name if hints else "tuned, no hints"
+        if name == "yours" and impl != "exercises":
+            label = f"{impl}/ex04_fast_decode"
+        row = compile_launch(found[0], gpu, hints) if isinstance(found, list) else {"error": found}
+        rows.append({"id": f"lab:{label}:{gpu}", "kernel": label, "gpu": gpu, **LAB_SHAPE, **row})
+    return rows
+
+
+def compile_lab(
+    impl: str | None = "exercises", gpus=tuple(TARGETS), prefill: bool = True
+) -> list[dict]:
+    """Chapter 04: :func:`lab_rows` for each of ``gpus`` and, with ``prefill``, the prefill kernel at head
+    dim 128 (fp16) with the engine's tiles and with 64 x 64 (``kernel`` ``"prefill 64 x 64"``), compiled
+    in one compile-only child process (this process may have decorated the kernels for the interpreter).
+    About 10-30 s the first time; Triton's cache (``~/.triton/cache``) serves what it compiled before."""
+    jobs = [{"call": f"{__name__}:lab_rows", "kwargs": {"gpu": g, "impl": impl}} for g in gpus]
+    for gpu in gpus if prefill else ():
+        for override, name in ((None, "prefill"), ({"BLOCK_N": 64}, "prefill 64 x 64")):
+            kwargs = {
+                "step": "prefill",
+                "gpu": gpu,
+                **LAB_SHAPE,
+                "override": override,
+                "name": name,
+            }
+            jobs.append({"call": f"{__name__}:variant_rows", "kwargs": kwargs})
+    rows = compile_in_children(jobs, processes=1)
+    for row in rows:
+        row["kernel"] = row.get("variant", row["kernel"])
+    return rows
+
+
+def text_table(rows: list[dict]) -> str:
+    """A compact plain-text table of compiled kernels (chapter 04): one line per kernel and GPU."""
+    head = (
+        f"{'kernel':<28}{'GPU':<14}{'registers':>10}{'stack B':>9}{'shared KB':>11}"
+        f"{'K/V loads 16 B / narrower':>27}{'cp.async':>10}{'mma / wgmma':>13}  programs per SM"
+    )
+    lines = [head]
+    for r in rows:
+        where = f"{r['gpu']} (sm_{TARGETS[r['gpu']]})"
+        if "error" in r:
+            lines.append(
+                f"{r['kernel']:<28}{where:<14}  does not compile: {error_summary(r['error'])}"
+            )
+            continue
+        kv, occ = kv_loads(r), r["occupancy"]
+        loads, mma = f"{kv['wide']} / {kv['narrow']}", f"{r['mma']} / {r['wgmma']}"
+        lines.append(
+            f"{r['kernel']:<28}{where:<14}{r['registers']:>10}{r['stack_bytes']:>9}"
+            f"{r['shared_bytes'] / 1024:>11.1f}{loads:>27}{r['cp_async']:>10}{mma:>13}"
+            f"  {occ['programs_per_sm']} ({occ['limited_by']})"
+        )
+    return "\n".join(lines)
+
+
+def _learner(impl: str):
+    import importlib
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"{impl}.ex04_fast_decode")
+
+
+def _child(jobs_path: str, out_path: str) -> None:
+    jobs = json.loads(Path(jobs_path).read_text())
+    rows = []
+    for job in jobs:
+        rows += job_rows(job)
+    Path(out_path).write_text(json.dumps(rows))
+
+
+def job_rows(job: dict) -> list[dict]:
+    """Dispatch one child job: an engine configuration, or ``{"call": "module:function", ...}``, a
+    function of this child's choosing that returns rows (the lab's kernels, planted variants)."""
+    if "call" in job:
+        module, name = job["call"].split(":")
+        return __import__(module, fromlist=[name]).__dict__[name](**job.get("kwargs", {}))
+    return compile_job(job)
+
+
+# ---------------------------------------------------------------------------- parent: run, check, write
+
+
+def compile_in_children(jobs: list[dict], processes: int = 1, timeout: float = 1800) -> list[dict]:
+    """Run ``jobs`` (see :func:`job_rows`) in ``processes`` child processes in compile-only mode; rows in
+    job order. Raises RuntimeError with the child's output when a child fails (not for compile errors:
+    those are rows)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(
+        PAGED_TRITON_COMPILE_ONLY="1", TRITON_DEFAULT_FP_FUSION="1", TRITON_DISABLE_LINE_INFO="0"
+    )
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    processes = max(1, min(processes, len(jobs)))
+    parts = [jobs[i::processes] for i in range(processes)]
+    with tempfile.TemporaryDirectory() as tmp:
+        children = []
+        for i, part in enumerate(parts):
+            jobs_path, out_path = Path(tmp) / f"jobs{i}.json", Path(tmp) / f"rows{i}.json"
+            jobs_path.write_text(json.dumps(part))
+            cmd = [sys.executable, "-m", "paged_course.bench.kernel_compile", "--child"]
+            children.append(
+                (
+                    subprocess.Popen([*cmd, str(jobs_path), str(out_path)], env=env, cwd=ROOT),
+                    out_path,
+                )
+            )
+        deadline = time.monotonic() + timeout
+        for proc, _ in children:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        failed = [proc.returncode for proc, _ in children if proc.returncode]
+        if failed:
+            raise RuntimeError(f"a compile child exited with {failed} (its traceback is above)")
+        per_part = [json.loads(out.read_text()) for _, out in children]
+    rows = {row["id"]: row for part in per_part for row in part}  # a merge kernel serves many
+    return sorted(rows.values(), key=_sort_key)
+
+
+def _sort_key(row: dict) -> tuple:
+    config = (row["dtype"] != "float16", row["head_dim"], row.get("group"), row.get("block_size"))
+    order = (list(TARGETS).index(row["gpu"]), _ORDER.get(row["kernel"], 9))
+    if row["kernel"] in ("decode", "decode_split", "merge", "prefill"):
+        order = order[::-1]  # the engine's kernels by kernel, then GPU; the lab's by GPU
+    return (
+        (*order, *config, row.get("num_splits") or 0)
+        if row["kernel"] != "merge"
+        else (*order, *config[:2], row.get("num_splits") or 0)
+    )
+
+
+def kv_loads(row: dict) -> dict:
+    """``{"wide": 16-byte K/V loads (vector loads and cp.async), "narrow": narrower ones}``."""
+    wide = narrow = 0
+    for operand in KV_OPERANDS:
+        for width, n in row.get("loads", {}).get(operand, {}).items():
+            if int(width) >= 16:
+                wide += n
+            else:
+                narrow += n
+    return {"wide": wide, "narrow": narrow}
+
+
+def error_summary(error: str) -> str:
+    """A compile error in one line: its first line (where) and its last (why)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    return lines[0] if len(lines) < 2 else f"{lines[0]} {lines[-1]}"
+
+
+def check(rows: list[dict], baseline: list[dict] | None = None) -> list[str]:
+    """The report's failures, one line each: compile errors, spills, narrow or missing K/V tile loads,
+    and fewer 16-byte K/V loads or ``cp.async`` than ``baseline`` (rows of the committed report)."""
+    problems = []
+    before = {r["id"]: r for r in baseline or [] if "error" not in r}
+    for row in rows:
+        name = row["id"]
+        if "error" in row:
+            problems.append(f"{name}: compile error: {error_summary(row['error'])}")
+            continue
+        if row["stack_bytes"] > 0:
+            problems.append(
+                f"{name}: spills: {row['stack_bytes']} bytes of stack at {row['registers']} registers"
+            )
+        kv = kv_loads(row)
+        if row["kernel"] != "merge" and kv["wide"] == 0:
+            problems.append(f"{name}: no 16-byte K/V tile load found (loads: {row['loads']})")
+        if kv["narrow"]:
+            problems.append(
+                f"{name}: {kv['narrow']} K/V tile loads narrower than 16 bytes (loads: {row['loads']})"
+            )
+        old = before.get(name)
+        if old is not None:
+            for label, now, then in (
+                ("16-byte K/V loads", kv["wide"], kv_loads(old)["wide"]),
+                ("cp.async copies", row["cp_async"], old["cp_async"]),
+            ):
+                if now < then:
+                    problems.append(f"{name}: {now} {label}, the committed report has {then}")
+    return problems
+
+
+COLUMNS = (
+    "| kernel | GPU | dtype | head dim | group | block | tile | warps / stages | registers | stack B "
+    "| shared KB | K/V loads 16 B / narrower | cp.async | TMA | mma / wgmma | programs per SM |\n"
+    + "|---" * 16
+    + "|\n"
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """One markdown table row per compiled kernel (:data:`COLUMNS`)."""
+    lines = []
+    for r in rows:
+        lead = f"| {r['kernel']} | {r['gpu']} (sm_{TARGETS[r['gpu']]}) | {r['dtype']} | {r['head_dim']} | "
+        lead += "- | - | " if r["kernel"] == "merge" else f"{r['group']} | {r['block_size']} | "
+        if "error" in r:
+            lines.append(lead + f"compile error: {error_summary(r['error'])[:120]} |" + " |" * 9)
+            continue
+        launch, kv, occ = r["launch"], kv_loads(r), r["occupancy"]
+        rows_, cols = launch.get("BLOCK_M", launch.get("GROUP_P2")), launch.get("BLOCK_N")
+        tile = f"{rows_} x {cols or launch.get('BLOCK_SIZE')}"
+        if r["kernel"] == "merge":
+            tile = f"{r['num_splits']} splits"
+        lines.append(
+            lead
+            + f"{tile} | {r['num_warps']} / {r['num_stages']} | {r['registers']} | {r['stack_bytes']} | "
+            f"{r['shared_bytes'] / 1024:.1f} | {kv['wide']} / {kv['narrow']} | {r['cp_async']} | "
+            f"{r['tma']} | {r['mma']} / {r['wgmma']} | {occ['programs_per_sm']} ({occ['limited_by']}) |"
+        )
+    return COLUMNS + "\n".join(lines) + "\n"
+
+
+REPORT_INTRO = """# What the compiler made of the engine's Triton kernels
+
+Static: every kernel the engine launches, compiled for an A100 (sm_80) and an H200 (sm_90; an H100 SXM
+has the same SM count and shared memory, so the same launch configs) on a machine without a GPU, with
+the specialisation a launch on that GPU gets. Nothing was run: there are no times here. Written by
+`python -m paged bench kernel --compile --update-static` (`paged_course/bench/kernel_compile.py`);
+CI recompiles and fails on a compile error, a spill, a K/V tile load narrower than 16 bytes, or fewer
+16-byte K/V loads or `cp.async` than this report.
+
+Columns: *tile* is the launch's rows x KV tokens (the GQA group padded to 16 rows for decode, query tokens
+for prefill); *stack B* is local memory per thread (register spills); *shared KB* what a program
+allocates; *K/V loads* count the PTX's load instructions of K and V tiles (static counts, not executions),
+by width; *cp.async* asynchronous copies into shared memory (Triton's software pipelining); *mma /
+wgmma* tensor-core instructions (Ampere's warp-level `mma.sync`, Hopper's warp-group `wgmma`);
+*programs per SM* the most that fit by registers (64 K per SM, allocated per warp in units of 256),
+shared memory (plus 1 KB per program reserved by the driver) and warps (64 per SM), and which limit
+binds: arithmetic on the compiler's numbers, not a measurement.
+"""
+
+
+def report_markdown(report: dict) -> str:
+    """The committed report's text: the engine's kernels, then chapter 04's lab kernels, then the checks."""
+    text = (
+        REPORT_INTRO
+        + f"\nTriton {report['triton']}; the steps compiled: {report['steps_text']}.\n\n"
+    )
+    text += "## The engine's kernels\n\n" + markdown(report["rows"])
+    if report.get("lab"):
+        text += (
+            "\n## Chapter 04's kernels (not checked)\n\nAt the decode step of batch 64, context "
+            "4,096, fp16, 32 query heads over 8 KV heads of dim 128, block size 16. *tuned, no hints* is "
+            "the tuned kernel compiled without `tt.divisibility` (Triton then knows nothing of its "
+            "pointers' alignment).\n\n" + markdown(report["lab"])
+        )
+    problems = report["problems"]
+    text += "\n## Checks\n\n" + (
+        "\n".join(f"- FAIL {p}" for p in problems) if problems else "All pass."
+    )
+    return text + "\n"
+
+
+STEPS_TEXT = (
+    "decode: 64 sequences of context 4,096 (one pass) and 1 of context 8,192 (split-K and the merge "
+    "kernel); prefill: a 512-token chunk after 512 cached tokens and a 384-token prompt, in one launch"
+)
+
+
+def main(out: Path, processes: int | None = None, update_static: bool = False) -> int:
+    """``python -m paged bench kernel --compile``: compile, print, write, check; 0 when every check passes."""
+    out = Path(out)
+    baseline_path = STATIC / "kernels.json"
+    baseline = json.loads(baseline_path.read_text())["rows"] if baseline_path.exists() else None
+    jobs = engine_configs()
+    jobs += [
+        {"call": f"{__name__}:lab_rows", "kwargs": {"gpu": g, "impl": "solutions"}} for g in TARGETS
+    ]
+    processes = processes or max(1, min(4, os.cpu_count() or 1))
+    print(
+        f"compiling the engine's kernels at {len(jobs) - len(TARGETS)} configurations and chapter 04's "
+        f"lab kernels for {', '.join(f'{g} (sm_{a})' for g, a in TARGETS.items())} in {processes} "
+        "process(es)",
+        flush=True,
+    )
+    start = time.perf_counter()
+    rows = compile_in_children(jobs, processes)
+    seconds = time.perf_counter() - start
+    lab = [r for r in rows if r["id"].startswith("lab:")]
+    rows = [r for r in rows if not r["id"].startswith("lab:")]
+    report = {
+        "what": "static: compiled for GPU targets on a machine without a GPU; nothing was run",
+        "triton": _triton_version(),
+        "targets": {g: f"sm_{a}" for g, a in TARGETS.items()},
+        "steps_text": STEPS_TEXT,
+        "compile_seconds": round(seconds, 1),
+        "rows": rows,
+        "lab": lab,
+        "problems": check(rows, None if update_static else baseline),
+    }
+    text = report_markdown(report)
+    for folder in [out] + ([STATIC] if update_static else []):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "kernels.json").write_text(dump(report))
+        (folder / "kernels.md").write_text(text)
+    print(text)
+    print(
+        f"{len(rows) + len(lab)} kernels compiled in {seconds:.0f} s; written to {out}/kernels.json, kernels.md"
+    )
+    problems = report["problems"]
+    print("compile report: " + (f"{len(problems)} problem(s)" if problems else "all checks pass"))
+    return 1 if problems else 0
+
+
+def dump(report: dict) -> str:
+    """The report as JSON with one line per row (readable diffs when a kernel changes)."""
+    lines = []
+    for key, value in report.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            rows = ",\n".join(f"  {json.dumps(v, sort_keys=True)}" for v in value)
+            lines.append(f" {json.dumps(key)}: [\n{rows}\n ]")
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def _triton_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", nargs=2, metavar=("JOBS", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(*args.child)

@@ -4,7 +4,11 @@
 r"""Exercise 04, part 3 (ungraded, for a GPU): make the paged decode kernel fast.
 
 The marked region holds your kernel ``_learner_kernel`` and its launch config ``CONFIG``. It starts as
-chapter 04's teaching kernel: correct, and about 10% of a GPU's memory bandwidth. Decode reads every
+chapter 04's teaching kernel: the frame of ``_decode_kernel`` around a call of your ``walk_blocks``
+(``ex04_online_softmax.py``, region ch04.ex2), so it is correct once ch04.ex2 passes its checks (until then
+its loop is empty and the self-check says so), and it reads about a tenth of a GPU's memory bandwidth
+(the teaching kernel's 11.5% of peak on the H200 run of ``docs/gpu/h200-2026-11-30/``). Replace the call by a
+loop of your own. Decode reads every
 cached K and V byte once and computes about 4 flops per byte per query head, so a good kernel runs at
 the speed of memory. The chapter's performance lab walks the four ideas that get there:
 
@@ -35,6 +39,8 @@ import torch
 from paged.kernels import validate_decode_inputs
 from paged.kernels._triton import INTERPRET, jit, require_triton, tl, triton
 
+from .ex04_online_softmax import walk_blocks  # noqa: E402 -- your ch04.ex2, the teaching kernel's loop
+
 CONFIG = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}  # the teaching kernel ignores BLOCK_N
 
 
@@ -63,7 +69,7 @@ def _learner_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P2: tl.constexpr,
 ):
-    """The teaching kernel: one block per step, scores by broadcast-multiply-and-sum."""
+    """The teaching kernel: your ch04.ex2 walk, one block per step. Replace the call by your own loop."""
     seq, kv_head = tl.program_id(0), tl.program_id(1)
     offs_g = tl.arange(0, GROUP_P2)
     offs_t = tl.arange(0, BLOCK_SIZE)
@@ -82,26 +88,31 @@ def _learner_kernel(
     m = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
-    for b in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
-        physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)
-        t_mask = b * BLOCK_SIZE + offs_t < context_len
-        offsets = (
-            physical * stride_k_block
-            + offs_t[:, None] * stride_k_tok
-            + kv_head * stride_k_head
-            + offs_d[None, :]
-        )
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(K + offsets, mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(V + offsets, mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m = m_new
+    every_block = tl.cdiv(
+        context_len, BLOCK_SIZE
+    )  # one split, split 0, owning every block of the context
+    m, l, acc = walk_blocks(
+        q,
+        m,
+        l,
+        acc,
+        K,
+        V,
+        BT,
+        seq,
+        kv_head,
+        0,
+        context_len,
+        every_block,
+        stride_k_block,
+        stride_k_tok,
+        stride_k_head,
+        stride_bt_seq,
+        offs_t,
+        offs_d,
+        d_mask,
+        BLOCK_SIZE,
+    )
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(
         O + seq * stride_o_seq + heads[:, None] * stride_o_head + offs_d[None, :],

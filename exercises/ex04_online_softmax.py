@@ -9,11 +9,12 @@ unnormalized weighted sum ``acc`` of the values relative to ``m`` (chapter 04, s
 new block changes them). Three build steps, in this file:
 
 1. ``online_softmax_update`` (region ch04.ex1, PyTorch, any machine): fold one block into the state.
-2. the loop of ``_decode_kernel`` (ch04.ex2, Triton; the interpreter on CPU): the paged decode kernel with
-   the structure of chapter 04's teaching kernel, one program per (sequence, KV head, split) serving the
-   whole GQA group. Everything around the loop is written: the query tile (the scale folded in), the
-   empty state, and the end, which writes ``acc / l`` and, for split-K, the log-sum-exp ``m + log l``.
-   You write the walk over this program's blocks.
+2. ``walk_blocks`` (ch04.ex2, Triton; the interpreter on CPU), the loop of ``_decode_kernel``, chapter 04's
+   teaching kernel: one program per (sequence, KV head, split) serving the whole GQA group. Everything around
+   the loop is written: the query tile (the scale folded in), the empty state, and the end, which writes
+   ``acc / l`` and, for split-K, the log-sum-exp ``m + log l``. You write the walk over this program's
+   blocks. The teaching kernel that the course's tools run (``paged_course.kernel_lab.teaching_decode``) and
+   the starter of ``ex04_fast_decode.py`` call this same function, so they run your walk.
 3. ``merge_splits`` (ch04.ex4, PyTorch): combine the partial outputs of split-K through their
    log-sum-exps; a split that held no token must change nothing.
 
@@ -68,6 +69,43 @@ def attend_blockwise(
         scores = query.float() @ keys[start : start + block].float().T * scale
         m, l, acc = online_softmax_update(m, l, acc, scores, values[start : start + block].float())
     return acc / l[:, None]
+
+
+@jit
+def walk_blocks(
+    q,
+    m,
+    l,
+    acc,
+    K,
+    V,
+    BT,
+    seq,
+    kv_head,
+    split,
+    context_len,
+    blocks_per_split,
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,
+    stride_bt_seq,
+    offs_t,
+    offs_d,
+    d_mask,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """The loop of the teaching kernel: fold this program's blocks into the running state ``(m, l, acc)``.
+
+    ``q`` ``[GROUP_P2, HEAD_DIM_P2]`` fp32 (the scale folded in), ``m``, ``l`` ``[GROUP_P2]`` and ``acc``
+    ``[GROUP_P2, HEAD_DIM_P2]`` fp32 (the empty state on entry). Split ``split`` owns the logical blocks
+    ``split * blocks_per_split`` .. ``(split + 1) * blocks_per_split - 1`` of sequence ``seq``, but only those
+    holding some of its ``context_len`` tokens; block ``b`` sits in physical block ``BT[seq, b]`` (row stride
+    ``stride_bt_seq``), token slot ``t`` of KV head ``kv_head`` at ``physical * stride_k_block + t *
+    stride_k_tok + kv_head * stride_k_head`` in ``K`` and ``V`` (same strides). ``offs_t`` are a block's token
+    slots, ``offs_d`` the head-dim lanes and ``d_mask`` the real ones. Returns the new ``(m, l, acc)``.
+    """
+    pass  # your walk over this program's blocks: lookup, masked loads (other=), scores, online update
+    return m, l, acc
 
 
 @jit
@@ -126,7 +164,28 @@ def _decode_kernel(
     m = tl.full([GROUP_P2], float("-inf"), tl.float32)  # running max, per query head of the group
     l = tl.zeros([GROUP_P2], tl.float32)  # running denominator, relative to m
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)  # running sum of p * v, relative to m
-    pass  # your walk over this program's blocks: lookup, masked loads (other=), scores, online update
+    m, l, acc = walk_blocks(
+        q,
+        m,
+        l,
+        acc,
+        K,
+        V,
+        BT,
+        seq,
+        kv_head,
+        split,
+        context_len,
+        blocks_per_split,
+        stride_k_block,
+        stride_k_tok,
+        stride_k_head,
+        stride_bt_seq,
+        offs_t,
+        offs_d,
+        d_mask,
+        BLOCK_SIZE,
+    )
     has_tokens = l > 0  # False for a split with no token (or a context of 0)
     out = acc / tl.where(has_tokens, l, 1.0)[:, None]
     tl.store(
@@ -143,7 +202,20 @@ def _decode_kernel(
         tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=g_mask)
 
 
-def _launch(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits, out, lse):
+def _launch(
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    context_lens,
+    scale,
+    num_splits,
+    out,
+    lse,
+    num_warps=4,
+):
+    """Launch ``_decode_kernel`` on a grid of (sequences, KV heads, splits) without input checks; ``out`` gets
+    the (partial) outputs, ``lse`` (or None for one split) the log-sum-exps; ``num_warps`` per program."""
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     if key_cache.stride() != value_cache.stride():
@@ -186,6 +258,7 @@ def _launch(query, key_cache, value_cache, block_tables, context_lens, scale, nu
         HEAD_DIM=head_dim,
         HEAD_DIM_P2=triton.next_power_of_2(head_dim),
         WRITE_LSE=lse is not None,
+        num_warps=num_warps,
     )
 
 

@@ -188,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     from paged.worker.model_runner import kv_shape
     from paged_course.compare import greedy_agreement
 
+    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+        parser.error(
+            f"--device {args.device}: this torch ({torch.__version__}, {build}) sees no CUDA GPU; "
+            "run with --device cpu, or leave --device out (the default is CUDA when available, else CPU)"
+        )
     try:
         device = resolve_device(args.device)
     except ValueError as err:

@@ -6,7 +6,9 @@ test, or a test's own ``@pytest.mark.timeout(N)`` when that is larger (the few t
 Triton or warm up torch carry one). An infinite loop fails that one test (``timed out after 10 s``);
 a hang that the timeout cannot interrupt (inside C code) is ended by a watchdog a few seconds later
 (limit + max(5 s, limit / 2)), and a crash of the whole test process (segfault, ``os._exit``) fails
-only the test that was running: the remaining tests run in a fresh process. This module is also the
+only the test that was running: the remaining tests run in a fresh process. Once a test of a region times
+out inside a function, the region's later tests stop the moment they call that function and are reported
+``blocked`` (``B``) instead of waiting out their own limit. This module is also the
 pytest plugin (``-p paged_course.grading``) that writes one JSON line per event to
 ``$PAGED_GRADE_LOG``; the grader reads that log while pytest runs and prints a line per chapter.
 
@@ -65,6 +67,58 @@ def watchdog_seconds(limit: float) -> float:
 
 
 # ----------------------------------------------------------------------------- pytest plugin side
+class BlockedByTimeout(Exception):
+    """Raised on entering a function that timed out in an earlier test of the same region: that test is
+    reported ``blocked`` at once instead of waiting out its own time limit."""
+
+
+_exercise_of: dict[str, str] = {}  # nodeid -> exercise id, from collection
+_timed_out: dict[
+    str, dict
+] = {}  # exercise id -> where its first timeout stopped: file, line, func, test
+
+
+def _timeout_frame(output: str) -> dict | None:
+    """``{"file", "line", "func"}`` of the innermost frame outside the tests and pytest where pytest-timeout
+    stopped a test, read from its traceback; None when it cannot be told."""
+    spot = _timeout_location(output)
+    m = re.fullmatch(r"(\S+\.py):(\d+) \(in (\w+)\)", spot or "")
+    if m is None or re.match(r"(.*/)?tests/", m[1]):  # stopped in a test's own code: block nothing
+        return None
+    return {"file": m[1], "line": int(m[2]), "func": m[3]}
+
+
+def _blocking_tracer(spot: dict):
+    """A ``sys.settrace`` function that raises :class:`BlockedByTimeout` when ``spot``'s function is called
+    (same name, same file); it traces calls only, never lines."""
+    name, file = spot["func"], spot["file"].replace("\\", "/")
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_name == name and code.co_filename.endswith(file):
+            raise BlockedByTimeout(
+                f"blocked: calls {name} ({spot['file']}:{spot['line']}), which timed out in "
+                f"{spot['test']}; not run again (fix that loop first)"
+            )
+        return None
+
+    return tracer
+
+
+def pytest_runtest_setup(item):
+    """A later test of a region whose function timed out stops as soon as it calls that function."""
+    if _LOG_ENV not in os.environ:
+        return
+    spot = _timed_out.get(_exercise_of.get(item.nodeid, ""))
+    if spot is not None:
+        sys.settrace(_blocking_tracer(spot))
+
+
+def pytest_runtest_teardown(item):
+    if _LOG_ENV in os.environ and item.nodeid in _exercise_of:
+        sys.settrace(None)
+
+
 def _log(event: dict) -> None:
     with open(os.environ[_LOG_ENV], "a", encoding="utf-8") as f:
         f.write(json.dumps(event) + "\n")
@@ -115,6 +169,7 @@ def pytest_collection_modifyitems(config, items):
         ):  # --timeout larger than the test's own limit: the larger wins
             item.add_marker(pytest.mark.timeout(limit), append=False)
         uses = list(item.get_closest_marker("exercise").kwargs.get("uses", ()))
+        _exercise_of[item.nodeid] = ex_id
         _log(
             {
                 "event": "collected",
@@ -146,6 +201,12 @@ def pytest_runtest_logreport(report):
         else:
             text = report.longreprtext
         timed_out = report.failed and _TIMEOUT_TEXT in text and "Timeout (>" in text
+        blocked = report.failed and "BlockedByTimeout: blocked:" in text
+        ex_id = _exercise_of.get(report.nodeid)
+        if timed_out and ex_id and ex_id not in _timed_out:
+            spot = _timeout_frame(text)
+            if spot is not None:
+                _timed_out[ex_id] = dict(spot, test=report.nodeid.rsplit("::", 1)[-1])
         _log(
             {
                 "event": "result",
@@ -155,6 +216,7 @@ def pytest_runtest_logreport(report):
                 "output": text[-4000:],
                 "duration": report.duration,
                 "timeout": timed_out,
+                "blocked": blocked,
             }
         )
 
@@ -171,8 +233,16 @@ _STATUS_WORDS = {
     "skipped": "skipped",
     "timeout": "timed out",
     "crashed": "crashed",
+    "blocked": "blocked",
 }
-_SYMBOL = {"passed": ".", "failed": "F", "skipped": "s", "timeout": "T", "crashed": "C"}
+_SYMBOL = {
+    "passed": ".",
+    "failed": "F",
+    "skipped": "s",
+    "timeout": "T",
+    "crashed": "C",
+    "blocked": "B",
+}
 _MAX_REASON = (
     1000  # characters; longer reasons keep their head and their end (where expected/got is)
 )
@@ -451,7 +521,7 @@ class Progress:
         chapters = len(self.total)
         self._write(
             f"{len(tests)} test{'s' * (len(tests) != 1)} in {chapters} chapter{'s' * (chapters != 1)} "
-            "(. passed  F failed  T timed out  C crashed  s skipped)\n"
+            "(. passed  F failed  T timed out  B blocked by a timeout  C crashed  s skipped)\n"
         )
 
     def _open(self, chapter: str) -> None:
@@ -791,6 +861,9 @@ def grade(
                 message = f"timed out after {test.limit:g} s (an infinite loop?)" + (
                     f" at {where}" if where else ""
                 )
+            elif status == "blocked":
+                found = re.search(r"BlockedByTimeout: (blocked: .*)", output)
+                message = found.group(1).strip() if found else "blocked by an earlier timeout"
             settle(ev["nodeid"], status, output, message)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -848,6 +921,8 @@ def _record(results: dict, ev: dict) -> None:
     status = "skipped" if outcome == "skipped" else "failed"
     if ev.get("timeout"):
         status = "timeout"
+    elif ev.get("blocked"):
+        status = "blocked"
     if ev["when"] != "call":
         output = f"[{ev['when']}] {output}"
     if (
@@ -888,8 +963,11 @@ def _summary_lines(report: Report, width: int) -> list[str]:
                 t for t in report.tests if t.exercise == broken[0] and t.status != "passed"
             )
             reason = f"{ex_id} uses your {broken[0]}, which fails: {first.reason} (fix {broken[0]} first)"
-        plain = reason.startswith(("timed out", "crashed", "not run", "skipped"))
+        plain = reason.startswith(("timed out", "crashed", "not run", "skipped", "blocked"))
         status = "" if plain else f"{_STATUS_WORDS[bad[0].status]}: "
+        blocked = sum(t.status == "blocked" for t in bad)
+        if blocked and bad[0].status == "timeout":
+            reason += f" ({blocked} more test{'s' * (blocked > 1)} blocked: they call it too)"
         lines.append(
             _wrap(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {status}{reason}", 12, width)
         )

@@ -1,14 +1,17 @@
-"""The seed claims ledger: every claim (C1-C7) and error (E1-E11) of the seed articles, measured.
+"""The seed claims ledger: every claim (C1-C7) and error (E1-E11) of the two articles the course checks
+(``docs/sources.md``: the fragmentation article and the implementation article), measured.
 
-``CLAIMS`` holds, per id, what the seed states, the chapter that measures it and the source of the
-correct statement (paper section or vLLM file). The ``measure_*`` functions compute the numbers from
-this package at sizes that run in a second or two on a laptop CPU; chapter 08 calls them, fills in the
-rows that need the engine or a GPU, and prints the table with ``ledger_markdown``.
+``CLAIMS`` holds, per id, what the article states (and where), the chapter that measures it and the source
+of the correct statement (paper section, or vLLM file with the release it was read in). The
+``measure_*`` functions compute the numbers from this package at sizes that run in a second or two on a
+laptop CPU; chapter 08 calls them, fills in the rows that need the engine or a GPU, and prints the table
+with ``ledger_markdown``.
 
     python -m paged_course.ledger [--bench DIR]     # the table as Markdown; DIR: JSON of `python -m paged bench`
 
 Paper: Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
-SOSP 2023 (arXiv 2309.06180). vLLM paths are from v0.8.5, the last release holding both v0 and v1.
+SOSP 2023 (arXiv 2309.06180). vLLM paths are from 0.10.2, the last release holding both the v0 and the
+v1 engine (0.11.0 removed v0's ``vllm/core/`` and ``vllm/worker/``).
 """
 
 from __future__ import annotations
@@ -40,96 +43,111 @@ class Claim:
 _ROWS = [
     (
         "C1",
-        "before vLLM 20-40% of KV memory holds tokens; vLLM 80-96%",
+        "before vLLM 20-40% of KV memory holds tokens; vLLM 80-96% (fragmentation article §1, §4.1)",
         "01",
         "paper §1, Fig. 2 (20.4-38.2%)",
     ),
     (
         "C2",
-        "waste split: internal 40-60%, external 10-20%, reserved 5-10%",
+        "waste split: internal 40-60%, external 10-20%, reserved 5-10% (fragmentation article §1.2)",
         "01",
-        "paper §3 (kinds, no split); seed 002 §1.2 (its definitions)",
+        "paper §3 (kinds, no split); fragmentation article §1.2 (its definitions)",
     ),
-    ("C3", "paged waste per sequence <= block_size - 1 slots", "01", "paper §4.3"),
+    (
+        "C3",
+        "paged waste per sequence <= block_size - 1 slots (fragmentation article §3.2)",
+        "01",
+        "paper §4.3",
+    ),
     (
         "C4",
-        "KV per 2048-token sequence: Llama-7B ~1.1 GB, 13B ~1.7 GB",
+        "KV per 2048-token sequence: Llama-7B ~1.1 GB, 13B ~1.7 GB (fragmentation article §4.2)",
         "01",
-        "config.json; vllm/worker/cache_engine.py",
+        "config.json; vLLM v0 vllm/worker/cache_engine.py (0.10.2)",
     ),
     (
         "C5",
-        "100 requests sharing a system prompt save 60-90% (500-2000-token prompts)",
+        "100 requests sharing a system prompt save 60-90% (500-2000-token prompts; implementation article §3.2)",
         "05",
         "paper §6.4, §4.4",
     ),
     (
         "C6",
-        "throughput rises with concurrency (1.14x at 1; baseline OOM at 32+)",
+        "throughput rises with concurrency (1.14x at 1; baseline OOM at 32+; fragmentation article §4.3)",
         "07/08",
-        "seed's A100 table, unsourced",
+        "the article's A100 table, unsourced",
     ),
-    ("C7", "block size 16 is the best trade-off", "08", "paper §7.2, Fig. 18b"),
+    (
+        "C7",
+        "block size 16 is the best trade-off (fragmentation article §5)",
+        "08",
+        "paper §7.2, Fig. 18b",
+    ),
     (
         "E1",
-        "online softmax: prev_max undefined; output / output.sum()",
+        "online softmax: prev_max undefined; output / output.sum() (fragmentation article §3.4)",
         "04",
         "Milakov & Gimelshein 2018; paper §4.1",
     ),
     (
         "E2",
-        "paged kernel only 2-5% slower than contiguous",
+        "paged kernel only 2-5% slower than contiguous (implementation article §3.1)",
         "04/08",
         "paper §7.1, Fig. 18a (20-26%)",
     ),
     (
         "E3",
-        "one MD5 over the whole system prompt is the cache key",
+        "one MD5 over the whole system prompt is the cache key (implementation article §3.2)",
         "05",
-        "vllm/v1/core/kv_cache_utils.py",
+        "vLLM v1 vllm/v1/core/kv_cache_utils.py (0.8.5, 0.10.2)",
     ),
     (
         "E4",
-        "9-token system prompt, block 16, 'saves 33%'; '~100x' prompt speed-up",
+        "9-token system prompt, block 16, 'saves 33%'; '~100x' prompt speed-up (implementation article §3.2)",
         "05",
-        "paper §4.4; vllm/v1/core/block_pool.py",
+        "paper §4.4; vLLM v1 vllm/v1/core/block_pool.py (0.10.2)",
     ),
     (
         "E5",
-        "COW happens in variable-length attention / speculative decoding",
+        "COW happens in variable-length attention / speculative decoding (implementation article §3.3)",
         "05",
-        "vllm/core/block_manager.py; paper §4.4",
+        "vLLM v0 vllm/core/block/naive_block.py (cow_block_if_not_appendable, 0.10.2), the fork in 0.6.3; paper §4.4",
     ),
     (
         "E6",
-        "each layer has its own block table; file paths",
+        "each layer has its own block table; file paths (implementation article §3.4)",
         "03",
-        "vllm/worker/cache_engine.py, vllm/attention/",
+        "vLLM v0 vllm/worker/cache_engine.py, vllm/attention/ (0.10.2)",
     ),
     (
         "E7",
-        "Llama-70B needs ~5.2 GB per 2048-token sequence",
+        "Llama-70B needs ~5.2 GB per 2048-token sequence (fragmentation article §4.2)",
         "01",
         "Llama-2-70B config.json (8 KV heads)",
     ),
     (
         "E8",
-        "KV bytes = blocks x block_size x 2 x 4096 x 32 x 128 x 2",
+        "KV bytes = blocks x block_size x 2 x 4096 x 32 x 128 x 2 (fragmentation article §7.3)",
         "01",
-        "vllm/worker/cache_engine.py",
+        "vLLM v0 vllm/worker/cache_engine.py (0.10.2)",
     ),
     (
         "E9",
-        "watermark: falling below it triggers preemption",
+        "watermark: falling below it triggers preemption (fragmentation article §3.2)",
         "02/06",
-        "vllm/core/block_manager.py (can_allocate)",
+        "vLLM v0 vllm/core/block_manager.py (SelfAttnBlockSpaceManager.can_allocate, 0.10.2)",
     ),
-    ("E10", "16 is best 'because of shared memory'", "08", "paper §7.2"),
+    (
+        "E10",
+        "16 is best 'because of shared memory' (fragmentation article §5)",
+        "08",
+        "paper §7.2",
+    ),
     (
         "E11",
-        "A100 numbers (1,200 vs 5,800 tokens/s) without source",
+        "A100 numbers (1,200 vs 5,800 tokens/s) without source (fragmentation article §4.1, §4.3)",
         "07/08",
-        "seed 002 §4.3 (no source given)",
+        "fragmentation article §4.3 (no source given)",
     ),
 ]
 CLAIMS: dict[str, Claim] = {row[0]: Claim(*row) for row in _ROWS}
@@ -251,7 +269,7 @@ def measure_watermark(trace: Trace, pool_slots: int = 32768, watermarks=(0.0, 0.
 def seed_online_softmax(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int
 ) -> torch.Tensor:
-    """The seed's blockwise attention sketch (002, §3.4) for one head, ``q [D]``, ``k, v [L, D]``.
+    """The fragmentation article's blockwise attention sketch (§3.4) for one head, ``q [D]``, ``k, v [L, D]``.
 
     Kept as the seed wrote it except ``prev_max``, which it never defines (here: the previous running
     max). Its last line divides by ``output.sum()`` over the head dimension instead of by the running
@@ -577,18 +595,23 @@ def build_rows(m: dict) -> list[Row]:
     if kernel and kernel.get("mode") == "gpu":
         worst = max(r["paged_over_contiguous"] for r in kernel["sweep"])
         bw = bandwidth_row(kernel["sweep"])
+        which = "the teaching kernel" if "steps" not in kernel else "the tuned kernel"
         where = (
             (
-                f", in a kernel at {bw['pct_peak']:.1f}% of peak HBM bandwidth (batch {bw['batch']}, context "
-                f"{bw['context']}, block {bw['block_size']})"
+                f", in {which} at {bw['pct_peak']:.1f}% of peak HBM bandwidth (batch {bw['batch']}, "
+                f"context {bw['context']}, block {bw['block_size']})"
             )
             if bw
-            else ""
+            else f", in {which}"
         )
         rows["E2"] = (
             f"paged / contiguous kernel time up to {worst:.2f} on {kernel['device']}{where}",
-            "measured on a latency-bound kernel: says little about paging at the bandwidth roofline; "
-            "chapter 04's tuned kernel re-measures it",
+            (
+                "measured on a latency-bound kernel: says little about paging at the bandwidth roofline "
+                "(the tuned kernel's figure needs a GPU run of it)"
+                if "steps" not in kernel
+                else "measured on the tuned kernel"
+            ),
         )
     else:
         rows["E2"] = (
@@ -600,7 +623,9 @@ def build_rows(m: dict) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m paged_course.ledger [--bench DIR]``: print the ledger as Markdown (DIR: ``bench`` JSON folder)."""
+    """``python -m paged_course.ledger [--bench DIR] [--kernel FILE]``: print the ledger as Markdown (DIR: a
+    ``bench`` JSON folder; FILE: a GPU run's ``kernel.json``, e.g. ``docs/gpu/h200-2026-11-30/kernel.json``,
+    which wins over DIR's)."""
     import argparse
     import json
     from pathlib import Path
@@ -610,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
         "--bench",
         type=Path,
         help="folder with engine.json / kernel.json from python -m paged bench",
+    )
+    parser.add_argument(
+        "--kernel", type=Path, help="a GPU run's kernel.json for the E2 row (wins over --bench's)"
     )
     args = parser.parse_args(argv)
     measured = measure_all()
@@ -622,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                 measured["device"] = record["environment"]["device"]
             else:
                 measured["kernel"] = record["results"]
+    if args.kernel is not None:
+        measured["kernel"] = json.loads(args.kernel.read_text())["results"]
     print(ledger_markdown(build_rows(measured)))
     return 0
 

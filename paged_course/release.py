@@ -279,15 +279,21 @@ def _copy(src: Path, dst: Path) -> int:
     return count
 
 
-def _write_stubs(root: Path, out: Path) -> None:
-    """``exercises/`` of the tree, generated afresh from ``root/solutions`` (a filled-in local copy never ships)."""
-    from paged_course.sync import make_stub
+def _write_stubs(root: Path, out: Path, student: bool) -> None:
+    """``exercises/`` of the tree, generated afresh from ``root/solutions`` (a filled-in local copy never ships).
+
+    ``student`` (a release without solutions): the files' headers and the package docstring say what a
+    student does with them, not where they were generated from."""
+    from paged_course.sync import STUDENT_INIT, make_stub
 
     target = out / "exercises"
     for path in target.glob("ex*.py"):
         path.unlink()
     for path in sorted((root / "solutions").glob("ex*.py")):
-        (target / path.name).write_text(make_stub(path.read_text(), f"solutions/{path.name}"))
+        stub = make_stub(path.read_text(), f"solutions/{path.name}", student=student)
+        (target / path.name).write_text(stub)
+    if student:
+        (target / "__init__.py").write_text(STUDENT_INIT)
 
 
 def _git_commit(root: Path) -> str | None:
@@ -380,7 +386,7 @@ def build_release(
             if (out / rel).exists():
                 (out / rel).unlink()
                 release.files -= 1
-        _write_stubs(root, out)
+        _write_stubs(root, out, student=not with_solutions)
         if not with_solutions:
             _strip_solutions(out, release)
         if hidden_tests is not None:

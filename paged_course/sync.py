@@ -37,6 +37,14 @@ HEADER = (
     "# Generated from {name} by `python -m paged course sync`. Edit only the marked regions;\n"
     "# grade with `python -m paged grade`.\n"
 )
+#: The header of a student release's exercise files: the release has no solutions/ to generate them from.
+STUDENT_HEADER = (
+    "# Your exercise file for chapter {chapter}. Write only the marked regions (each starts as\n"
+    "# `raise NotImplementedError(...)` or a starter); the rest is the course's code, which the tests use.\n"
+    '# In the chapter, `check("ch{chapter}.exK")` checks one region; `python -m paged grade ch{chapter}` grades\n'
+    '# them all; `paged_course.check.hint("ch{chapter}.exK")` gives a hint, a stronger one each call.\n'
+)
+STUDENT_INIT = '"""Your exercise files, one per chapter topic: write the marked regions (see each file\'s header)."""\n'
 
 
 class MarkerError(ValueError):
@@ -46,6 +54,25 @@ class MarkerError(ValueError):
 def exercise_ids(source: str) -> list[str]:
     """Ids of the marked regions in a solutions file, in order."""
     return [m["id"] for line in source.splitlines() if (m := BEGIN.match(line))]
+
+
+UNWRITTEN = re.compile(r"""NotImplementedError\(\s*["'](?P<id>ch\d\d\.ex\d+[a-z]?):""")
+
+
+def course_order(ex_id: str) -> tuple[int, int, str]:
+    """Sort key of a region id: chapter, then exercise number, then suffix (``ch02.ex10`` after ``ch02.ex9``)."""
+    m = re.fullmatch(r"ch(\d\d)\.ex(\d+)([a-z]?)", ex_id)
+    if m is None:
+        raise ValueError(f"not a region id: {ex_id!r} (expected chNN.exK)")
+    return int(m.group(1)), int(m.group(2)), m.group(3)
+
+
+def unwritten_regions(source: str) -> list[str]:
+    """Ids of the regions of an exercise file that still raise their stub's ``NotImplementedError("chNN.exK:
+    ...")``, in course order, each once (comment lines, such as a solution's ``# STUB:`` lines, do not count).
+    A region with a starter instead of a ``raise`` is not found here."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+    return sorted({m["id"] for m in UNWRITTEN.finditer(code)}, key=course_order)
 
 
 def hints(source: str) -> dict[str, list[str]]:
@@ -63,11 +90,21 @@ def hints(source: str) -> dict[str, list[str]]:
     return {k: v for k, v in found.items() if v}
 
 
-def make_stub(source: str, name: str = "<solutions>", keep: tuple[str, ...] = ()) -> str:
+def make_stub(
+    source: str, name: str = "<solutions>", keep: tuple[str, ...] = (), student: bool = False
+) -> str:
     """Return the exercise text for one solutions file (see module docstring). The regions in ``keep``
     are written with their reference code, as a learner who has typed them in would have them (the
-    learner-loop tests and CI's typed-in run build files region by region this way)."""
-    out: list[str] = [HEADER.format(name=name)]
+    learner-loop tests and CI's typed-in run build files region by region this way). ``student``: the
+    header of a student release (:data:`STUDENT_HEADER`), which says what to do with the file instead of
+    where it was generated from (the release has no solutions/)."""
+    if student:
+        chapter = re.search(r"ex(\d\d)_", name)
+        if chapter is None:
+            raise MarkerError(f"{name}: a student header needs an exNN_topic.py name")
+        out: list[str] = [STUDENT_HEADER.format(chapter=chapter.group(1))]
+    else:
+        out = [HEADER.format(name=name)]
     seen: set[str] = set()
     region: dict | None = None
     for lineno, line in enumerate(source.splitlines(), 1):

@@ -1,7 +1,11 @@
 r"""Exercise 04, part 3 (ungraded, for a GPU): make the paged decode kernel fast.
 
 The marked region holds your kernel ``_learner_kernel`` and its launch config ``CONFIG``. It starts as
-chapter 04's teaching kernel: correct, and about 10% of a GPU's memory bandwidth. Decode reads every
+chapter 04's teaching kernel: the frame of ``_decode_kernel`` around a call of your ``walk_blocks``
+(``ex04_online_softmax.py``, region ch04.ex2), so it is correct once ch04.ex2 passes its checks (until then
+its loop is empty and the self-check says so), and it reads about a tenth of a GPU's memory bandwidth
+(the teaching kernel's 11.5% of peak on the H200 run of ``docs/gpu/h200-2026-11-30/``). Replace the call by a
+loop of your own. Decode reads every
 cached K and V byte once and computes about 4 flops per byte per query head, so a good kernel runs at
 the speed of memory. The chapter's performance lab walks the four ideas that get there:
 
@@ -33,6 +37,8 @@ from paged.kernels import validate_decode_inputs
 from paged.kernels._triton import INTERPRET, jit, require_triton, tl, triton
 
 # BEGIN SOLUTION ch04.ex3 -- ungraded: make _learner_kernel read K/V at memory speed (see the module docstring)
+# STUB: from .ex04_online_softmax import walk_blocks  # noqa: E402 -- your ch04.ex2, the teaching kernel's loop
+# STUB:
 # STUB: CONFIG = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}  # the teaching kernel ignores BLOCK_N
 # STUB:
 # STUB:
@@ -41,7 +47,7 @@ from paged.kernels._triton import INTERPRET, jit, require_triton, tl, triton
 # STUB:                     stride_k_head, stride_bt_seq, stride_o_seq, stride_o_head, GROUP: tl.constexpr,
 # STUB:                     GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 # STUB:                     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
-# STUB:     """The teaching kernel: one block per step, scores by broadcast-multiply-and-sum."""
+# STUB:     """The teaching kernel: your ch04.ex2 walk, one block per step. Replace the call by your own loop."""
 # STUB:     seq, kv_head = tl.program_id(0), tl.program_id(1)
 # STUB:     offs_g = tl.arange(0, GROUP_P2)
 # STUB:     offs_t = tl.arange(0, BLOCK_SIZE)
@@ -54,22 +60,9 @@ from paged.kernels._triton import INTERPRET, jit, require_triton, tl, triton
 # STUB:     m = tl.full([GROUP_P2], float("-inf"), tl.float32)
 # STUB:     l = tl.zeros([GROUP_P2], tl.float32)
 # STUB:     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
-# STUB:     for b in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
-# STUB:         physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)
-# STUB:         t_mask = b * BLOCK_SIZE + offs_t < context_len
-# STUB:         offsets = (physical * stride_k_block + offs_t[:, None] * stride_k_tok + kv_head * stride_k_head
-# STUB:                    + offs_d[None, :])
-# STUB:         kv_mask = t_mask[:, None] & d_mask[None, :]
-# STUB:         k = tl.load(K + offsets, mask=kv_mask, other=0.0).to(tl.float32)
-# STUB:         v = tl.load(V + offsets, mask=kv_mask, other=0.0).to(tl.float32)
-# STUB:         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-# STUB:         s = tl.where(t_mask[None, :], s, float("-inf"))
-# STUB:         m_new = tl.maximum(m, tl.max(s, axis=1))
-# STUB:         alpha = tl.exp(m - m_new)
-# STUB:         p = tl.exp(s - m_new[:, None])
-# STUB:         l = l * alpha + tl.sum(p, axis=1)
-# STUB:         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-# STUB:         m = m_new
+# STUB:     every_block = tl.cdiv(context_len, BLOCK_SIZE)  # one split, split 0, owning every block of the context
+# STUB:     m, l, acc = walk_blocks(q, m, l, acc, K, V, BT, seq, kv_head, 0, context_len, every_block, stride_k_block,
+# STUB:                             stride_k_tok, stride_k_head, stride_bt_seq, offs_t, offs_d, d_mask, BLOCK_SIZE)
 # STUB:     out = acc / tl.where(l > 0, l, 1.0)[:, None]
 # STUB:     tl.store(O + seq * stride_o_seq + heads[:, None] * stride_o_head + offs_d[None, :],
 # STUB:              out.to(O.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])

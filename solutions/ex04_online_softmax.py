@@ -6,11 +6,12 @@ unnormalized weighted sum ``acc`` of the values relative to ``m`` (chapter 04, s
 new block changes them). Three build steps, in this file:
 
 1. ``online_softmax_update`` (region ch04.ex1, PyTorch, any machine): fold one block into the state.
-2. the loop of ``_decode_kernel`` (ch04.ex2, Triton; the interpreter on CPU): the paged decode kernel with
-   the structure of chapter 04's teaching kernel, one program per (sequence, KV head, split) serving the
-   whole GQA group. Everything around the loop is written: the query tile (the scale folded in), the
-   empty state, and the end, which writes ``acc / l`` and, for split-K, the log-sum-exp ``m + log l``.
-   You write the walk over this program's blocks.
+2. ``walk_blocks`` (ch04.ex2, Triton; the interpreter on CPU), the loop of ``_decode_kernel``, chapter 04's
+   teaching kernel: one program per (sequence, KV head, split) serving the whole GQA group. Everything around
+   the loop is written: the query tile (the scale folded in), the empty state, and the end, which writes
+   ``acc / l`` and, for split-K, the log-sum-exp ``m + log l``. You write the walk over this program's
+   blocks. The teaching kernel that the course's tools run (``paged_course.kernel_lab.teaching_decode``) and
+   the starter of ``ex04_fast_decode.py`` call this same function, so they run your walk.
 3. ``merge_splits`` (ch04.ex4, PyTorch): combine the partial outputs of split-K through their
    log-sum-exps; a split that held no token must change nothing.
 
@@ -74,6 +75,72 @@ def attend_blockwise(
 
 
 @jit
+def walk_blocks(
+    q,
+    m,
+    l,
+    acc,
+    K,
+    V,
+    BT,
+    seq,
+    kv_head,
+    split,
+    context_len,
+    blocks_per_split,
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,
+    stride_bt_seq,
+    offs_t,
+    offs_d,
+    d_mask,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """The loop of the teaching kernel: fold this program's blocks into the running state ``(m, l, acc)``.
+
+    ``q`` ``[GROUP_P2, HEAD_DIM_P2]`` fp32 (the scale folded in), ``m``, ``l`` ``[GROUP_P2]`` and ``acc``
+    ``[GROUP_P2, HEAD_DIM_P2]`` fp32 (the empty state on entry). Split ``split`` owns the logical blocks
+    ``split * blocks_per_split`` .. ``(split + 1) * blocks_per_split - 1`` of sequence ``seq``, but only those
+    holding some of its ``context_len`` tokens; block ``b`` sits in physical block ``BT[seq, b]`` (row stride
+    ``stride_bt_seq``), token slot ``t`` of KV head ``kv_head`` at ``physical * stride_k_block + t *
+    stride_k_tok + kv_head * stride_k_head`` in ``K`` and ``V`` (same strides). ``offs_t`` are a block's token
+    slots, ``offs_d`` the head-dim lanes and ``d_mask`` the real ones. Returns the new ``(m, l, acc)``.
+    """
+    # BEGIN SOLUTION ch04.ex2 -- this split's blocks, none past the context; each: table, masks, loads, update
+    # STUB: pass  # your walk over this program's blocks: lookup, masked loads (other=), scores, online update
+    num_blocks = tl.cdiv(context_len, BLOCK_SIZE)
+    first = split * blocks_per_split
+    last = tl.minimum(first + blocks_per_split, num_blocks)
+    for b in range(first, last):  # logical block b of this sequence
+        physical = tl.load(BT + seq * stride_bt_seq + b).to(
+            tl.int64
+        )  # int64: big pools overflow int32
+        t_mask = b * BLOCK_SIZE + offs_t < context_len  # only the last block is partly masked
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        kv_offsets = (
+            physical * stride_k_block
+            + offs_t[:, None] * stride_k_tok
+            + kv_head * stride_k_head
+            + offs_d[None, :]
+        )
+        k = tl.load(K + kv_offsets, mask=kv_mask, other=0.0).to(
+            tl.float32
+        )  # [BLOCK_SIZE, HEAD_DIM_P2]
+        v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P2, BLOCK_SIZE]
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: token 0 of every visited block is real
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    # END SOLUTION
+    return m, l, acc
+
+
+@jit
 def _decode_kernel(
     Q,
     K,
@@ -129,36 +196,28 @@ def _decode_kernel(
     m = tl.full([GROUP_P2], float("-inf"), tl.float32)  # running max, per query head of the group
     l = tl.zeros([GROUP_P2], tl.float32)  # running denominator, relative to m
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)  # running sum of p * v, relative to m
-    # BEGIN SOLUTION ch04.ex2 -- this split's blocks, none past the context; each: table, masks, loads, update
-    # STUB: pass  # your walk over this program's blocks: lookup, masked loads (other=), scores, online update
-    num_blocks = tl.cdiv(context_len, BLOCK_SIZE)
-    first = split * blocks_per_split
-    last = tl.minimum(first + blocks_per_split, num_blocks)
-    for b in range(first, last):  # logical block b of this sequence
-        physical = tl.load(BT + seq * stride_bt_seq + b).to(
-            tl.int64
-        )  # int64: big pools overflow int32
-        t_mask = b * BLOCK_SIZE + offs_t < context_len  # only the last block is partly masked
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        kv_offsets = (
-            physical * stride_k_block
-            + offs_t[:, None] * stride_k_tok
-            + kv_head * stride_k_head
-            + offs_d[None, :]
-        )
-        k = tl.load(K + kv_offsets, mask=kv_mask, other=0.0).to(
-            tl.float32
-        )  # [BLOCK_SIZE, HEAD_DIM_P2]
-        v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P2, BLOCK_SIZE]
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: token 0 of every visited block is real
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m = m_new
-    # END SOLUTION
+    m, l, acc = walk_blocks(
+        q,
+        m,
+        l,
+        acc,
+        K,
+        V,
+        BT,
+        seq,
+        kv_head,
+        split,
+        context_len,
+        blocks_per_split,
+        stride_k_block,
+        stride_k_tok,
+        stride_k_head,
+        stride_bt_seq,
+        offs_t,
+        offs_d,
+        d_mask,
+        BLOCK_SIZE,
+    )
     has_tokens = l > 0  # False for a split with no token (or a context of 0)
     out = acc / tl.where(has_tokens, l, 1.0)[:, None]
     tl.store(
@@ -175,7 +234,20 @@ def _decode_kernel(
         tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=g_mask)
 
 
-def _launch(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits, out, lse):
+def _launch(
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    context_lens,
+    scale,
+    num_splits,
+    out,
+    lse,
+    num_warps=4,
+):
+    """Launch ``_decode_kernel`` on a grid of (sequences, KV heads, splits) without input checks; ``out`` gets
+    the (partial) outputs, ``lse`` (or None for one split) the log-sum-exps; ``num_warps`` per program."""
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     if key_cache.stride() != value_cache.stride():
@@ -218,6 +290,7 @@ def _launch(query, key_cache, value_cache, block_tables, context_lens, scale, nu
         HEAD_DIM=head_dim,
         HEAD_DIM_P2=triton.next_power_of_2(head_dim),
         WRITE_LSE=lse is not None,
+        num_warps=num_warps,
     )
 
 

@@ -1,15 +1,19 @@
-"""Exercise 06: the engine's scheduling policy, vLLM v1 style (chapter 06).
+"""Exercise 06: the engine's scheduling policy (chapter 06), a hybrid of vLLM v1 and v0.
 
 ``Scheduler`` is the engine part ``scheduler`` (``paged.engine.parts``): a subclass of the reference
 ``paged.core.scheduler.Scheduler`` that keeps its plumbing (queues, requests in and out, the helpers
-below) and replaces the policy, one method per build step. ``schedule()`` (inherited) calls them in
-vLLM v1's order with one token budget per step (``config.max_num_batched_tokens``):
+below) and replaces the policy, one method per build step. ``schedule()`` (inherited) calls them with
+one token budget per step (``config.max_num_batched_tokens``):
 
-    budget = self._schedule_running(out, budget)          # decodes and next prompt chunks, preemption
-    if not out.preempted:
-        budget = self._schedule_swapped(out, budget)      # swapped sequences come back
-        if not self.swapped:
-            self._schedule_waiting(out, budget)            # new prompts, first come first served
+    budget = self._schedule_running(out, budget)          # v1: decodes and next prompt chunks, preemption
+    if not out.preempted:                                  # v1: nobody admitted in a step that preempted
+        budget = self._schedule_swapped(out, budget)      # v0: swapped sequences come back
+        if not self.swapped:                               # v0: swapped sequences go before new prompts
+            self._schedule_waiting(out, budget)            # new prompts, FCFS, under v0's watermark
+
+The step is vLLM v1's (one budget, running first, chunked prefill, preemption of the newest). The swapped
+queue, preemption by swap, the watermark and the fork of ``n`` samples with copy-on-write are vLLM v0's,
+which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` independent requests.
 
 1. ``_chunk`` (ch06.ex1): how many of a sequence's ``remaining`` uncomputed tokens run in this step:
    at most ``config.long_prefill_token_threshold`` when that is set (> 0), and within ``budget``: a
@@ -38,10 +42,12 @@ Block manager calls: ``can_append_slots(seq, n)``, ``append_slots(seq, n)`` (ret
 pairs), ``can_swap_out(seq)``, ``swap_out(seq)``, ``can_swap_in(seq, n)``, ``swap_in(seq)``,
 ``num_cached_tokens(seq)``, ``can_allocate(seq, n)``, ``allocate(seq, n)``, ``free(seq)``.
 
-Sources: vLLM v1 ``vllm/v1/core/sched/scheduler.py`` (``schedule``: running first, one budget,
-``long_prefill_token_threshold``, preempt the last running request); v0 ``vllm/core/scheduler.py``
-(``_schedule_chunked_prefill``, ``_preempt_by_recompute``, ``_preempt_by_swap``, ``_schedule_swapped``);
-PagedAttention paper §4.5. Check each step in the chapter with ``check("ch06.exK")``, or all with
+Sources: vLLM v1 ``vllm/v1/core/sched/scheduler.py`` (0.8.5 to 0.34.0; ``schedule``: running first, one
+budget, ``long_prefill_token_threshold``, preempt the last running request by recompute); vLLM v0
+``vllm/core/scheduler.py`` (0.10.2, the last release with v0's code: ``_schedule_chunked_prefill``,
+``_schedule_default``, ``_preempt_by_recompute``, ``_preempt_by_swap``, ``_schedule_swapped``) and
+``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager.can_allocate``, the watermark); PagedAttention
+paper §4.5. Check each step in the chapter with ``check("ch06.exK")``, or all with
 ``python -m paged grade ch06``.
 """
 

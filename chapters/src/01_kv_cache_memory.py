@@ -23,7 +23,8 @@
 #
 # 1. compute the KV bytes per token, per block and per sequence of a real model from its config, with
 #    grouped-query attention (GQA) taken into account;
-# 2. reproduce the seed article's memory table and correct its two errors (E7: Llama-2-70B; E8: bytes per block);
+# 2. reproduce the memory table of the fragmentation article (one of the course's two seed articles,
+#    `docs/sources.md`) and correct its two errors (ledger rows E7: Llama-2-70B; E8: bytes per block);
 # 3. tell apart the kinds of KV waste (reserved slots, internal waste, external fragmentation) and measure each
 #    for static pre-allocation, contiguous first-fit reservation, and paged blocks on a chat-like trace;
 # 4. build two pieces of the simulator yourself, the waste accounting and the paged manager (admission with a
@@ -170,9 +171,9 @@ ax.set_title("KV cache per token: GQA divides it by the group size")
 plt.show()
 
 # %% [markdown]
-# ## 2. The seed's Table 4.2, reproduced and corrected
+# ## 2. The fragmentation article's memory table (§4.2), reproduced and corrected
 #
-# The seed article (002, §4.2) lists KV memory per 2048-token sequence and for a batch of 32 on an A100-80GB,
+# The fragmentation article (§4.2) lists KV memory per 2048-token sequence and for a batch of 32 on an A100-80GB,
 # where PagedAttention "actually uses" memory for an average of 512 tokens per sequence. Recomputing each row:
 
 # %% tags=["nbval-check-output"]
@@ -249,9 +250,9 @@ for length in (512, 1024, 2048):
 # | `contiguous` | `prompt + max_tokens` adjacent slots, placed first-fit | reservation by the client's output cap |
 # | `paged` | blocks of 16 slots, one more each time the last one fills | vLLM (paper §4.2, §4.5) |
 #
-# Paged admission follows vLLM: a request enters when its prompt's blocks fit above a watermark of 1% free
-# blocks; when a running request cannot get its next block, the most recently admitted one is preempted and
-# recomputed later. The static manager mimics a framework that allocates a `[batch, max_seq_len]` cache per
+# Paged admission follows vLLM v0: a request enters when its prompt's blocks fit above a watermark of 1% free
+# blocks (vLLM v1 has no such reserve by default); when a running request cannot get its next block, the most
+# recently admitted one is preempted and recomputed later (v0 and v1 alike). The static manager mimics a framework that allocates a `[batch, max_seq_len]` cache per
 # request slot (as transformers' static cache does).
 #
 # The waste, defined (with knowledge of each request's final length, as in the paper's Fig. 2):
@@ -381,7 +382,7 @@ plt.show()
 # 4. `can_allocate(tokens)` for the head of the waiting queue, and `allocate(req, tokens)` (written for you)
 #    while the answer is `OK`: first come, first served, nobody skips ahead.
 #
-# **Step 2, admission (`can_allocate`, region `ch01.ex2`).** vLLM admits a request only if, after it takes
+# **Step 2, admission (`can_allocate`, region `ch01.ex2`).** vLLM v0 admits a request only if, after it takes
 # the blocks of its prompt, at least `watermark_blocks = int(watermark * num_blocks)` blocks stay free, so
 # that the running requests still have room to grow (chapter 02 comes back to this rule and to a common
 # misreading of it). The answer is one of `AllocStatus.OK`, `LATER` (wait for memory) or `NEVER` (the
@@ -463,7 +464,7 @@ for name, res in results.items():
 # **C2: "internal waste 40-60%, external fragmentation 10-20%, reserved 5-10%".** The seed and the simulator use
 # these words for different things. The simulator's columns follow the paper's kinds (§3): *reserved* is room the
 # request's own future tokens will fill, *internal* is room no token will ever fill, *external* is free memory in
-# holes too small for the waiting request. The seed (002, §1.2) calls *internal* waste the unused part of a
+# holes too small for the waiting request. The fragmentation article (§1.2) calls *internal* waste the unused part of a
 # `max_seq_len` reservation, which is the simulator's reserved and internal together, and *reserved* waste the
 # copies kept for beam search and other multi-path decoding. This trace has none of those (every request is one
 # sequence, so that kind is 0 here; chapter 05 shows how paged blocks let forked sequences share
@@ -580,12 +581,14 @@ for bs in (1, 4, 16, 64, 256):
 #   (SOSP 2023): §3 (the three kinds of waste; Fig. 2, the share of KV memory holding tokens in earlier
 #   systems), §4.2-4.3 (the KV cache manager: blocks on demand, at most one partial block per sequence),
 #   §4.5 (scheduling and preemption: all-or-nothing eviction of the last admitted request, recomputation).
-# - vLLM v0, `vllm/core/block_manager.py`: `BlockSpaceManager.can_allocate` (`AllocStatus`, the watermark)
-#   and `can_append_slots`; `vllm/core/scheduler.py`: `_schedule_running`, which preempts from the tail of
-#   the running queue when a sequence cannot get its next slot.
-# - vLLM v1, `vllm/v1/core/kv_cache_manager.py`: `allocate_slots` (new blocks for the tokens of a step, `None`
-#   when the pool is short); `vllm/v1/core/sched/scheduler.py`: `schedule`, which then preempts the last
-#   running request and puts it back in the waiting queue.
+# - vLLM v0 (read in 0.10.2, the last release that ships it), `vllm/core/block_manager.py`:
+#   `SelfAttnBlockSpaceManager.can_allocate` (`AllocStatus`, the watermark) and `can_append_slots` (the
+#   abstract `BlockSpaceManager` they implement is in `vllm/core/interfaces.py`); `vllm/core/scheduler.py`:
+#   `_schedule_running`, which preempts from the tail of the running queue when a sequence cannot get its next
+#   slot.
+# - vLLM v1 (read in 0.8.5 and 0.34.0), `vllm/v1/core/kv_cache_manager.py`: `allocate_slots` (new blocks for the
+#   tokens of a step, `None` when the pool is short); `vllm/v1/core/sched/scheduler.py`: `schedule`, which then
+#   preempts the last running request and puts it back in the waiting queue.
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")

@@ -27,7 +27,8 @@
 #    the id and **reference count** checks with their errors (`NoFreeBlocksError`, `ValueError`), and `take`;
 # 3. run the engine with your allocator inside and get the same tokens as with the reference;
 # 4. read a **block table**: logical blocks of one sequence mapped to physical blocks anywhere in the pool;
-# 5. see what the scheduler sees: `BlockSpaceManager.can_allocate` with vLLM's **watermark** (seed error E9);
+# 5. see what the scheduler sees: `BlockSpaceManager.can_allocate` with vLLM v0's **watermark** (ledger row E9:
+#    the fragmentation article's misreading of it, `docs/sources.md`);
 # 6. measure what the allocator costs on this CPU.
 #
 # The reference code is the package's: `paged/core/allocator.py`, `paged/core/block_table.py`,
@@ -400,7 +401,7 @@ print(
 # * `allocate(seq)` gives it blocks for all its tokens; `append_slots(seq)` adds a block when the
 #   last one is full; `free(seq)` returns its blocks, last block first.
 #
-# **Seed error E9.** The seed says the watermark is a ratio "below which preemption is triggered". In
+# **Ledger row E9.** The fragmentation article (§3.2) says the watermark is a ratio "below which preemption is triggered". In
 # vLLM the watermark is an *admission* rule: a new prompt is admitted only if at least
 # `watermark_blocks = int(watermark * num_gpu_blocks)` blocks stay free afterwards, so that the running
 # sequences still have room to grow and the new prefill does not force an immediate preemption. A

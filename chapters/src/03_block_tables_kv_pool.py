@@ -40,7 +40,8 @@
 #    vLLM v1, FlashAttention and FlashInfer all use it ("NHD");
 # 4. compute decode attention over the paged pool by **gathering** through the block tables, with grouped-query
 #    attention (GQA), and check it against PyTorch's `scaled_dot_product_attention`;
-# 5. correct a common misreading of vLLM (seed error E6): one block table per sequence serves *every* layer.
+# 5. correct a common misreading of vLLM (ledger row E6, from the implementation article, `docs/sources.md`): one
+#    block table per sequence serves *every* layer.
 #
 # After each build step a cell `check("ch03.exK")` runs that step's graded tests on your file and prints the
 # first failing case in words. The chapter then goes on with your piece when it passes, and with the
@@ -293,13 +294,13 @@ fig = plot_memory_order(block_size=4, num_kv_heads=2, head_dim=4)
 plt.show()
 
 # %% [markdown]
-# ### How many bytes is one block? (seed error E8)
+# ### How many bytes is one block? (ledger row E8)
 #
 # One block holds `block_size` tokens of K *and* V in *every layer*, so
 #
 # bytes per block = 2 × layers × kv_heads × head_dim × block_size × dtype bytes.
 #
-# The seed's monitoring snippet computes `blocks × block_size × 2 × 4096 × 32 × 128 × 2`. For Llama-2-7B
+# The fragmentation article's monitoring snippet (§7.3) computes `blocks × block_size × 2 × 4096 × 32 × 128 × 2`. For Llama-2-7B
 # (32 layers, 32 KV heads, head_dim 128, fp16) the hidden size 4096 already *is* heads × head_dim, so
 # multiplying by 128 again counts head_dim twice: every block comes out 128 times too large. The bytes of
 # our pool's actual tensor agree with the formula:
@@ -560,11 +561,13 @@ print(
 # %% [markdown]
 # The ratio is a CPU measurement of *this* reference, not of vLLM's kernel: the paper measured its fused CUDA
 # kernel at 20-26% higher attention latency than FasterTransformer's contiguous kernel (§7.1), not the
-# "2-5%" the seed article states (seed error E2). Chapter 04 builds the fused kernel; chapter 08 times it on a GPU.
+# "2-5%" the implementation article states (§3.1; ledger row E2). Chapter 04 builds the fused kernel;
+# `python -m paged bench kernel` times it on a GPU (the committed H200 run timed chapter 04's teaching kernel,
+# not yet the tuned one; chapter 08 reads it).
 #
-# ## 5. One block table per sequence, for every layer (seed error E6)
+# ## 5. One block table per sequence, for every layer (ledger row E6)
 #
-# The seed's walk-through says vLLM's block table "stores each layer's block_table tensor" and places the
+# The implementation article's walk-through (§3.4) says vLLM's block table "stores each layer's block_table tensor" and places the
 # cache engine under `vllm/core/`. Neither is right. A physical block id names the same slots in *every*
 # layer's pool tensor, so a sequence needs one table, and the step needs one `block_tables` tensor and one
 # slot mapping, shared by all layers; only the pool tensor differs per layer. In vLLM v0 the tables live in

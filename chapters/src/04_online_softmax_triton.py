@@ -23,7 +23,8 @@
 #
 # 1. derive the online softmax: a running max `m`, a running denominator `l` and a running weighted sum `acc`,
 #    rescaled by `exp(m_old - m_new)` whenever the max grows, and write its update (build step 1);
-# 2. find the two bugs in a widely copied sketch of it (seed error E1);
+# 2. find the two bugs in a widely copied sketch of it (ledger row E1, from the fragmentation article,
+#    `docs/sources.md`);
 # 3. write the loop of a Triton paged-attention decode kernel (build step 2): one program per (sequence, KV head),
 #    grouped-query attention (GQA), masking of the last block, fp32 accumulation;
 # 4. run it on this CPU with Triton's interpreter and check it against the PyTorch reference and your chapter-03
@@ -33,14 +34,14 @@
 # 6. (part 2, the performance lab) count the bytes a decode step must read, and take the kernel from about a tenth
 #    of a GPU's memory bandwidth towards all of it, one idea per step: the GQA group in tensor cores, KV tiles that
 #    span blocks, software pipelining, and a split count chosen from the machine;
-# 7. say what the paging overhead really is at the roofline, and what the paper measured (seed claim E2);
+# 7. say what the paging overhead really is at the roofline, and what the paper measured (ledger row E2);
 # 8. read what the compiler made of a kernel for an A100 and an H200, on a machine without a GPU: registers,
 #    spills, shared memory, load widths, and how many programs fit on one multiprocessor.
 #
 # Part 1 (sections 1-8) has you build the *teaching* kernel, written to be read, in
-# **`exercises/ex04_online_softmax.py`** (three marked regions: `ch04.ex1`, `ch04.ex2`, `ch04.ex4`); the finished
-# one is `paged_course.kernel_lab` (the folder `paged_course/kernel_lab/`), which the chapter uses wherever yours
-# does not pass its checks yet. Part 2 (sections 9-18) builds the *tuned* kernel that the engine runs:
+# **`exercises/ex04_online_softmax.py`** (three marked regions: `ch04.ex1`, `ch04.ex2`, `ch04.ex4`). Wherever yours
+# does not pass its checks yet, the chapter uses a reference: `paged_course.kernel_lab` for the online-softmax
+# update and the split merge, and the engine's tuned kernel for the decode. Part 2 (sections 9-18) builds the *tuned* kernel that the engine runs:
 # `paged.kernels.paged_attention_decode` (the folder `kernels/`). The PyTorch references are in
 # `paged_course.reference`. After each build step a cell `check("ch04.exK")` runs that step's graded tests on your
 # file and prints the first failing case in words.
@@ -48,6 +49,7 @@
 # %%
 import inspect
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -165,9 +167,9 @@ print(f"online: m = {trace['m'][-1]:.6f}, l = {trace['l'][-1]:.6f}")
 print(f"direct: m = {row.max().item():.6f}, l = {(row - row.max()).exp().sum().item():.6f}")
 
 # %% [markdown]
-# ## 3. Find the bugs (seed error E1)
+# ## 3. Find the bugs (ledger row E1)
 #
-# One of the seed articles sketches the paged kernel's loop like this (translated; one head, so `query` is
+# The fragmentation article (§3.4) sketches the paged kernel's loop like this (translated; one head, so `query` is
 # `[head_dim]` and a block of keys is `[block_size, head_dim]`):
 #
 # ```python
@@ -371,24 +373,26 @@ else:
 # section 7). With GQA, `group = num_heads // num_kv_heads` query heads share one KV head; the program serves all
 # of them, so each K/V block is read from memory once per group rather than once per query head.
 #
-# Your kernel, `_decode_kernel` in `exercises/ex04_online_softmax.py` (launched by `paged_decode` in the same
-# file), has this structure, and everything but the loop over the blocks is written for you. The skeleton, as the
-# teaching kernel has it: the beginning,
+# That kernel is the one you complete now: `_decode_kernel` in `exercises/ex04_online_softmax.py` (launched by
+# `paged_decode` in the same file). Everything but the loop over the blocks is written for you; the loop is the
+# function it calls, `walk_blocks`, and `teaching_decode` runs the same kernel (from the reference answers where
+# your copy of the course has them, else from your file). The skeleton, from your file: the beginning,
 
 # %%
 if HAS_TRITON:
-    from paged_course.kernel_lab import decode_teaching as pa
+    from paged_course.kernel_lab import decode_teaching
 
-    show_source(pa._paged_decode_kernel, first="seq = tl.program_id(0)", last="acc = tl.zeros")
+    skeleton = exercise_module("ex04_online_softmax") or decode_teaching.kernel_module()
+    show_source(skeleton._decode_kernel, first="seq = tl.program_id(0)", last="acc = tl.zeros")
 else:
     print("skipped:", REASON)
 
 # %% [markdown]
-# then your loop, then the end:
+# then the call of your loop, then the end:
 
 # %%
 if HAS_TRITON:
-    show_source(pa._paged_decode_kernel, first="has_tokens = l > 0")
+    show_source(skeleton._decode_kernel, first="m, l, acc = walk_blocks(")
 
 # %% [markdown]
 # Reading the skeleton (line numbers as printed):
@@ -406,7 +410,8 @@ if HAS_TRITON:
 #
 # ### Build step 2 · the loop (`ch04.ex2`)
 #
-# Region `ch04.ex2` walks this program's blocks and folds each into `m`, `l`, `acc`:
+# Region `ch04.ex2`, the body of `walk_blocks`, walks this program's blocks, folds each into `m`, `l`, `acc`,
+# and returns the three (its docstring lists what it receives):
 #
 # - **Which blocks.** A sequence uses its first `cdiv(context_len, BLOCK_SIZE)` logical blocks. Split `split` owns
 #   `blocks_per_split` consecutive logical blocks starting at `split * blocks_per_split`, but only those the context
@@ -429,7 +434,8 @@ if HAS_TRITON:
 #   with `tl.maximum`, `tl.max`, `tl.exp` and `tl.sum`. Every block the loop visits holds a real token (its first
 #   slot), so the new max is finite here and needs no guard.
 #
-# `raise` cannot live inside `@triton.jit`, so the stub's region is an empty loop body: it runs, and writes zeros.
+# `raise` cannot live inside `@triton.jit`, so the stub's region is empty: `walk_blocks` returns the empty state,
+# and the kernel writes zeros.
 # The check runs your kernel in the interpreter on tiny inputs and writes into outputs filled with NaN first; the
 # tables are shuffled, their unused entries hold `-1` and ids of blocks beyond the pool, every unused slot holds
 # NaN, and it compares with a float64 reference for GQA groups 1, 2, 4 and 7, two block sizes, fp16 and bf16, and
@@ -454,7 +460,8 @@ plt.show()
 # %% [markdown]
 # ## 6. Run it (Triton interpreter on this CPU) and check it
 #
-# Your kernel (or the teaching kernel, until yours passes), on cases with shuffled block tables, NaN in every
+# Your kernel (or, until yours passes, the engine's tuned kernel `paged.kernels.paged_attention_decode`, which has
+# the same contract), on cases with shuffled block tables, NaN in every
 # unused slot, context lengths 1, `block_size`, `block_size + 1` and more; compared with `paged_attention_gather`
 # (chapter 03) computed in fp32 on the same inputs, so for fp16/bf16 the error is the rounding of the output to 16
 # bits.
@@ -468,9 +475,9 @@ cases = [  # (dtype, num_heads, num_kv_heads, head_dim, block_size)
 ]
 interp_seconds = []
 if HAS_TRITON:
-    from paged_course.kernel_lab import teaching_decode
+    from paged.kernels import paged_attention_decode
 
-    decode_kernel = yours("ch04.ex2", "ex04_online_softmax", "paged_decode", teaching_decode)
+    decode_kernel = yours("ch04.ex2", "ex04_online_softmax", "paged_decode", paged_attention_decode)
     report = []  # printed at the end, in one piece
     for dtype, heads, kv_heads, head_dim, bs in cases:
         inputs = paged_batch(
@@ -599,12 +606,12 @@ plt.show()
 # %% [markdown]
 # Split-K must give the single-pass result, whatever the number of splits, including splits with no token
 # (8 splits over a table 4 blocks wide) and a sequence of context 0 (all splits empty: output 0, not NaN). Your
-# kernel and your merge (or the teaching kernel and its merge kernel, until both of yours pass):
+# kernel and your merge (or the engine's kernel and its merge kernel, until both of yours pass):
 
 # %%
 if HAS_TRITON:
     split_decode = yours(
-        ["ch04.ex2", "ch04.ex4"], "ex04_online_softmax", "paged_decode", teaching_decode
+        ["ch04.ex2", "ch04.ex4"], "ex04_online_softmax", "paged_decode", paged_attention_decode
     )
     inputs = paged_batch(
         [3, 16, 29], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, seed=7
@@ -773,9 +780,9 @@ else:
 # 250 µs. At batch 1, context 8,192 it used under 1% (8 programs for the whole GPU; split-K helps, section 13).
 # Look at the block sizes too: block 32, which gives each loop step twice the bytes of block 16, was *slower*
 # (2,873 µs against 1,948 µs). A kernel limited by memory would not slow down when it asks for more bytes at
-# once; this one is limited by something else, the work it does around each byte. So the claim in section 5
-# that the broadcast-and-sum "costs little because decode is memory-bound" was wrong: the kernel never got close
-# enough to the memory limit for that to hold. The next four steps remove that work, one idea at a time.
+# once; this one is limited by something else, the work it does around each byte. The broadcast-and-sum is not
+# free just because decode reads many bytes: this kernel never got close enough to the memory limit for its
+# arithmetic to hide behind the loads. The next four steps remove that work, one idea at a time.
 #
 # ## 10. Step 1 · The GQA group as the rows of a matrix product (`tl.dot`)
 #
@@ -904,12 +911,17 @@ if HAS_TRITON:
 # $$\eta(s) = \frac{w}{\lceil w \rceil}, \qquad w = \frac{s\,B\,H_{kv}}{S}.$$
 #
 # Splits are not free either: each writes a partial output and its log-sum-exp, and the merge kernel reads them
-# back. `paged.kernels.choose_num_splits` follows FlashAttention-3's rule (`num_splits_heuristic`): no split once
-# the $B\,H_{kv}$ programs already fill 80% of the slots; otherwise, among the split counts that shorten the longest
-# split ($\lceil T/s \rceil$ must drop, for $T$ tiles per sequence), the smallest whose efficiency is within 85% of the
-# best. `num_splits=None` applies it with $S$ = 2 x the SM count (`torch.cuda.get_device_properties(...)
-# .multi_processor_count`) and $T$ from the block table's width, so the launch needs no device sync; the
-# interpreter pretends $S = 4$. For a GPU with 132 SMs, like an H200 (264 slots), 8 KV heads and tiles of 64:
+# back. `paged.kernels.choose_num_splits` follows FlashAttention 2's rule (`num_splits_heuristic` in
+# `csrc/flash_attn/flash_api.cpp`, read at FlashAttention v2.8.3): no split once the $B\,H_{kv}$ programs already
+# fill 80% of the slots; otherwise, among the split counts that shorten the longest split ($\lceil T/s \rceil$ must
+# drop, for $T$ tiles per sequence), the smallest whose efficiency is within 85% of the best. FlashAttention 2 counts
+# two programs per SM (128 threads each) as its slots, and so does this kernel. FlashAttention 3's version
+# (`hopper/heuristics.h`, same release) keeps the 80% and 85% thresholds, counts one slot per SM, drops the
+# "must shorten the longest split" filter and adds two rules: never split a sequence of at most 4 KV tiles, and
+# split even a full grid when one KV head is larger than the L2 cache it assumes (50 MB), for long non-causal
+# attention with many query tiles. `num_splits=None` applies FlashAttention 2's rule with $S$ = 2 x the SM count
+# (`torch.cuda.get_device_properties(...).multi_processor_count`) and $T$ from the block table's width, so the
+# launch needs no device sync; the interpreter pretends $S = 4$. For a GPU with 132 SMs, like an H200 (264 slots), 8 KV heads and tiles of 64:
 
 # %% tags=["nbval-check-output"]
 from paged.kernels import choose_num_splits
@@ -992,17 +1004,21 @@ fig = plot_lab_steps(lab_run, lab_steps, kbench.TARGET_SHAPES)
 plt.show()
 if lab_run is not None:
     print(
-        f"goals as the run of {lab_run['time'][:10]} checked them, for the {lab_run['sweep_kernel']} kernel:"
+        f"what the run of {lab_run['time'][:10]} measured, for the {lab_run['sweep_kernel']} kernel:"
     )
-    for name, verdict in lab_run[
-        "targets"
-    ].items():  # the measured value, without the benchmark's verdict
-        print(f"  {name}: measured {verdict.rsplit(' (', 1)[0]}")
+    for name, verdict in lab_run["targets"].items():
+        value = verdict.rsplit(" (", 1)[0]  # the measured value, without the benchmark's threshold
+        shape = re.match(r"B=(\d+) ctx=(\d+) >=.*peak HBM", name)
+        if shape:
+            print(f"  HBM bandwidth at batch {shape[1]}, context {shape[2]}: {value} of peak")
+        elif name.startswith("paged <="):
+            print(f"  paged / contiguous kernel time: {value}")
+        else:
+            print(f"  {name.split(' >= ')[0].split(' <= ')[0]}: {value}")
 if lab_run is None or lab_run["sweep_kernel"] == "teaching":
     print(
-        "goals of the tuned kernel, where production decode kernels are (80% of peak or more at batch 64, "
-        "context 4096; 40% or more at batch 1, context 8192; never slower than SDPA at batch >= 8; paging within "
-        "5%): not measured yet: run scripts/gpu_check.sh on a GPU"
+        "the tuned kernel on a GPU: not measured yet (the committed run timed the teaching kernel); "
+        "run scripts/gpu_check.sh on a GPU"
     )
 
 # %% [markdown]
@@ -1020,9 +1036,9 @@ if HAS_TRITON:
         )
 
 # %% [markdown]
-# ## 16. What paging costs at the roofline (seed claim E2)
+# ## 16. What paging costs at the roofline (ledger row E2)
 #
-# One seed article says the paged kernel is "only 2-5% slower than contiguous attention". The first committed
+# The implementation article (§3.1) says the paged kernel is "only 2-5% slower than contiguous attention". The first committed
 # H200 run seems to agree: the teaching kernel took 0.995-1.024x the time of the same kernel on a contiguous pool
 # holding the same values (an identity block table). But that kernel ran at about a tenth of the bandwidth,
 # limited by the work it does around each byte rather than by memory: a block-table lookup per block disappears
@@ -1059,8 +1075,9 @@ else:
 # ## 17. Make it faster (ungraded, for a GPU)
 #
 # **`exercises/ex04_fast_decode.py`** holds a kernel of your own, `_learner_kernel`, and its launch config
-# `CONFIG`, in one marked region (ch04.ex3). It starts as the teaching kernel. Take it through the steps of this
-# lab: the group in `tl.dot` with `BLOCK_M` rows, tiles of `BLOCK_N` tokens gathered across blocks, `num_stages`.
+# `CONFIG`, in one marked region (ch04.ex3). It starts as the teaching kernel: the frame of `_decode_kernel` around
+# a call of your `walk_blocks`, so it passes its self-check once your ch04.ex2 does (until then it reports every
+# case wrong). Replace the call by a loop of your own and take it through the steps of this lab: the group in `tl.dot` with `BLOCK_M` rows, tiles of `BLOCK_N` tokens gathered across blocks, `num_stages`.
 # Keep its contract: masked loads name `other=`, scores past the context are `-inf`, accumulation is fp32, and every
 # `tl.dot` dimension is at least 16 (the interpreter accepts less; a GPU does not). Check it on any machine, then
 # measure it on a GPU:
@@ -1221,14 +1238,15 @@ if compiled:
 #
 # - The online softmax keeps a running max `m`, denominator `l` and weighted sum `acc`; when the max grows,
 #   `l` and `acc` are rescaled by `exp(m_old - m_new)`; the output is `acc / l`. One pass, exponents <= 0.
-# - The seed's sketch (E1) never keeps the previous max and divides by the output's own sum; the fix is to
+# - The fragmentation article's sketch (E1) never keeps the previous max and divides by the output's own sum; the fix is to
 #   carry `m` and `l` and divide by `l`.
 # - The teaching kernel runs one program per (sequence, KV head) serving the whole GQA group, looks up each block
 #   in the block table, masks the last block with explicit `other=` fills, and accumulates in fp32.
 # - Split-K gives several programs per sequence; partial results merge exactly through their log-sum-exp, and
 #   an empty split has weight 0.
 # - Decode reads every K/V byte once and does about $G$ flops per byte: its floor is bytes / bandwidth. The
-#   teaching kernel reached 11.5% of an H200's bandwidth, slower, not faster, with bigger blocks: not limited by memory.
+#   teaching kernel reached 11.5% of an H200's bandwidth in the committed run, slower, not faster, with bigger
+#   blocks: not limited by memory.
 # - The tuned kernel puts the group in `tl.dot`'s rows (padded to 16), reads tiles of 64 tokens gathered across
 #   blocks, pipelines the loads, and picks its split count from the SM count, the batch and the context. Its GPU
 #   numbers come from `scripts/gpu_check.sh`; until a run is committed, this chapter says they are not measured.
@@ -1251,7 +1269,8 @@ if compiled:
 # - vLLM v0's CUDA kernels: `csrc/attention/paged_attention_v1.cu` (one pass) and `csrc/attention/paged_attention_v2.cu`
 #   (partitions plus a reduce kernel: split-K), both built on `csrc/attention/attention_kernels.cuh` (in older
 #   versions all in `csrc/attention/attention_kernels.cu`).
-# - vLLM's Triton kernels: `vllm/attention/ops/triton_decode_attention.py` (grouped decode with split stages),
-#   `vllm/v1/attention/ops/triton_unified_attention.py` (tiles independent of the page size),
+# - vLLM's Triton kernels (paths of 0.10.2; by 0.34.0 they moved to `vllm/v1/attention/ops/`):
+#   `vllm/attention/ops/triton_decode_attention.py` (grouped decode with split stages),
+#   `vllm/attention/ops/triton_unified_attention.py` (tiles independent of the page size; not yet in 0.8.5),
 #   `vllm/attention/ops/merge_attn_states.py` and `csrc/attention/merge_attn_states.cu` (merging partial attention
 #   results by their log-sum-exp).

@@ -23,7 +23,7 @@
 #
 # **You will learn to**
 #
-# 1. see why the seed's whole-prompt MD5 cache (seed error E3) shares too little and, worse, corrupts
+# 1. see why the implementation article's whole-prompt MD5 cache (ledger row E3; `docs/sources.md`) shares too little and, worse, corrupts
 #    a shared partial block;
 # 2. key **full blocks** with **chained keys** (parent key + the block's tokens), each block hashed once;
 # 3. look a prompt up and **verify** every hit (the stored tokens and the parent entry), so a hash
@@ -108,13 +108,13 @@ chapter_start = time.perf_counter()
 # %% [markdown]
 # ## 1. The seed's cache: one MD5 over the whole system prompt (E3)
 #
-# The seed article keys its cache on an MD5 of the *whole* system prompt and shares all of that
+# The implementation article (§3.2) keys its cache on an MD5 of the *whole* system prompt and shares all of that
 # prompt's blocks, the partially filled last one included. Here it is, reduced to its logic:
 
 
 # %%
 class WholePromptCache:
-    """The seed's design (article 000, §3.2), for comparison only: MD5(system prompt) -> its blocks."""
+    """The implementation article's design (§3.2), for comparison only: MD5(system prompt) -> its blocks."""
 
     def __init__(self, allocator: BlockAllocator, block_size: int):
         self.allocator, self.block_size, self.cache = allocator, block_size, {}
@@ -209,8 +209,9 @@ print(
 # ```
 #
 # A sequence keeps its keys in `seq.block_hashes` and the cache extends that list as blocks fill, so
-# each block is hashed **once** in the life of a sequence, however often it is looked up (vLLM v1 keeps
-# `Request.block_hashes` the same way; `hash_block_tokens` in `vllm/v1/core/kv_cache_utils.py`).
+# each block is hashed **once** in the life of a sequence, however often it is looked up. vLLM v1 keeps a
+# request's keys the same way (`KVCacheManager.req_to_block_hashes` up to 0.10.0, `Request.block_hashes` in
+# 0.10.1.1 and later; the keys come from `hash_block_tokens` in `vllm/v1/core/kv_cache_utils.py`).
 #
 # **Your turn.** In `exercises/ex05_prefix_cache.py`, write the region `ch05.ex1` of
 # `PrefixCache.update_hashes(seq)`: go on from the keys already in `seq.block_hashes`, and append one
@@ -238,8 +239,24 @@ print("same tokens [5,6,7,8], different parents -> same key?", a[1] == b[1])
 # once, or a collision), each with its `block_id`, its `token_ids`, its own `uid` and the `parent_uid`
 # of the entry that came before it.
 #
-# **A hash is not proof.** Keys are 64-bit numbers; two different blocks can collide (vLLM v1 offers
-# SHA-256 to make this practically impossible). So an entry only counts as a hit for block $i$ when
+# **A hash is not proof.** This course's keys are 64-bit numbers (Python's `hash` of a tuple), and two
+# different blocks can collide. What vLLM compares on a hit depends on the engine and the release:
+#
+# * **v0** (`PrefixCachingBlock.hash_block_tokens` in `vllm/core/block/prefix_caching_block.py`, read in 0.10.2):
+#   Python's `hash` of (first block?, parent hash, the block's tokens, extra hash), kept in a dict from that
+#   integer to a block id. A hit compares the integer alone.
+# * **v1, 0.8.5 to 0.10.1** (`hash_block_tokens` in `vllm/v1/core/kv_cache_utils.py`): the key is a named tuple
+#   `BlockHashType(hash_value, token_ids, extra_keys)` (named `BlockHash` by 0.9.2), with `hash_value` from
+#   Python's `hash` by default (`prefix_caching_hash_algo="builtin"`, SHA-256 on request). The cache is a dict
+#   keyed by the whole tuple, so a hit compares the block's own tokens, but its parent only through the hash
+#   value that folds the parent's in.
+# * **v1 from 0.10.2** (same file): the key is the SHA-256 digest of (parent digest, tokens, extra keys),
+#   `BlockHash = NewType("BlockHash", bytes)`, SHA-256 by default. A hit compares digests only and relies on
+#   SHA-256 being collision resistant (0.34.0 also offers `xxhash`, faster and without that guarantee).
+#
+# This course's lookup checks the tokens **and** the parent, whatever the hash: its own choice, stricter than
+# any vLLM release, and the reason its graded tests can use a deliberately weak hash. So an entry only counts as
+# a hit for block $i$ when
 #
 # * its `token_ids` equal the block's tokens, **and**
 # * its `parent_uid` is the `uid` of the entry that hit for block $i - 1$ (0 for block 0). Without this
@@ -249,7 +266,8 @@ print("same tokens [5,6,7,8], different parents -> same key?", a[1] == b[1])
 # **Never the whole prompt.** The model must run on at least the last prompt token to produce the logits
 # of the first new token, so the manager passes `max_blocks = (len(seq) - 1) // block_size` and the
 # lookup returns at most that many blocks. An 8-token prompt whose two blocks are cached still computes
-# its second block (4 tokens), like vLLM v1, which recomputes the last block of a block-aligned prompt.
+# its second block (4 tokens), like vLLM v1, which recomputes the last block of a block-aligned prompt
+# (`KVCacheManager.get_computed_blocks` in `vllm/v1/core/kv_cache_manager.py`, 0.8.5 and 0.34.0).
 #
 # **Your turn.** Write the region `ch05.ex2` of `PrefixCache.lookup(seq, max_blocks)`: the list of hit
 # block ids, in order. It changes nothing (the manager takes the blocks afterwards). The graded tests use
@@ -356,8 +374,9 @@ print("cached blocks:", len(manager.prefix_cache))
 # %% [markdown]
 # ## 5. What it saves: 100 requests and one system prompt (C5, E4)
 #
-# The seed claims that 100 requests sharing a 9-token system prompt save 33% of their blocks with block
-# size 16, and 60-90% for 500-2000-token system prompts, with a "~100x prompt speed-up". We measure
+# The implementation article (§3.2) claims that 100 requests sharing a 9-token system prompt save 33% of
+# their blocks with block size 16, and 60-90% for 500-2000-token system prompts, with a "~100x prompt
+# speed-up". We measure
 # with the block manager: 100 requests, each the system prompt plus its own 50-token question, all
 # admitted at once; blocks in use with caching on and off, and prompt tokens computed.
 
@@ -524,9 +543,10 @@ print(
 # ## 7. Build step 6: copy-on-write for parallel sampling (E5)
 #
 # Prefix caching shares only full blocks, and full blocks are never written again: no copy is ever
-# needed there. Copy-on-write is for **forks**. With `SamplingParams(n=2)` (or beam search) vLLM v0
-# prefills the prompt once, then forks the sequence: the children share *every* block, including the
-# partially filled last one. The first child to append writes into that shared block, so it must first
+# needed there. Copy-on-write is for **forks**. With `SamplingParams(n=2)` (or beam search) vLLM v0, up to
+# 0.6.3, prefilled the prompt once, then forked the sequence (`scheduler.fork_seq` in
+# `vllm/engine/output_processor/single_step.py`), and this engine does the same: the children share *every*
+# block, including the partially filled last one. The first child to append writes into that shared block, so it must first
 # get its own copy; the last holder writes in place.
 #
 # ```
@@ -542,12 +562,15 @@ print(
 # the block's K/V (`KVCache.copy_blocks`) before the forward pass writes the new token. Otherwise it
 # returns `[]` and calls nothing.
 #
-# **Seed error E5.** The seed places copy-on-write in "variable-length attention or speculative
-# decoding". In vLLM v0 it happens exactly here: forked sequences (parallel sampling, beam search)
-# appending to a shared, partially filled last block (`CopyOnWriteTracker.cow_block_if_not_appendable`
-# in `vllm/core/block/common.py`, used by the blocks of `naive_block.py`). vLLM v1 has no fork: its
-# `n > 1` requests run as separate sequences that share full prompt blocks through the prefix cache and
-# each compute their own partial block.
+# **Ledger row E5.** The implementation-details article (docs/sources.md, §3.3) places copy-on-write in
+# "variable-length attention or speculative decoding". In vLLM v0 it happens exactly here: forked sequences
+# (parallel sampling, beam search) appending to a shared, partially filled last block
+# (`NaiveBlockAllocator.cow_block_if_not_appendable` in `vllm/core/block/naive_block.py`, which records the copy
+# with the `CopyOnWriteTracker` of `vllm/core/block/common.py`; read in 0.6.3 and 0.10.2). From 0.6.4 v0 no
+# longer forked for `n > 1` (it ran `n` independent sequence groups, `ParallelSampleSequenceGroup` in
+# `vllm/sequence.py`), and vLLM v1 has no fork at all: its `n > 1` requests run as separate requests
+# (`ParentRequest`, `vllm/v1/engine/parallel_sampling.py`, 0.8.5 to 0.34.0) that share the prompt's full
+# blocks through the prefix cache and each compute their own partial block.
 #
 # **Your turn.** Write the region `ch05.ex6`, `copy_on_write`.
 
@@ -726,12 +749,15 @@ for q, out in zip(questions[:2], your_outs):
 # - Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*, SOSP 2023:
 #   §4.3 (block sharing and reference counts), §4.4 (parallel sampling, beam search and copy-on-write),
 #   §4.5's shared prefix and §6.4 (its measured savings).
-# - vLLM v1: `vllm/v1/core/kv_cache_utils.py` (`hash_block_tokens`, `FreeKVCacheBlockQueue`),
+# - vLLM v1 (read in 0.8.5, 0.10.2 and 0.34.0): `vllm/v1/core/kv_cache_utils.py` (`hash_block_tokens`, the key
+#   type, `FreeKVCacheBlockQueue`),
 #   `vllm/v1/core/block_pool.py` (`BlockPool`: `get_cached_block`, `cache_full_blocks`,
 #   `_maybe_evict_cached_block`, `free_blocks`), `vllm/v1/core/kv_cache_manager.py`
 #   (`get_computed_blocks`: never the whole prompt).
-# - vLLM v0: `vllm/core/block/prefix_caching_block.py` (content hashes of full blocks), `vllm/core/evictor.py`
-#   (v0's separate LRU evictor), `vllm/core/block/common.py` (`CopyOnWriteTracker`), `vllm/core/block/naive_block.py`.
+# - vLLM v0 (read in 0.10.2, the last release with v0's code): `vllm/core/block/prefix_caching_block.py` (content
+#   hashes of full blocks), `vllm/core/evictor.py` (v0's separate LRU evictor), `vllm/core/block/common.py`
+#   (`CopyOnWriteTracker`), `vllm/core/block/naive_block.py` (`cow_block_if_not_appendable`); the fork of
+#   parallel sampling: `vllm/engine/output_processor/single_step.py` in 0.6.3.
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")

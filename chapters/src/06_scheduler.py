@@ -16,9 +16,12 @@
 #
 # Paged blocks (chapters 02-05) make memory cheap to hand out one block at a time. The **scheduler** decides
 # what to do with that freedom: every step, which sequences compute which tokens, which wait, and who gives
-# memory back when the pool runs out. The engine's scheduler follows vLLM v1: one **token budget** per step,
-# running sequences first, prompts cut into **chunks** that fit the budget. In this chapter you write its
-# policy, one method per build step, and the engine of chapter 07 runs on it.
+# memory back when the pool runs out. The engine's scheduler is a hybrid, on purpose. Its step is vLLM v1's:
+# one **token budget** per step, running sequences first, prompts cut into **chunks** that fit the budget,
+# preemption of the newest. Beside it, it keeps three things of vLLM v0 that v1 dropped: a **swapped** queue
+# with preemption by swap, the admission **watermark**, and the **fork** of a request's samples with
+# copy-on-write. Each section says which engine (and which release) a rule comes from. In this chapter you
+# write the policy, one method per build step, and the engine of chapter 07 runs on it.
 #
 # **You will learn to**
 #
@@ -29,7 +32,7 @@
 # 4. grow the running sequences and preempt the **most recently admitted** one when memory runs out, by
 #    **recompute** or by **swap**, and end a sequence that can never grow instead of looping;
 # 5. bring swapped sequences back and admit new ones first come, first served under the **watermark**
-#    (and correct the seed's description of it, error E9);
+#    (and correct the fragmentation article's description of it, ledger row E9, `docs/sources.md`);
 # 6. compare the step orders of vLLM v0 and v1, and measure what the chunk budget does to time to first
 #    token and inter-token latency (Sarathi-Serve, OSDI 2024), in a simulator and on the engine;
 # 7. measure recompute against swap by block size (the PagedAttention paper §7.3, Fig. 19).
@@ -170,19 +173,30 @@ plt.close(fig)
 # ## 2. One `schedule()` call
 #
 # `Scheduler(scheduler_config, cache_config)` keeps three queues and builds each step with one **token
-# budget**, `max_num_batched_tokens` (vLLM v1, `vllm/v1/core/sched/scheduler.py`). There is no prefill
-# phase and no decode phase: every sequence has `num_computed_tokens`, the leading tokens whose K/V are in
-# the pool, and each step lets it catch up with its length by some tokens. One `schedule()` call, in order:
+# budget**, `max_num_batched_tokens`. There is no prefill phase and no decode phase: every sequence has
+# `num_computed_tokens`, the leading tokens whose K/V are in the pool, and each step lets it catch up with its
+# length by some tokens (vLLM v1, `Scheduler.schedule` in `vllm/v1/core/sched/scheduler.py`, the same from
+# 0.8.5 to 0.34.0). One `schedule()` call, in order, with where each rule comes from:
 #
 # 1. **running** (admission order, oldest first): each sequence gets its next tokens: 1 for a decode, the
 #    next chunk of a partly computed prompt. When the pool is full, the most recently admitted running
-#    sequence is preempted.
-# 2. **swapped**: if nobody was preempted in this step, swapped-out sequences come back, oldest first.
+#    sequence is preempted. *v1*, which preempts by recompute only; this engine can also swap (*v0*).
+# 2. **swapped**: if nobody was preempted in this step, swapped-out sequences come back, oldest first. *v0*
+#    (`_schedule_chunked_prefill` in `vllm/core/scheduler.py`, 0.10.2, the last release with v0's code);
+#    v1 has no swapped queue.
 # 3. **waiting**: if nobody was preempted and nothing is swapped out, new prompts are admitted first come,
-#    first served, while seats (`max_num_seqs`), the budget and the watermark allow.
+#    first served, while seats (`max_num_seqs`), the budget and the watermark allow. Nobody admitted in a step
+#    that preempted: *v1* (`if not preempted_reqs` in `schedule`). Nobody admitted while a sequence is swapped
+#    out, and the watermark: *v0* (`_schedule_default` in `vllm/core/scheduler.py`;
+#    `SelfAttnBlockSpaceManager.can_allocate` in `vllm/core/block_manager.py`, 0.10.2).
 #
-# The **sequence** is the unit: the `n` samples of a request share the prompt's blocks after the fork, but
-# each is scheduled, preempted and swapped on its own (vLLM v1 runs each sample as its own request).
+# The **sequence** is the unit. A request with `n > 1` samples computes its prompt once, then **forks** into
+# `n` sequences that share every block of the prompt, with copy-on-write for a shared partial block (chapter
+# 05); each is scheduled, preempted and swapped on its own. That is vLLM v0's parallel sampling up to 0.6.3
+# (`scheduler.fork_seq` in `vllm/engine/output_processor/single_step.py`). vLLM v1 has no fork: it fans the
+# request out at arrival into `n` independent requests (`ParentRequest` in `vllm/v1/engine/parallel_sampling.py`,
+# 0.8.5 to 0.34.0), which share the prompt's full blocks through the prefix cache and each compute their own
+# partial block; v0 did the same from 0.6.4 on (`ParallelSampleSequenceGroup` in `vllm/sequence.py`).
 #
 # Here is one step on a pool of 8 blocks of 4 tokens, with the reference scheduler. `SchedulerOutputs` tells
 # the engine, per scheduled sequence, which tokens to compute (`start`, `num_tokens`) and where they go
@@ -224,9 +238,11 @@ print(
 # * **A cap per prompt.** With `long_prefill_token_threshold = T > 0`, at most `T` tokens of one sequence
 #   run in a step, so one long prompt cannot take the whole budget from the prompts behind it.
 # * **The budget.** What is left of `max_num_batched_tokens`. If the tokens fit, they all run. If not, with
-#   `enable_chunked_prefill` (vLLM v1's default) the prompt is cut: it runs `budget` tokens now and the rest
-#   in later steps. Without chunked prefill it runs nothing and waits for a step with room for all of it
-#   (vLLM v0's default).
+#   `enable_chunked_prefill` (the engine's default) the prompt is cut: it runs `budget` tokens now and the
+#   rest in later steps. Without chunked prefill it runs nothing and waits for a step with room for all of it.
+#   vLLM v1 forces chunked prefill on for generative models in 0.8.5 to 0.11.0 (`_set_default_args` in
+#   `vllm/engine/arg_utils.py`) and turns it on by default from 0.11.1 (`enable_chunked_prefill=False` then
+#   switches it off); vLLM v0 left it off by default, except for models of more than 32K tokens of context.
 #
 # ```
 # remaining 40, budget 16, T 0    -> 16     (then 16, then 8)
@@ -450,7 +466,7 @@ _ = check("ch06.ex4")
 #   `RUNNING`, back of `self.running`, its seats taken, `self._mark_scheduled(...)`; if it does not, **stop**:
 #   nobody behind it overtakes (FCFS).
 #
-# **Seed error E9.** The seed article describes the block manager's `watermark=0.01` as *"the water line:
+# **Ledger row E9.** The fragmentation article (§3.2) describes the block manager's `watermark=0.01` as *"the water line:
 # below this ratio, preemption is triggered"*. That is not what it does. In vLLM (`vllm/core/block_manager.py`,
 # `can_allocate`) the watermark applies only to **admission**. Running sequences may use the reserved blocks
 # to grow, and preemption happens only when a running sequence finds no free block at all. The reserve
@@ -511,7 +527,8 @@ for wm, res in by_watermark.items():
 # * **vLLM v0 with chunked prefill** (`_schedule_chunked_prefill`, after Sarathi) runs decodes first, then the
 #   next chunks of running prompts, then swapped requests, then new prompts into what is left of the budget
 #   (8 tokens here): A and B never stall; C arrives in chunks.
-# * **vLLM v1**, this engine, has the same order, and admits nobody in a step that preempted.
+# * **vLLM v1** (`vllm/v1/core/sched/scheduler.py`) has the same order without the swapped step, and admits
+#   nobody in a step that preempted. This engine follows v1 here, with v0's swapped step in the middle.
 #
 # `paged_course.sim.step_order` rebuilds v0's two orders as small subclasses of the engine's scheduler (they
 # reuse its policy methods), and `run_trace` runs the trace through each, through the content-checked fake
@@ -714,7 +731,9 @@ plt.close(fig)
 # the two cross between 16 and 64, and swap is cheaper with large blocks. The total time also grows with the
 # block size for another reason: bigger blocks waste more slots in each request's last block (chapter 01),
 # so fewer requests fit. These are the cost model's numbers; a real GPU changes the constants, not the shape.
-# vLLM v1 keeps only recompute: with chunked prefill and prefix caching, recomputation is cheap and simple.
+# vLLM v1 keeps only recompute (0.8.5 to 0.34.0: a victim's blocks are freed, its `num_computed_tokens` reset
+# and it goes back to the front of the waiting queue); swap is v0's, and this engine keeps it so that the two
+# can be compared.
 #
 # ## 10. What it costs: `schedule()` at scale
 #
@@ -731,8 +750,9 @@ for n in (64, 256):
 
 # %% [markdown]
 # The work per request is constant, so the cost grows linearly with the number of running requests. For a
-# model step of tens of milliseconds, a few milliseconds of scheduling at 1,000 requests matters, which is one
-# reason vLLM v1 rewrote its scheduler around incremental per-request state.
+# model step of tens of milliseconds, a few milliseconds of scheduling at 1,000 requests matters. (vLLM v1's
+# scheduler sends its workers only what changed for a request already running, `CachedRequestData` in
+# `vllm/v1/core/sched/output.py`; this course's scheduler has no such optimization.)
 #
 # ## 11. The engine on your scheduler
 #
@@ -776,14 +796,17 @@ print({k: your_stats[k] for k in ("preemptions", "recomputes", "prefill_chunks",
 #
 # - Continuous batching re-decides at every step: finished requests leave at once and waiting ones join. With
 #   paged memory it ran about 6x the throughput of static batching on the same pool and requests (simulated).
-# - One token budget per step; running sequences first (decodes and the next prompt chunks), then swapped
-#   ones, then new prompts, first come first served; nobody is admitted in a step that preempted (vLLM v1).
-#   The sequence is the unit: `n` samples are scheduled, preempted and swapped one by one.
+# - The scheduler is a hybrid: vLLM v1's step (one token budget, running sequences first with decodes and the
+#   next prompt chunks, preemption of the newest, nobody admitted in a step that preempted) with three pieces of
+#   vLLM v0 that v1 dropped: the swapped queue (back before new prompts), the admission watermark, and the fork
+#   of a request's `n` samples with copy-on-write. v1 recomputes only and fans `n > 1` out into independent
+#   requests. The sequence is the unit: `n` samples are scheduled, preempted and swapped one by one.
 # - Chunked prefill cuts a prompt into the budget left (at most `long_prefill_token_threshold` per step):
 #   decodes never stall behind a prompt. vLLM v0's default order ran prompts first, whole, and no decode in
 #   such a step. The budget trades TTFT (large chunks) against the p99 of ITL (small chunks): measured in the
 #   simulator and on the engine.
-# - When memory runs out the most recently admitted sequence is preempted, by recompute or swap; a sequence
+# - When memory runs out the most recently admitted sequence is preempted, by recompute (v0 and v1) or swap
+#   (v0 only); a sequence
 #   alone that cannot grow ends `kv_cache_exhausted` (this course's state: vLLM refuses at start-up a KV cache
 #   that cannot hold one `max_model_len` request); a prompt that can never fit is ignored with a reason.
 # - Swap pays per transfer, so it loses at small block sizes and wins at large ones; recompute's cost does not
@@ -800,12 +823,16 @@ print({k: your_stats[k] for k in ("preemptions", "recomputes", "prefill_chunks",
 #   prefills and stall-free batching (§3-4), TTFT and TBT at p50 / p99 against the chunk size (§5).
 # - Yu et al., *Orca: A Distributed Serving System for Transformer-Based Generative Models*, OSDI 2022:
 #   iteration-level scheduling (continuous batching).
-# - vLLM v1: `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`: one budget, running first,
-#   `long_prefill_token_threshold`, preemption of the last running request), `vllm/v1/core/sched/output.py`
-#   (`SchedulerOutput`: `num_scheduled_tokens` per request), `vllm/v1/core/kv_cache_manager.py` (`allocate_slots`).
-# - vLLM v0: `vllm/core/scheduler.py` (`_schedule_default`, `_schedule_chunked_prefill`, `_schedule_running`,
-#   `_schedule_swapped`, `_schedule_prefills`, `_preempt_by_recompute`, `_preempt_by_swap`),
-#   `vllm/core/block_manager.py` (`can_allocate` and the watermark).
+# - vLLM v1 (read in 0.8.5 and 0.34.0): `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`: one budget,
+#   running first, `long_prefill_token_threshold`, preemption of the last running request by recompute),
+#   `vllm/v1/core/sched/output.py` (`SchedulerOutput`: `num_scheduled_tokens` per request),
+#   `vllm/v1/core/kv_cache_manager.py` (`allocate_slots`), `vllm/v1/engine/parallel_sampling.py` (`ParentRequest`:
+#   `n > 1` as independent requests).
+# - vLLM v0 (read in 0.10.2, the last release that ships it; 0.11.0 removed `vllm/core/`): `vllm/core/scheduler.py`
+#   (`_schedule_default`, `_schedule_chunked_prefill`, `_schedule_running`, `_schedule_swapped`,
+#   `_schedule_prefills`, `_preempt_by_recompute`, `_preempt_by_swap`), `vllm/core/block_manager.py`
+#   (`SelfAttnBlockSpaceManager.can_allocate` and the watermark); the fork of parallel sampling in 0.6.3:
+#   `vllm/engine/output_processor/single_step.py`.
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")

@@ -25,7 +25,8 @@
 # 3. plug a paged KV cache into *any* transformers decoder through its public extension points (no patching);
 # 4. check the engine's output against transformers' own `generate`, token for token;
 # 5. run the engine assembled from **your own parts** of chapters 02-06 against transformers (the capstone);
-# 6. measure seed claim C6 (throughput rises with concurrency) at small scale on this CPU, ours against
+# 6. measure ledger row C6, a claim of the fragmentation article (`docs/sources.md`: throughput rises with
+#    concurrency) at small scale on this CPU, ours against
 #    transformers, and read what a GPU run adds.
 #
 # Code: `paged/engine/llm_engine.py` (the step loop), `paged/engine/llm.py` (`LLM`), `paged/worker/model_runner.py` (packing a step),
@@ -77,10 +78,11 @@ plot_batching(answer_lens, slots=4)
 plt.show()
 
 # %% [markdown]
-# The same work (50 tokens) takes 21 iterations in static batches and 14 when slots are refilled. On a GPU an
-# iteration costs about the same whether 2 or 4 slots are busy (decode reads every weight once per step), so
-# fewer iterations is more throughput. Paging is what makes the refill cheap in memory: a new request takes only
-# the blocks its tokens fill, not a `max_len` reservation.
+# The same work (50 tokens) takes 21 iterations in static batches and 14 when slots are refilled. If an
+# iteration costs about the same whether 2 or 4 slots are busy, fewer iterations is more throughput; that is the
+# usual model of small-batch decode on a GPU, which reads every weight once per step (a model, not measured
+# here). Paging is what makes the refill cheap in memory: a new request takes only the blocks its tokens fill,
+# not a `max_len` reservation.
 #
 # ## 2. One engine step, opened up
 #
@@ -372,9 +374,9 @@ print(
 # The same check, graded: `python -m paged grade ch07` builds the engine from your parts *without* fallback
 # (every part must be yours) and runs this workload with preemption by recompute and by swap.
 #
-# ## 6. Seed claim C6: throughput against concurrency, ours against transformers
+# ## 6. Ledger row C6: throughput against concurrency, ours against transformers
 #
-# The seed (002, §4.3) reports for Llama-2-7B on an A100 that vLLM beats transformers' `generate` by 1.14x at one
+# The fragmentation article (§4.3) reports for Llama-2-7B on an A100 that vLLM beats transformers' `generate` by 1.14x at one
 # request and more with concurrency, until `generate` runs out of memory at 32. We measure the shape at small scale
 # on this CPU with the benchmark's reference model (`paged_course.bench.engine`: Llama, 4 layers, hidden 256, vocabulary
 # 2048) on a *ragged* workload, the case continuous batching is for: `c` requests at once with prompts of 16-64
@@ -433,8 +435,9 @@ print(
 #
 # ## 7. What a GPU run shows
 #
-# The committed run of the benchmark on one H200 (`docs/gpu/h200-2026-11-30/engine.json`, before this
-# engine's chunked prefill, its batched prefill kernel and the tuned decode kernel) read back:
+# The committed run of the benchmark on one H200 (`docs/gpu/h200-2026-11-30/engine.json`) measured the engine as it
+# was on that date: before its chunked prefill and batched prefill kernel, and decoding with chapter 04's teaching
+# kernel, not the tuned one. Read back:
 
 # %%
 import json  # noqa: E402
@@ -454,11 +457,12 @@ print(
 )
 
 # %% [markdown]
-# On the GPU transformers won from 16 concurrent requests on. That engine ran each prompt's prefill as its own
-# attention call, its decodes through the teaching kernel (chapter 04: about a tenth of the memory bandwidth),
-# and spent a fixed Python cost per step that weighs more when the forward takes a few milliseconds. The
-# engine now packs every chunk of a step into one call and decodes with the tuned kernel; chapter 08 and
-# `scripts/gpu_check.sh` measure them on a GPU, and until a run is committed those effects are not measured.
+# On the GPU the two were even at 1 and 2 concurrent requests (1.01x, 1.05x); transformers was 6% ahead at 4 and 8
+# (0.94x), and further ahead from 16 on (0.87x at 16, 0.36x at 128). That engine ran each prompt's prefill as its
+# own attention call, its decodes through the teaching kernel (chapter 04: about a tenth of the memory bandwidth),
+# and spent a fixed Python cost per step that weighs more when the forward takes a few milliseconds. The engine
+# now packs every chunk of a step into one call and decodes with the tuned kernel; what that changes on a GPU is
+# not measured until a `scripts/gpu_check.sh` run of it is committed (chapter 08 reads it then).
 #
 # ## Your turn
 #
@@ -476,8 +480,9 @@ print(
 #
 # - Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*, SOSP 2023:
 #   §4 (the design), §5 (the implementation), §6 (the evaluation).
-# - vLLM v1: `vllm/v1/engine/core.py` (the step loop), `vllm/v1/worker/gpu_model_runner.py` (packing a step,
-#   slot mapping), `vllm/entrypoints/llm.py` (`LLM.generate`); v0: `vllm/engine/llm_engine.py`.
+# - vLLM v1 (read in 0.8.5 and 0.10.2): `vllm/v1/engine/core.py` (the step loop), `vllm/v1/worker/gpu_model_runner.py`
+#   (packing a step, slot mapping; `vllm/v1/worker/gpu/model_runner.py` by 0.34.0), `vllm/entrypoints/llm.py`
+#   (`LLM.generate`); v0 (up to 0.10.2): `vllm/engine/llm_engine.py`.
 # - transformers' attention interface: the `AttentionInterface` and `AttentionMaskInterface` registries
 #   (`transformers/modeling_utils.py`, `transformers/masking_utils.py`).
 # - nano-vllm (`nanovllm/engine/`): the same engine in a few hundred lines.
@@ -491,7 +496,8 @@ print(
 # - The engine is built from parts with small interfaces; assembled from yours, it produces transformers'
 #   tokens.
 # - C6 at small scale on CPU: throughput rises with concurrency for both systems; the engine's lead comes from
-#   ragged lengths (and, on a GPU, from memory); the seed's A100 numbers stay the seed's (E11).
+#   ragged lengths (on a GPU, paging's memory saving is what the paper measured; the committed H200 run, of
+#   same-length requests, does not show it); the fragmentation article's A100 numbers stay its own (E11).
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")

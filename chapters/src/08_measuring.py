@@ -17,12 +17,13 @@
 # Seven chapters built the pieces: a memory calculator and a fragmentation simulator (01), the block allocator
 # (02), block tables and the KV pool (03), the online-softmax kernel (04), prefix caching and copy-on-write (05),
 # the scheduler (06) and the engine (07). This chapter measures the whole, closes the books on the seed articles
-# and shows where each piece lives in vLLM.
+# (the fragmentation article and the implementation article, `docs/sources.md`) and shows where each piece
+# lives in vLLM.
 #
 # **You will learn to**
 #
 # 1. choose a block size with numbers: memory waste from the simulator on two length distributions, and what
-#    the GPU kernel benchmark adds (seed claims C7 and E10);
+#    the GPU kernel benchmark adds (ledger rows C7 and E10);
 # 2. size a KV cache at scale: a million simulated requests of Llama-2-7B on an 80 GB GPU, static
 #    pre-allocation against paged blocks;
 # 3. measure throughput against concurrency for our engine and transformers' `generate` on the same model with
@@ -100,9 +101,10 @@ def latest_result(name: str, on_gpu: bool = False) -> dict | None:
 # sizes above 32 were clearly worse; vLLM's default is 16.
 #
 # The memory half of that study we can run here: the paged simulator from chapter 01 on a pool of 32,768
-# token slots, once on the chat-like trace (means near ShareGPT: 161 prompt / 338 output tokens) and once on
-# a short-request trace (means near Alpaca in the paper's Fig. 11: 19 prompt / 58 output tokens). Both traces
-# have 2,000 requests queued at step 0. "tokens/step" is the simulated throughput: generated tokens over decode
+# token slots, once on the chat-like trace and once on a short-request trace. Their lengths are drawn from
+# log-normal distributions with ShareGPT's means (161 prompt / 338 output tokens) and Alpaca's (19 / 58), as
+# the paper's Fig. 11 gives them, then clipped to 2,048 tokens; the cell prints the means each trace really
+# has. Both traces have 2,000 requests queued at step 0. "tokens/step" is the simulated throughput: generated tokens over decode
 # steps, which counts only memory effects (a step costs the same whatever the block size).
 
 # %% tags=["nbval-check-output"]
@@ -114,8 +116,10 @@ studies = {
 }
 for name, rows in studies.items():
     ref = next(r["tokens_per_step"] for r in rows if r["block_size"] == 16)
+    trace = chat if "chat" in name else short
     print(
-        f"{name}: mean final length {(chat if 'chat' in name else short).final_len.mean():.0f} tokens"
+        f"{name}: means of the trace: prompt {trace.prompt_len.mean():.1f}, output "
+        f"{trace.output_len.mean():.1f}, final length {trace.final_len.mean():.0f} tokens"
     )
     print(
         f"{'block':>6} {'util':>7} {'running':>8} {'steps':>6} {'tok/step':>9} {'vs 16':>6} {'preempt':>8}"
@@ -153,17 +157,20 @@ display(block_size_widget(num_requests=2000))
 # **The kernel's side needs a GPU.** `python -m paged bench kernel` (run by `scripts/gpu_check.sh`) times our
 # Triton decode kernel (best of several calls, warm-up untimed, the L2 cache flushed before each) for fp16, 32 query heads over 8 KV heads of dim 128, at
 # batch 1 to 64 and contexts of 1,024 to 8,192 tokens, for block sizes 8, 16 and 32, next to the same kernel on
-# a contiguous pool (the paging overhead, seed error E2) and to PyTorch's SDPA. On a CPU the kernel runs only in
+# a contiguous pool (the paging overhead, ledger row E2) and to PyTorch's SDPA. On a CPU the kernel runs only in
 # Triton's interpreter, whose times say nothing about a GPU. When a GPU run's JSON is in `gpu-results/` or
 # `bench-results/`, the next cell plots it; otherwise it falls back to the H200 run committed in
-# `docs/gpu/h200-2026-11-30/` (Triton 3.6, torch 2.11), and says which it shows.
+# `docs/gpu/h200-2026-11-30/` (Triton 3.6, torch 2.11), and says which run and which kernel it shows. The
+# committed run timed the teaching kernel of chapter 04 (the engine's kernel at the time), not the tuned one.
 
 # %%
 kernel_record = latest_result("kernel", on_gpu=True)
 kernel = kernel_record["results"] if kernel_record else None
 if kernel and kernel.get("mode") == "gpu":
+    which = "the teaching kernel" if "steps" not in kernel else "the tuned kernel"
     print(
-        f"GPU kernel run on {kernel_record['environment']['device']}, {kernel_record['environment']['time']}"
+        f"GPU kernel run on {kernel_record['environment']['device']}, "
+        f"{kernel_record['environment']['time']}: {which}"
     )
     plot_kernel_block_sizes(kernel["sweep"])
     plt.show()
@@ -180,10 +187,13 @@ else:
     )
 
 # %% [markdown]
-# **C7 and E10, settled.** Block 16 is a good default, not a magic number. The seed's reason ("shared memory")
-# is not the paper's: the paper names the trade-off between kernel parallelism (small blocks give each warp too
-# little work) and internal fragmentation plus lost sharing (large blocks). On memory alone, 16 to 128 are alike
-# for chat traffic and large blocks hurt short requests.
+# **C7 and E10: what was measured.** On memory, measured above in the simulator: 16 to 128 are alike for chat
+# traffic and large blocks hurt short requests. On time, the committed H200 run timed the teaching kernel at
+# blocks 8, 16 and 32 (the cell above): it says how that latency-bound kernel behaves, not how the engine's tuned
+# kernel, whose tiles span blocks, does; nothing here has timed the tuned kernel by block size yet. The paper's
+# own study (§7.2, Fig. 18b) is the measured source for 16: it names the trade-off between kernel parallelism
+# (small blocks give each warp too little work) and internal fragmentation plus lost sharing (large blocks), not
+# the fragmentation article's "shared memory" (§5).
 #
 # ## 2. KV memory at scale: a million requests
 #
@@ -228,7 +238,7 @@ plot_capacity(cap, "Llama-2-7B, 80 GB GPU, utilization 0.9")
 plt.show()
 
 # %% [markdown]
-# Paging fits about ten times more requests in the same memory. The seed (002, §4.1) put it at "~8 vs ~32" for
+# Paging fits about ten times more requests in the same memory. The fragmentation article (§4.1) put it at "~8 vs ~32" for
 # the same GPU and model, without saying how: with `max_seq_len` 4096 the static count is 29, and with the
 # chat-like lengths the paged count is about 280. The ratio depends on the length distribution: the shorter the
 # requests relative to `max_seq_len`, the larger the gain. In practice the scheduler's `max_num_seqs` and the
@@ -236,7 +246,7 @@ plt.show()
 #
 # ## 3. Throughput against concurrency (C6)
 #
-# The seed's table (002, §4.3) claims, for Llama-2-7B on an A100, that vLLM is 1.14x faster than transformers'
+# The fragmentation article's table (§4.3) claims, for Llama-2-7B on an A100, that vLLM is 1.14x faster than transformers'
 # `generate` at one request, 3.75x at 16, and that `generate` runs out of memory from 32 requests on. We cannot
 # run an A100 here; we can measure the shape of the claim on this CPU with the engine benchmark's reference model
 # (Llama, 4 layers, hidden 256, 8 heads over 2 KV heads, random weights) and its functions (`paged_course.bench.engine`):
@@ -318,11 +328,11 @@ else:
 # plausible arithmetic for `max_seq_len` 4096.
 # The A100 figures themselves (1,200 vs 5,800 tokens/s) remain the seed's, unsourced (E11).
 #
-# ### The same sweep on an H200: where `generate` wins
+# ### The same sweep on an H200: where `generate` is ahead
 #
 # The committed GPU run (`docs/gpu/h200-2026-11-30/`, `python -m paged bench engine` on one NVIDIA H200: the same
-# 4-layer model, 64 prompt tokens and 32 generated tokens per request, concurrency 1 to 128) tells a different
-# story from the CPU. The next cell reads its JSON, and the kernel and step-profile figures that explain it:
+# 4-layer model, 64 prompt tokens and 32 generated tokens per request, concurrency 1 to 128) measured the engine as
+# it was on that date, decoding with chapter 04's teaching kernel, and tells a different story from the CPU. The next cell reads its JSON, and the kernel and step-profile figures that explain it:
 
 # %% tags=["nbval-check-output"]
 h200_dir = Path("..") / "docs" / "gpu" / "h200-2026-11-30"
@@ -356,9 +366,9 @@ print(
 )
 
 # %% [markdown]
-# Up to 8 requests the two systems are within about 6% of each other. From 16 concurrent requests on, transformers'
-# `generate` won, and its lead grew with the batch: the engine reached 0.87x of its throughput at 16 requests,
-# 0.48x at 64 and 0.36x at 128. Paging was not the reason (in our own kernel it cost at most 2.4%, printed
+# At 1 and 2 requests the engine was even with transformers' `generate` or ahead (1.01x, 1.05x); at 4 and 8 requests
+# `generate` was 6% ahead (0.94x), and from 16 on its lead grew with the batch: the engine reached 0.87x of its
+# throughput at 16 requests, 0.48x at 64 and 0.36x at 128. Paging was not the reason (in our own kernel it cost at most 2.4%, printed
 # above). Three costs of the engine as it was for that run are visible in the committed numbers:
 #
 # - **Prefills ran one sequence at a time.** The attention backend ran a separate causal SDPA for each prompt in
@@ -376,7 +386,7 @@ print(
 # weighed more. Nor does this sweep show what paging is for: every request has the same length and the GPU has
 # memory to spare, so a static batch wastes nothing.
 #
-# The engine has since taken vLLM's answers to all three, and **none of them has been measured on a GPU yet**:
+# The engine now has vLLM's answers to all three, and **none of them has been measured on a GPU yet**:
 # on CUDA every prompt chunk of a step goes through one call of a Triton prefill kernel over the block tables
 # (`kernels/prefill_attention.py`), decodes use chapter 04's tuned kernel (the group of query heads in `tl.dot`,
 # tiles across blocks, split-K chosen from the SM count), the step's metadata goes to the device in one copy, and
@@ -413,49 +423,53 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 #   shared part's share of the prompt, so a longer private part lowers it).
 # - **Depends**: C2 (with the seed's own definitions, where internal waste is all unused reservation,
 #   contiguous reservation falls inside its ranges: 52% internal, 14% external; the split changes with the
-#   trace and the reservation rule), C6 (both systems gain from concurrency on a CPU, and on the H200 `generate`
-#   gains more from 16 requests up; the seed's A100 ratios are not ours to confirm), C7 (16 is a sound default; the paper's reason is the trade-off above).
+#   trace and the reservation rule), C6 (both systems gain from concurrency on a CPU; on the H200 run, with the
+#   teaching kernel, `generate` was ahead from 4 requests up; the seed's A100 ratios are not ours to confirm), C7 (16 is a sound default; the paper's reason is the trade-off above).
 # - **Corrected**: E1 (the sketch normalizes by the sum over the head dimension: a wrong answer, not attention),
 #   E3-E5 (block-level chained keys; a 9-token prefix shares nothing; copy-on-write comes from forks writing a
 #   shared partial block), E6 (one block table per sequence), E7 (0.67 GB for Llama-2-70B), E8 (8 MiB per block,
 #   not 1 GiB), E9 (the watermark blocks admission; it *prevents* preemptions: 2,368 without it, 910 at 0.01),
 #   E10, E11.
-# - **Measured on a GPU**: E2. On the committed H200 run our kernel on a paged pool takes at most 2.4% longer
+# - **Measured on a GPU**: E2, on the teaching kernel. On the committed H200 run it takes at most 2.4% longer
 #   than the same kernel on a contiguous pool (block 8; 0.996-1.002x at blocks 16 and 32). That figure was
 #   measured on a latency-bound kernel: ours reaches 11.5% of the H200's HBM bandwidth at batch 64, context
 #   4,096, and PyTorch's SDPA on contiguous KV is about 8x faster. A kernel that far below the bandwidth roofline
 #   hides the block-table lookups behind its own slowness, so the 2.4% says little about what paging costs a
-#   kernel that streams K and V at full speed; chapter 04's performance lab re-measures it on the tuned kernel.
+#   kernel that streams K and V at full speed; the tuned kernel's figure needs a GPU run of it.
 #   The paper's figure is of that kind: 20-26% higher attention-kernel latency than FasterTransformer's tuned
 #   kernel (§7.1, Fig. 18a), with a small end-to-end cost because attention is one part of a step.
 #
 # ## 5. From this course to vLLM
 #
-# The settings first:
+# The engine is a hybrid on purpose: vLLM v1's token budget and chunked prefill, vLLM v0's swap, watermark and
+# copy-on-write fork (v1 recomputes only and fans `n > 1` out into independent requests). vLLM shipped both
+# engines up to 0.10.2 (September 2025); 0.11.0 removed v0's code (`vllm/core/`, the v0 `LLMEngine`). The
+# settings first, each with the release it was read in:
 #
 # | concept | here (`paged.LLM`) | vLLM (`vllm.LLM` / engine args) |
 # |---|---|---|
 # | tokens per block | `block_size=16` | `block_size` (16 by default on GPUs) |
 # | KV pool size | `gpu_memory_utilization=0.9`, `kv_cache_memory_bytes` | `gpu_memory_utilization` (0.9) |
-# | prefix caching | `enable_prefix_caching=True` | `enable_prefix_caching` (off in v0, on in v1) |
-# | preemption | `preemption_mode="recompute"` or `"swap"` | v0: recompute one sequence, swap a group; v1: recompute |
-# | swap space | `num_cpu_blocks` (blocks) | `swap_space` (GiB of CPU memory, default 4; v0 only) |
-# | watermark | `watermark=0.01` | v0 block manager default 0.01; none in v1 0.8.5 (later: 0.0 by default) |
+# | prefix caching | `enable_prefix_caching=True` | `enable_prefix_caching`: off by default in v0, on in v1 (0.8.5, 0.34.0) |
+# | preemption | `preemption_mode="recompute"` or `"swap"` | v0 (0.10.2): recompute a one-sequence group, swap a larger one, unless `preemption_mode` says; v1: recompute only |
+# | swap space | `num_cpu_blocks` (blocks) | `swap_space` (GiB of CPU memory, default 4; v0 only, gone by 0.34.0) |
+# | watermark | `watermark=0.01` | v0: 0.01 (`SelfAttnBlockSpaceManager`, 0.10.2); v1: none up to 0.23.0, from 0.24.0 an optional `watermark` (0.0, off), for admissions only |
 # | batch limits | `max_num_seqs`, `max_num_batched_tokens` (the step's token budget) | the same names |
-# | chunked prefill | `enable_chunked_prefill=True`, `long_prefill_token_threshold=0` | v1: always on; v0: `enable_chunked_prefill` (off by default) |
+# | chunked prefill | `enable_chunked_prefill=True`, `long_prefill_token_threshold=0` | v1: forced on for generative models in 0.8.5 to 0.11.0, on by default from 0.11.1; v0: off by default (on for models over 32K of context) |
 #
-# Then the code, file by file (v0 as of 0.8.5, the last release with both engines):
+# Then the code, file by file, as of 0.10.2, the last release with both engines' files (v1's paths are the same
+# in 0.8.5; by 0.34.0 the model runner and the block table moved to `vllm/v1/worker/gpu/`):
 #
 # | piece | here | vLLM v0 | vLLM v1 |
 # |---|---|---|---|
 # | block manager | `paged/core/block_manager.py` | `vllm/core/block_manager.py` | `vllm/v1/core/kv_cache_manager.py` |
 # | allocator, free queue | `paged/core/allocator.py` | `vllm/core/block/naive_block.py` | `vllm/v1/core/block_pool.py` |
 # | prefix caching | `paged/core/prefix_cache.py` | `vllm/core/block/prefix_caching_block.py` | `v1/core/kv_cache_utils.py` |
-# | copy-on-write | `copy_on_write` in `paged/core/block_manager.py` | `vllm/core/block/` (ref counts, COW) | none (no forks in v1) |
+# | copy-on-write | `copy_on_write` in `paged/core/block_manager.py` | `vllm/core/block/` (ref counts, COW; forked by `n > 1` up to 0.6.3) | none (`n > 1`: `vllm/v1/engine/parallel_sampling.py`) |
 # | scheduler, chunked prefill, preemption | `paged/core/scheduler.py` | `vllm/core/scheduler.py` | `vllm/v1/core/sched/scheduler.py` |
 # | KV pool tensors, swap | `paged/worker/kv_cache.py` | `vllm/worker/cache_engine.py` | `vllm/v1/worker/gpu_model_runner.py` |
 # | KV budget | `paged/worker/model_runner.py` | `vllm/worker/worker.py` | `vllm/v1/worker/gpu_worker.py` |
-# | decode kernel | `kernels/paged_attention.py` (the teaching one: `paged_course/kernel_lab/`) | `csrc/attention/attention_kernels.cu` | `v1/attention/ops/triton_unified_attention.py`, `v1/attention/backends/` |
+# | decode kernel | `kernels/paged_attention.py` (the teaching one: chapter 04's `exercises/ex04_online_softmax.py`) | `csrc/attention/attention_kernels.cu` | `vllm/attention/ops/triton_unified_attention.py` (`vllm/v1/attention/ops/` from 0.16.0), `vllm/v1/attention/backends/` |
 # | KV write | `write_kv` in `paged/worker/attention.py` (a Triton version: `paged_course/kernel_lab/cache_ops.py`) | `csrc/cache_kernels.cu` | the backends' `reshape_and_cache_flash` |
 # | engine, `LLM` | `paged/engine/llm_engine.py`, `paged/engine/llm.py` | `vllm/engine/llm_engine.py` | `vllm/v1/engine/core.py` |
 #
@@ -465,9 +479,9 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 #
 # The KV layout `[num_blocks, block_size, num_kv_heads, head_dim]` per layer is v1's (FlashAttention's "NHD");
 # v0's own CUDA kernel split the key cache further into `x`-element chunks for vectorized loads. v0 and v1 differ
-# most in what they dropped: v1 (0.8.5) has no copy-on-write, no swap, no watermark (later releases give its
-# `KVCacheManager` an optional one, off by default); it recomputes preempted requests and keeps freed cached
-# blocks in the same queue as never-used ones (vLLM 0.8.5 source).
+# most in what v1 dropped: v1 (0.8.5 to 0.34.0) has no copy-on-write and no swap, and no watermark before 0.24.0
+# (from then an optional one in `KVCacheManager`, off by default); it recomputes preempted requests and keeps freed
+# cached blocks in the same queue as never-used ones (`FreeKVCacheBlockQueue` in `vllm/v1/core/kv_cache_utils.py`).
 #
 # ### The same workload on vLLM
 #
@@ -550,21 +564,25 @@ else:
 # ## Summary
 #
 # - Block size: on memory alone 16-128 perform alike for chat-like traffic and large blocks hurt short requests
-#   (paper §7.2); what rules out tiny blocks is kernel time, measured on a GPU by `bench kernel` (C7, E10).
+#   (paper §7.2); what rules out tiny blocks is kernel time, which `bench kernel` measures on a GPU (the
+#   committed run: the teaching kernel only) and the paper measured for vLLM's kernel (C7, E10).
 # - At scale, paging holds about ten times more Llama-2-7B requests than static 4096-token slots on an 80 GB GPU
 #   (about 280 vs 29 for chat-like lengths), because memory follows the real length.
 # - Batching raises throughput for both our engine and `generate` on this CPU, with identical greedy tokens; the
 #   seed's A100 table is not reproduced here and stays unsourced (C6, E11). On the committed H200 run `generate`
-#   won from 16 concurrent requests up (the engine of that run at 0.36x at 128), because of per-sequence prefills,
+#   was ahead from 4 concurrent requests up (0.94x at 4 and 8, 0.36x at 128, with the teaching kernel), because
+#   of per-sequence prefills,
 #   a slow decode kernel and per-step Python, not because of paging. The batched prefill kernel, the tuned decode
 #   kernel and the CUDA graphs the engine has now are not yet measured on a GPU.
 # - The ledger gives every seed claim a number or a sourced correction: 4 hold, 3 depend on the workload or
-#   device, 10 are corrected, and E2 is measured on the committed H200 run: paging costs at most 2.4% in our
-#   kernel, but that kernel is latency-bound (11.5% of HBM bandwidth), so the figure says little about paging at
-#   the roofline; the next GPU run re-measures it on chapter 04's tuned kernel (the paper: 20-26% against a tuned
-#   kernel).
-# - Every piece has a counterpart in vLLM; v1 (as of 0.8.5) keeps blocks, block tables, prefix caching and
-#   recompute preemption, and drops copy-on-write, swapping and the watermark.
+#   device, 10 are corrected, and E2 is measured on the committed H200 run: paging costs at most 2.4% in the
+#   teaching kernel, but that kernel is latency-bound (11.5% of HBM bandwidth), so the figure says little about
+#   paging at the roofline; measuring it there needs a GPU run of chapter 04's tuned kernel (the paper: 20-26%
+#   against a tuned kernel).
+# - Every piece has a counterpart in vLLM. The engine is a hybrid: v1's token budget and chunked prefill, v0's
+#   swap, watermark and copy-on-write fork. v1 (0.8.5 to 0.34.0) keeps blocks, block tables, prefix caching and
+#   recompute preemption, and drops copy-on-write and swapping (and the watermark up to 0.23.0); v0's code
+#   shipped until 0.10.2.
 
 # %%
 print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 
 import torch
 
@@ -39,6 +40,11 @@ from paged.engine.parts import Parts
 from paged.engine.stats import EngineStats
 from paged.worker.model_runner import ModelRunner
 from paged.worker.sampler import Sampler, make_generator
+
+
+class MaxModelLenWarning(UserWarning):
+    """A request's prompt plus ``max_tokens`` exceed ``max_model_len``: it stops there, ``finish_reason``
+    ``"length"`` (said once per engine, at ``add_request``)."""
 
 
 class LLMEngine:
@@ -98,6 +104,7 @@ class LLMEngine:
         self.metrics = EngineStats()
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
+        self._said_max_model_len = False  # MaxModelLenWarning comes once per engine
         self._generators: dict[str, torch.Generator | None] = {}
 
     # ------------------------------------------------------------------ requests
@@ -109,6 +116,9 @@ class LLMEngine:
         prompt: str | None = None,
     ) -> str:
         """Queue a request; returns its id. The engine's input boundary: everything is checked here.
+
+        The first request whose prompt plus ``max_tokens`` exceed ``max_model_len`` gets a
+        ``MaxModelLenWarning``: it will stop at ``max_model_len`` with ``finish_reason="length"``.
 
         Raises:
             TypeError: ``sampling_params`` that is not a ``SamplingParams``, or a token id that is not an
@@ -140,6 +150,17 @@ class LLMEngine:
         if bad:
             raise ValueError(
                 f"request {request_id!r}: token id {bad[0]!r} outside [0, {self.vocab_size})"
+            )
+        limit = self.scheduler_config.max_model_len
+        if not self._said_max_model_len and len(tokens) <= limit < len(tokens) + params.max_tokens:
+            self._said_max_model_len = True
+            warnings.warn(
+                f"request {request_id!r}: its prompt of {len(tokens)} tokens plus max_tokens="
+                f"{params.max_tokens} exceed max_model_len={limit}: it stops at {limit} tokens with "
+                "finish_reason 'length' (raise max_model_len, up to the model's positions, or lower "
+                "max_tokens; said once per engine)",
+                MaxModelLenWarning,
+                stacklevel=3,
             )
         seq = Sequence(next(self._seq_ids), tokens, self.cache_config.block_size)
         self.scheduler.add_request(

@@ -33,8 +33,8 @@ ABOUT = {  # one line per benchmark, for the listing that ``python -m paged benc
     "engine": "the paged engine against generate, generate_batch and vLLM when installed, same tokens (C6); "
     "--big, --profile",
 }
-QUICK_TIME = (
-    "all six in 25-40 s on 2 shared vCPUs, 18 s of CPU time, most of it `engine`"  # measured
+QUICK_TIME = (  # measured: /usr/bin/time python -m paged bench all --quick, 2026-12-02
+    "all six in 56 s at load average 3.7-4.5 on 2 shared vCPUs, 27 s of CPU time, most of it `engine`"
 )
 
 

@@ -28,7 +28,11 @@ class ListQueue:
 
     def popleft(self) -> int:
         if not self.ids:
-            raise IndexError("popleft from an empty queue")
+            raise AssertionError(
+                "the allocator took a block from an empty free queue (popleft with 0 blocks free): "
+                "compare the blocks asked for with the free count first, and with too few raise "
+                "NoFreeBlocksError(requested, available) before taking any"
+            )
         return self.ids.pop(0)
 
     def append(self, block_id: int) -> None:
@@ -192,14 +196,31 @@ def test_random_queue_histories_match_a_list(impl, seed):
 def test_a_fresh_pool_hands_out_ids_in_order(alloc_cls, n):
     a = alloc_cls(n)
     first = a.allocate_many(n // 2)
-    assert first == list(range(n // 2)), "a fresh pool hands out ids in order"
-    assert a.allocate() == n // 2, "allocate takes the next one"
-    assert a.allocate_many(n - n // 2 - 1) == list(range(n // 2 + 1, n)), (
-        "and the next call continues there"
+    assert first == list(range(n // 2)), (
+        f"block ids from allocate_many({n // 2}) on a fresh pool of {n}: got {first}, expected "
+        f"{list(range(n // 2))} (a fresh pool hands out ids in order)"
     )
-    assert a._ref_counts == [1] * n, "an allocated block is held once"
-    assert (a.num_free_blocks, a.num_used_blocks) == (0, n)
-    assert a.allocate_many(0) == [], "zero blocks: nothing to do, even when nothing is free"
+    one = a.allocate()
+    assert one == n // 2, (
+        f"block id from the next allocate(): got {one}, expected {n // 2} (the front of the queue)"
+    )
+    rest = a.allocate_many(n - n // 2 - 1)
+    assert rest == list(range(n // 2 + 1, n)), (
+        f"block ids from the next allocate_many({n - n // 2 - 1}): got {rest}, expected "
+        f"{list(range(n // 2 + 1, n))} (it continues where the last call stopped)"
+    )
+    assert a._ref_counts == [1] * n, (
+        f"reference counts of the {n} allocated blocks: got {a._ref_counts}, expected {[1] * n} "
+        "(an allocated block is held once)"
+    )
+    counts = (a.num_free_blocks, a.num_used_blocks)
+    assert counts == (0, n), (
+        f"(free, used) blocks after taking all {n}: got {counts}, expected (0, {n})"
+    )
+    zero = a.allocate_many(0)
+    assert zero == [], (
+        f"allocate_many(0) with no block free: got {zero}, expected [] (nothing to do, and no error)"
+    )
 
 
 @pytest.mark.exercise("ch02.ex2", points=3)
@@ -208,18 +229,29 @@ def test_allocate_many_is_all_or_nothing(alloc_cls):
     before = _state(a)
     with pytest.raises(NoFreeBlocksError) as err:
         a.allocate_many(4)
-    assert (err.value.requested, err.value.available) == (4, 3), (
-        "the error gives the blocks requested and free"
+    counts = (err.value.requested, err.value.available)
+    assert counts == (4, 3), (
+        f"NoFreeBlocksError's (requested, available) blocks for allocate_many(4) with 3 free: got {counts}, "
+        "expected (4, 3)"
     )
-    assert _state(a) == before, "a failed allocate_many changes nothing: no block leaves the queue"
-    assert a.allocate_many(3) == [5, 2, 7], (
-        "exactly as many as are free: all of them, in queue order"
+    after = _state(a)
+    assert after == before, (
+        f"(free queue, reference counts) after a failed allocate_many(4): got {after}, expected {before} "
+        "unchanged: all or nothing, no block leaves the queue"
     )
-    assert [a._ref_counts[b] for b in (5, 2, 7)] == [1, 1, 1]
+    got = a.allocate_many(3)
+    assert got == [5, 2, 7], (
+        f"block ids from allocate_many(3) with the queue [5, 2, 7]: got {got}, expected [5, 2, 7] "
+        "(exactly as many as are free: all of them, in queue order)"
+    )
+    held = [a._ref_counts[b] for b in (5, 2, 7)]
+    assert held == [1, 1, 1], f"reference counts of blocks 5, 2, 7: got {held}, expected [1, 1, 1]"
     with pytest.raises(NoFreeBlocksError) as err:
         a.allocate()
-    assert (err.value.requested, err.value.available) == (1, 0), (
-        "allocate() on an empty pool: requested 1, free 0"
+    counts = (err.value.requested, err.value.available)
+    assert counts == (1, 0), (
+        f"NoFreeBlocksError's (requested, available) blocks for allocate() on an empty pool: got {counts}, "
+        "expected (1, 0)"
     )
 
 
@@ -237,14 +269,28 @@ def test_allocate_many_takes_the_front_of_any_queue(alloc_cls, seed):
             before = _state(a)
             with pytest.raises(NoFreeBlocksError):
                 a.allocate_many(k)
-            assert _state(a) == before, "a failed allocate_many changes nothing"
+            assert _state(a) == before, (
+                f"(free queue, reference counts) after a failed allocate_many({k}) with {len(free)} free: "
+                f"got {_state(a)}, expected {before} unchanged (all or nothing)"
+            )
             continue
         got = a.allocate_many(k)
-        assert got == free[:k], f"queue {free}: allocate_many({k}) takes the first {k}, in order"
-        assert list(a._free) == free[k:], "the rest of the queue stays, in order"
-        assert [a._ref_counts[b] for b in got] == [1] * k and all(
-            a._ref_counts[b] == c for b, c in held.items()
-        ), "new blocks are held once; blocks held before keep their counts"
+        assert got == free[:k], (
+            f"block ids from allocate_many({k}) with the free queue {free}: got {got}, expected {free[:k]} "
+            f"(the first {k}, in order)"
+        )
+        assert list(a._free) == free[k:], (
+            f"free queue after allocate_many({k}): got {list(a._free)}, expected {free[k:]} (the rest "
+            "stays, in order)"
+        )
+        counts = [a._ref_counts[b] for b in got]
+        assert counts == [1] * k, (
+            f"reference counts of the {k} new blocks {got}: got {counts}, expected {[1] * k}"
+        )
+        changed = {b: (a._ref_counts[b], c) for b, c in held.items() if a._ref_counts[b] != c}
+        assert not changed, (
+            f"blocks held before the call changed their counts, block: (got, expected): {changed}"
+        )
 
 
 # ---- ch02.ex3: the id and count check ------------------------------------------------------------------

@@ -11,6 +11,7 @@ logit near-tie.
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -22,19 +23,50 @@ from paged.models import load_default
 from paged.worker.attention import use_attention
 from paged_course.capstone import PART_SOURCES
 from paged_course.compare import greedy_agreement
+from paged_course.sync import course_order, unwritten_regions
 
 ALL_REGIONS = ("ch02.ex1", "ch03.ex1", "ch05.ex1", "ch06.ex1")  # the first of each part's chapters
 
 
 def _your_parts(impl) -> Parts:
-    chosen, missing = {}, []
+    """Your seven parts; fails first, in course order, on every region of theirs not written yet (the
+    engine would stop at whichever stub it happens to call first, which says little about where to start)."""
+    chosen, missing, unwritten = {}, [], {}
     for part, (module, attribute) in PART_SOURCES.items():
         try:
-            chosen[part] = getattr(impl(module), attribute)
+            found = impl(module)
+            chosen[part] = getattr(found, attribute)
         except (ImportError, AttributeError) as err:
             missing.append(f"{part} ({module}.{attribute}: {err})")
+            continue
+        regions = getattr(found, "PART_REGIONS", {}).get(attribute, ())
+        stubs = set(unwritten_regions(inspect.getsource(found)))
+        for ex_id in regions:
+            if ex_id in stubs:
+                unwritten.setdefault(ex_id, part)
     assert not missing, "the capstone needs every part of yours: " + "; ".join(missing)
+    if unwritten:
+        order = sorted(unwritten, key=course_order)
+        by_part = {}
+        for ex_id in order:
+            by_part.setdefault(unwritten[ex_id], []).append(ex_id)
+        pytest.fail(
+            f"needs {order[0]} first: the capstone runs the engine on your parts, and {len(order)} of their "
+            "regions are not written yet, in course order: "
+            + "; ".join(f"{part} {_span(ids)}" for part, ids in by_part.items())
+            + ". Write them in this order, then grade ch07 again",
+            pytrace=False,
+        )
     return Parts(**chosen)
+
+
+def _span(ids: list[str]) -> str:
+    """``ch02.ex1, ch02.ex2, ch02.ex3`` as ``ch02.ex1-ex3`` (ids of one chapter, in course order)."""
+    if len(ids) > 2 and all(
+        course_order(b)[1] == course_order(a)[1] + 1 for a, b in zip(ids, ids[1:])
+    ):
+        return f"{ids[0]}-{ids[-1].split('.')[1]}"
+    return ", ".join(ids)
 
 
 @pytest.fixture(scope="module")

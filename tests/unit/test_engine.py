@@ -18,6 +18,7 @@ import torch
 from paged.core.block_manager import BlockSpaceManager
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
+from paged.engine.llm_engine import MaxModelLenWarning
 from paged.worker.attention import use_attention
 from paged_course.compare import greedy_agreement
 from paged_course.models import tiny_model
@@ -319,18 +320,32 @@ def test_stop_token_and_eos(llama):
     )
 
 
-def test_max_model_len_ends_sequences(llama):
+def test_max_model_len_ends_sequences_and_says_so_once(llama):
     model, _ = llama
-    _, (out,) = _run(
-        model,
-        [[1, 2, 3, 4, 5, 6]],
-        SamplingParams(max_tokens=50, ignore_eos=True),
-        num_gpu_blocks=16,
-        max_model_len=10,
+    with pytest.warns(MaxModelLenWarning) as caught:
+        _, outs = _run(
+            model,
+            [[1, 2, 3, 4, 5, 6], [7, 8, 9]],
+            SamplingParams(max_tokens=50, ignore_eos=True),
+            num_gpu_blocks=16,
+            max_model_len=10,
+        )
+    said = [str(w.message) for w in caught if w.category is MaxModelLenWarning]
+    assert said == [
+        "request '0': its prompt of 6 tokens plus max_tokens=50 exceed max_model_len=10: it stops at 10 "
+        "tokens with finish_reason 'length' (raise max_model_len, up to the model's positions, or lower "
+        "max_tokens; said once per engine)"
+    ], said
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4, 7], (
+        "a 6-token and a 3-token prompt with max_model_len 10 stop after 4 and 7 tokens"
     )
-    assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].finish_reason == "length", (
-        "a 6-token prompt with max_model_len 10 stops after 4 tokens"
-    )
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+
+
+def test_no_max_model_len_warning_when_every_request_fits(llama, recwarn):
+    model, _ = llama
+    _run(model, [[1, 2, 3]], SamplingParams(max_tokens=7, ignore_eos=True), max_model_len=10)
+    assert not [w for w in recwarn if w.category is MaxModelLenWarning], "3 + 7 tokens fit in 10"
 
 
 @pytest.mark.filterwarnings(

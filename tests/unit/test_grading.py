@@ -173,8 +173,9 @@ def test_reasons_are_plain_words(graded):
 def test_progress_line_per_chapter(graded):
     _, text, _ = graded
     lines = text.splitlines()
-    assert (
-        lines[0] == "9 tests in 2 chapters (. passed  F failed  T timed out  C crashed  s skipped)"
+    assert lines[0] == (
+        "9 tests in 2 chapters (. passed  F failed  T timed out  B blocked by a timeout  C crashed  "
+        "s skipped)"
     ), lines
     assert re.fullmatch(r"ch01 \.TCT\.\.\s+5/10 points  \(\d+\.\d s\)", lines[1]), lines[1]
     assert re.fullmatch(r"ch02 s\.F\s+5/10 points  \(\d+\.\d s\)", lines[2]), lines[2]
@@ -482,3 +483,65 @@ def test_a_failure_that_comes_from_an_earlier_exercise_names_it(tmp_path):
         in later
     )
     assert "(fix ch03.ex1 first)" in later
+
+
+LEARNER = """
+def spin(n):
+    while True:
+        n += 1
+
+
+def fine():
+    return 1
+"""
+
+BLOCKING = """
+import pytest
+from learner import fine, spin
+
+@pytest.mark.exercise("ch01.ex1", points=1)
+def test_first_call_loops():
+    spin(0)
+
+@pytest.mark.exercise("ch01.ex1", points=1)
+def test_second_call_of_the_same_function():
+    assert fine() == 1
+    spin(1)
+
+@pytest.mark.exercise("ch01.ex1", points=1)
+def test_another_function_of_the_region():
+    assert fine() == 1
+
+@pytest.mark.exercise("ch01.ex2", points=1)
+def test_another_region_waits_its_own_limit():
+    spin(2)
+"""
+
+
+def test_a_regions_later_tests_that_call_the_timed_out_function_are_blocked_at_once(tmp_path):
+    suite = _suite(tmp_path / "suite", BLOCKING)
+    (suite / "learner.py").write_text(textwrap.dedent(LEARNER))
+    stream = io.StringIO()
+    report = grade(impl="solutions", timeout=1, tests_dir=suite, root=suite, progress=stream)
+    tests = _by_name(report)
+    status = {name: t.status for name, t in tests.items()}
+    assert status == {
+        "test_first_call_loops": "timeout",
+        "test_second_call_of_the_same_function": "blocked",
+        "test_another_function_of_the_region": "passed",
+        "test_another_region_waits_its_own_limit": "timeout",
+    }, status
+    blocked = tests["test_second_call_of_the_same_function"]
+    assert blocked.duration is not None and blocked.duration < 0.8, (
+        f"a blocked test must not wait out its 1 s limit: it took {blocked.duration:.2f} s"
+    )
+    assert re.fullmatch(
+        r"blocked: calls spin \(learner\.py:\d+\), which timed out in test_first_call_loops; "
+        r"not run again \(fix that loop first\)",
+        blocked.reason,
+    ), blocked.reason
+    assert (
+        re.search(r"^ch01 TB\.T ", stream.getvalue(), re.M) and "B blocked" in stream.getvalue()
+    ), stream.getvalue()
+    summary = "\n".join(grading._summary_lines(report, 200))
+    assert "at learner.py:3 (in spin) (1 more test blocked: they call it too)" in summary, summary

@@ -184,11 +184,17 @@ def test_e2_names_the_bandwidth_of_the_kernel_it_was_measured_on(measured):
         )
     }["E2"]
     assert (
-        "up to 1.02 on H200, in a kernel at 11.5% of peak HBM bandwidth (batch 64, context 4096, block 16)"
-        in e2.measured
-    )
-    assert "latency-bound" in e2.verdict and "re-measures" in e2.verdict, (
+        "up to 1.02 on H200, in the teaching kernel at 11.5% of peak HBM bandwidth (batch 64, context "
+        "4096, block 16)" in e2.measured
+    ), "a run without the lab's steps is the teaching kernel's, and the row says so"
+    assert "latency-bound" in e2.verdict and "needs a GPU run" in e2.verdict, (
         "the overhead's context is stated"
+    )
+    tuned = {"mode": "gpu", "device": "H200", "sweep": sweep, "steps": []}
+    e2 = {r.claim.id: r for r in ledger.build_rows({**measured, "kernel": tuned})}["E2"]
+    assert (
+        "in the tuned kernel at 11.5%" in e2.measured
+        and e2.verdict == "measured on the tuned kernel"
     )
 
 

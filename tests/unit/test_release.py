@@ -94,8 +94,9 @@ def test_student_tree_holds_every_exercise_and_the_package(student):
     assert got == want and want, f"one exercise stub per solutions file: want {want}, got {got}"
     for name in want:
         assert (out / "exercises" / name).read_text() == make_stub(
-            (ROOT / "solutions" / name).read_text(), f"solutions/{name}"
+            (ROOT / "solutions" / name).read_text(), f"solutions/{name}", student=True
         ), f"exercises/{name} must be the stub generated from solutions/{name}"
+
     for rel in (
         "pyproject.toml",
         "environment.yml",
@@ -122,6 +123,22 @@ def test_student_tree_holds_every_exercise_and_the_package(student):
     assert not list(out.rglob("__pycache__")) and not list(out.rglob("*.egg-info")), (
         "no build caches"
     )
+
+
+def test_student_exercise_files_say_what_to_do_not_where_they_were_generated_from(student):
+    """A student release has no solutions/: its exercise files must not send the student there."""
+    files = sorted((student.out / "exercises").glob("*.py"))
+    assert files
+    for path in files:
+        text = path.read_text()
+        assert "solutions/" not in text and "course sync" not in text, (
+            f"exercises/{path.name} mentions solutions/ or sync, which a student release does not have"
+        )
+        if path.name.startswith("ex"):
+            chapter = path.name[2:4]
+            assert f'check("ch{chapter}.exK")' in text and f"grade ch{chapter}" in text, (
+                f"exercises/{path.name}: the header must say how to check and grade the file"
+            )
 
 
 def test_student_tree_grades_exercises_by_default(student):
@@ -166,7 +183,7 @@ def test_a_filled_in_local_exercise_never_ships(tmp_path):
     out = build_release(tmp_path / "out", root=course, with_solutions=False).out
     assert "BEGIN SOLUTION" not in (out / "exercises" / name).read_text()
     assert (out / "exercises" / name).read_text() == make_stub(
-        (course / "solutions" / name).read_text(), f"solutions/{name}"
+        (course / "solutions" / name).read_text(), f"solutions/{name}", student=True
     ), "stubs regenerated"
     assert not (out / "exercises" / "ex99_scratch.py").exists(), (
         "only exercises generated from solutions/ ship"

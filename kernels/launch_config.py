@@ -139,7 +139,8 @@ def choose_num_splits(
 ) -> int:
     """Split count for ``num_programs = num_seqs x num_kv_heads`` programs of ``num_tiles`` KV tiles each.
 
-    FlashAttention-3's rule: no split once the programs fill 80% of the ``slots`` (programs the GPU runs
+    FlashAttention 2's rule (``num_splits_heuristic`` in ``csrc/flash_attn/flash_api.cpp``, v2.8.3): no
+    split once the programs fill 80% of the ``slots`` (programs the GPU runs
     at once); otherwise, among the split counts that shorten the longest split (``ceil(tiles / s)`` drops),
     the smallest whose wave efficiency ``w / ceil(w)``, ``w = num_programs * s / slots``, is within 85%
     of the best.

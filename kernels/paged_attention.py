@@ -21,7 +21,7 @@ streams K and V from memory. Four ideas get it there (chapter 04's performance l
 3. **Software pipelining** (``num_stages`` on the GPU): the loads of the next tiles are issued while the
    current one is computed.
 4. **Split-K with a chosen split count.** ``num_splits=None`` applies :func:`choose_num_splits` (the rule of
-   FlashAttention-3's ``num_splits_heuristic``): each sequence's tiles are cut into that many contiguous
+   FlashAttention 2's ``num_splits_heuristic``): each sequence's tiles are cut into that many contiguous
    ranges, one program each, which write a partial output and its log-sum-exp; ``split_merge.py`` combines
    them (:math:`w_i = e^{\mathrm{lse}_i - \max\mathrm{lse}}`, :math:`o = \sum w_i o_i / \sum w_i`).
    A split with no token has :math:`\mathrm{lse} = -\infty`, weight 0: it merges as a no-op.
@@ -44,8 +44,8 @@ below (the GPU needs it; the interpreter would accept less).
 Sources: vLLM ``vllm/v1/attention/ops/triton_unified_attention.py`` (tiles independent of the page size,
 each key position looking up its block; the group in the M rows); SGLang's grouped decode
 (``decode_attention.py``: head group in ``tl.dot``, split stages, log-sum-exp merge); Dao et al.,
-"Flash-Decoding for long-context inference" (2023); FlashAttention-3's split heuristic. Written from the
-math above, not copied.
+"Flash-Decoding for long-context inference" (2023); FlashAttention 2's split heuristic
+(``csrc/flash_attn/flash_api.cpp``). Written from the math above, not copied.
 """
 
 # ruff: noqa: E741 -- `l` is the running denominator of the online-softmax literature (and O the output)

@@ -494,6 +494,9 @@ def compile_in_children(jobs: list[dict], processes: int = 1, timeout: float = 1
         PAGED_TRITON_COMPILE_ONLY="1", TRITON_DEFAULT_FP_FUSION="1", TRITON_DISABLE_LINE_INFO="0"
     )
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    # a cache of this checkout's own: a cache shared with another checkout holds kernels whose line
+    # info names that checkout's files, which the K/V-load classification cannot place
+    env["TRITON_CACHE_DIR"] = str(ROOT / "out" / "triton-compile-cache")
     processes = max(1, min(processes, len(jobs)))
     parts = [jobs[i::processes] for i in range(processes)]
     with tempfile.TemporaryDirectory() as tmp:

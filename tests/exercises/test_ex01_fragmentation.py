@@ -445,7 +445,9 @@ def test_preemption_time_does_not_grow_with_the_running_requests(impl):
             start = time.perf_counter()
             for k in range(ops):  # request 0 grows; each step preempts the newest request
                 victims = m.grow(0, k + 2)
-                assert victims == [n - 1 - k], f"request 0 grows: the newest, {n - 1 - k}, is preempted"
+                assert victims == [n - 1 - k], (
+                    f"request 0 grows: the newest, {n - 1 - k}, is preempted"
+                )
             best = min(best, time.perf_counter() - start)
         return best
 

@@ -597,7 +597,9 @@ def test_queue_operations_take_constant_time(impl, op):
 
     def make_run(n):
         q = cls(n)
-        middle = list(range(n // 2, n // 2 + OPS))  # ids in the middle of the queue, where a walk is long
+        middle = list(
+            range(n // 2, n // 2 + OPS)
+        )  # ids in the middle of the queue, where a walk is long
 
         def run():
             if op == "popleft":

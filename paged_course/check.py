@@ -358,6 +358,6 @@ def solution(exercise: str) -> None:
                 lines.append(f"# {path.relative_to(ROOT)}")
             elif inside and re.match(r"^\s*# END SOLUTION", line):
                 inside = False
-            elif inside and not re.match(r"^\s*# (STUB|HINT):", line):
+            elif inside and not re.match(r"^\s*# (STUB:|HINT:|HINT\+)", line):
                 lines.append(line)
     print("\n".join(lines) if lines else f"no region {exercise} in solutions/")

@@ -44,7 +44,7 @@
 # update and the split merge, and the engine's tuned kernel for the decode. Part 2 (sections 9-18) builds the *tuned* kernel that the engine runs:
 # `paged.kernels.paged_attention_decode` (the folder `kernels/`). The PyTorch references are in
 # `paged_course.reference`. After each build step a cell `check("ch04.exK")` runs that step's graded tests on your
-# file and prints the first failing case in words.
+# file and prints the first failing case in words; `hint("ch04.exK")` gives a nudge, a second call a stronger one.
 
 # %%
 import inspect
@@ -62,7 +62,14 @@ if str(ROOT) not in sys.path:  # the notebook runs in chapters/; the exercises l
     sys.path.insert(0, str(ROOT))
 
 from paged.kernels import HAS_TRITON, MODE, REASON
-from paged_course.check import check, exercise_module, impl_package, learner_or_reference, solution
+from paged_course.check import (
+    check,
+    exercise_module,
+    hint,
+    impl_package,
+    learner_or_reference,
+    solution,
+)
 from paged_course.kernel_lab.softmax_state import merge_splits as reference_merge
 from paged_course.kernel_lab.softmax_state import online_softmax_update as reference_update
 from paged_course.reference import paged_attention_blockwise, paged_attention_gather

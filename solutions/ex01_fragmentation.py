@@ -140,10 +140,22 @@ class PagedManager:
         running requests as with 10 (the simulator calls ``grow`` at every step for every growing request).
         """
         # BEGIN SOLUTION ch01.ex3 -- one more block when the tokens overflow; preempt the newest when none is free
-        # HINT: Most calls change nothing: when do the tokens still fit in the blocks req holds? And who is the
-        # HINT+ newest, given that held keeps the admission order?
-        # HINT: next(reversed(self.held)) is the newest in constant time; free it and repeat while no block is free,
-        # HINT+ and stop as soon as the victim is req itself.
+        # STUB: # Spot the bug: this grow runs and looks right, and it passes most of its checks, but one case
+        # STUB: # of the docstring goes wrong (chapter 01 shows the symptom). Fix it; the region counts only
+        # STUB: # when every one of its checks passes.
+        # STUB: if self.blocks_for(num_tokens) <= self.held[req]:
+        # STUB:     return []
+        # STUB: victims = []
+        # STUB: while self.num_free_blocks == 0:
+        # STUB:     victim = next(reversed(self.held))
+        # STUB:     self.free(victim)
+        # STUB:     victims.append(victim)
+        # STUB: self.held[req] += 1
+        # STUB: self.num_free_blocks -= 1
+        # STUB: return victims
+        # HINT: Run the chapter's symptom cell: which request does the loop free when req is itself the newest,
+        # HINT+ and what is left of req in held after that?
+        # HINT: Once the victim is req, req holds nothing and must take no block: return the victims right there.
         if self.blocks_for(num_tokens) <= self.held[req]:
             return []
         victims = []

@@ -201,10 +201,18 @@ class BlockAllocator:
         """
         block_ids = tuple(block_ids)
         # BEGIN SOLUTION ch02.ex4 -- one holder fewer per listed id, all or nothing (see the docstring)
-        # HINT: What if the bad id is the last one listed and the blocks before it are already released? And how is an
-        # HINT+ id listed twice told from an id listed once?
-        # HINT: Two passes: first check every id and count its listings (a dict) against its holders, raising before
-        # HINT+ any change; then decrement in order and append each block whose count reaches 0.
+        # STUB: # Spot the bug: this free_many runs and looks right, and it passes some of its checks, but one
+        # STUB: # promise of the docstring does not hold (chapter 02 shows the symptom). Fix it; the region
+        # STUB: # counts only when every one of its checks passes.
+        # STUB: for block_id in block_ids:
+        # STUB:     self._check(block_id, "free")
+        # STUB:     self._ref_counts[block_id] -= 1
+        # STUB:     if not self._ref_counts[block_id]:
+        # STUB:         self._free.append(block_id)
+        # HINT: Run the chapter's symptom cell: when the third id is bad, what has already happened to the first
+        # HINT+ two? And what does _check say about a block listed twice with one holder, the second time?
+        # HINT: Check every id first, counting its listings against its holders (a dict), and raise before any
+        # HINT+ count changes; release in a second pass.
         listed: dict[int, int] = {}
         for block_id in block_ids:
             count = self._check(block_id, "free")

@@ -250,7 +250,7 @@ def test_admission_in_the_simulator(impl):
 # ---- ch01.ex3: grow ------------------------------------------------------------------------------------
 
 
-@pytest.mark.exercise("ch01.ex3", points=2)
+@pytest.mark.exercise("ch01.ex3", points=2, all_or_nothing=True)
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_grow_takes_a_block_only_when_the_last_one_is_full(impl, block_size):
     ex = impl("ex01_fragmentation")
@@ -266,7 +266,7 @@ def test_grow_takes_a_block_only_when_the_last_one_is_full(impl, block_size):
         assert m.num_free_blocks == 10 - expected, "every block taken leaves the free count"
 
 
-@pytest.mark.exercise("ch01.ex3", points=3)
+@pytest.mark.exercise("ch01.ex3", points=3, all_or_nothing=True)
 def test_grow_preempts_the_most_recently_admitted(impl):
     ex = impl("ex01_fragmentation")
     cls = _with(ex.PagedManager, can_allocate=ref_can_allocate)
@@ -323,7 +323,7 @@ class _Model:
         return victims
 
 
-@pytest.mark.exercise("ch01.ex3", points=3)
+@pytest.mark.exercise("ch01.ex3", points=3, all_or_nothing=True)
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_grow_on_random_histories(impl, block_size):
     ex = impl("ex01_fragmentation")
@@ -359,7 +359,7 @@ def test_grow_on_random_histories(impl, block_size):
             )
 
 
-@pytest.mark.exercise("ch01.ex3", points=2)
+@pytest.mark.exercise("ch01.ex3", points=2, all_or_nothing=True)
 def test_growth_and_preemption_in_the_simulator(impl):
     ex = impl("ex01_fragmentation")
     manager = _with(ex.PagedManager, can_allocate=ref_can_allocate)
@@ -425,7 +425,7 @@ def test_can_allocate_at_every_size_and_free_count(impl, block_size):
                 assert (dict(m.held), m.num_free_blocks) == before, "can_allocate changes nothing"
 
 
-@pytest.mark.exercise("ch01.ex3", points=2)
+@pytest.mark.exercise("ch01.ex3", points=2, all_or_nothing=True)
 @pytest.mark.timeout(60)
 def test_preemption_time_does_not_grow_with_the_running_requests(impl):
     # The newest request is the last key of held: finding it costs the same with 100,000 running requests as

@@ -341,7 +341,7 @@ def test_a_free_block_has_count_0_and_cannot_be_shared(alloc_cls):
 # ---- ch02.ex4: free_many -------------------------------------------------------------------------------
 
 
-@pytest.mark.exercise("ch02.ex4", points=2)
+@pytest.mark.exercise("ch02.ex4", points=2, all_or_nothing=True)
 def test_freed_blocks_join_the_back_in_the_order_given(checked_cls):
     a = _pool(checked_cls, 6, [5], {0: 1, 1: 1, 2: 1, 3: 3, 4: 1})
     a.free_many([4, 1, 3, 0])
@@ -357,7 +357,7 @@ def test_freed_blocks_join_the_back_in_the_order_given(checked_cls):
     assert list(a._free) == [5, 4, 1, 0, 3], "an empty list frees nothing"
 
 
-@pytest.mark.exercise("ch02.ex4", points=3)
+@pytest.mark.exercise("ch02.ex4", points=3, all_or_nothing=True)
 def test_free_many_is_all_or_nothing(checked_cls):
     a = _pool(checked_cls, 6, [2, 5], {0: 1, 1: 2, 3: 1, 4: 1})
     before = _state(a)
@@ -375,7 +375,7 @@ def test_free_many_is_all_or_nothing(checked_cls):
     )
 
 
-@pytest.mark.exercise("ch02.ex4", points=2, uses=("ch02.ex2",))
+@pytest.mark.exercise("ch02.ex4", points=2, uses=("ch02.ex2",), all_or_nothing=True)
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_random_allocate_and_free_histories_match_the_model(checked_cls, seed):
     rng = random.Random(seed)
@@ -658,7 +658,7 @@ def test_allocate_many_time_does_not_grow_with_the_pool(fast_cls):
     )
 
 
-@pytest.mark.exercise("ch02.ex4", points=1)
+@pytest.mark.exercise("ch02.ex4", points=1, all_or_nothing=True)
 @pytest.mark.timeout(60)
 def test_free_many_time_does_not_grow_with_the_pool(fast_cls):
     def make_run(n):
@@ -704,7 +704,7 @@ def test_take_time_does_not_grow_with_the_pool(fast_cls):
 # ---- the edges at every position of a call ---------------------------------------------------------------
 
 
-@pytest.mark.exercise("ch02.ex4", points=2)
+@pytest.mark.exercise("ch02.ex4", points=2, all_or_nothing=True)
 def test_a_bad_id_anywhere_in_the_list_frees_nothing(checked_cls):
     # an id that is out of range, already free, or listed once too often, at each position of the list
     good = [0, 1, 3, 4]

@@ -232,3 +232,19 @@ MUTANTS["ch01.ex3"].update(
         """,
     }
 )
+MUTANTS["ch01.ex3"].update(
+    {
+        "forgets that the grower may be the newest (KeyError once it preempts itself)": """
+            if self.blocks_for(num_tokens) <= self.held[req]:
+                return []
+            victims = []
+            while self.num_free_blocks == 0:
+                victim = next(reversed(self.held))
+                self.free(victim)
+                victims.append(victim)
+            self.held[req] += 1
+            self.num_free_blocks -= 1
+            return victims
+        """,
+    }
+)

@@ -69,6 +69,7 @@ from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
 from paged_course.check import check, exercise_module, hint, learner_or_reference, solution
 from paged_course.memory import KVSpec, kv_spec
+from paged_course.predict import reveal
 from paged_course.reference import (
     contiguous_attention,
     gather_kv,
@@ -186,6 +187,23 @@ print("slot:", " ".join(f"{boundary.slot(L - 1):3d}" for L in range(1, 10)))
 
 # %%
 _ = check("ch03.ex1")
+
+# %% [markdown]
+# **Predict, then run.** A sequence of 9 tokens, block size 4, table `[10, 11, 12]`, decodes its 10th token.
+# Which slot does the token get, and does the sequence need a new block first? Put the slot in `prediction`.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 48
+
+# %%
+decoding = BlockTable(4, [10, 11, 12])
+reveal(
+    prediction,
+    decoding.slot(9),
+    "position 9 of table [10, 11, 12] (block size 4) is slot",
+    why="position 9 is offset 1 of logical block 2, which lives in block 12: 12 * 4 + 1; the table's third "
+    "block already holds position 8, so no new block is needed",
+)
 
 # %% [markdown]
 # ## 2. Writing K/V by slot mapping

@@ -72,6 +72,7 @@ from paged_course.check import (
 )
 from paged_course.kernel_lab.softmax_state import merge_splits as reference_merge
 from paged_course.kernel_lab.softmax_state import online_softmax_update as reference_update
+from paged_course.predict import reveal
 from paged_course.reference import paged_attention_blockwise, paged_attention_gather
 from paged_course.viz.kernels import (
     online_softmax_trace,
@@ -163,6 +164,32 @@ for seen, m, den in zip(trace["seen"], trace["m"], trace["l"]):
     print(f"after {seen:2d} scores: m = {m:7.4f}   l = {den:8.4f}")
 fig = plot_online_softmax(scores, block=4)
 plt.show()
+
+# %% [markdown]
+# **Predict, then run.** One row, two blocks: the scores `[1, 3]`, then `[5, 2]`. The second block raises the max
+# from 3 to 5. By what factor is the `l` of the first block multiplied? Put a number in `prediction`.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 0.5
+
+# %%
+m1, l1, acc1 = reference_update(
+    torch.full((1,), float("-inf")),
+    torch.zeros(1),
+    torch.zeros(1, 1),
+    torch.tensor([[1.0, 3.0]]),
+    torch.ones(2, 1),
+)
+m2, l2, _ = reference_update(m1, l1, acc1, torch.tensor([[5.0, 2.0]]), torch.ones(2, 1))
+alpha = math.exp(m1.item() - m2.item())
+reveal(
+    prediction,
+    round(alpha, 4),
+    "the first block's l is multiplied by exp(3 - 5)",
+    why=f"l after block 1 is {l1.item():.4f} relative to m = 3; relative to m = 5 it is {l1.item() * alpha:.4f}, "
+    f"and block 2 adds its own terms: l = {l2.item():.4f}",
+    tolerance=1e-3,
+)
 
 # %% [markdown]
 # When a block raises the max (left), the stored `l` drops: it is re-expressed relative to the new max (right,

@@ -59,6 +59,9 @@ def slot_mapping(
 
     Raises:
         ValueError: mismatched list lengths, ``block_size <= 0``, or a position past the end of its table.
+
+    The inputs are not modified (the scheduler reads them again after this call); a sequence with no tokens
+    contributes no slot, wherever it stands in the batch.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
@@ -74,7 +77,7 @@ def slot_mapping(
                 f"{len(table)} blocks x {block_size} tokens"
             )
     raise NotImplementedError(
-        "ch03.ex1: per sequence, per new position: logical block -> physical block -> slot"
+        "ch03.ex1: the slot of every token this step computes, in batch order"
     )
 
 
@@ -100,6 +103,8 @@ def write_kv(
     Raises:
         ValueError: shapes that do not match, a slot mapping that is not int64 ``[T]``, or a slot outside
             ``[-1, num_blocks * block_size)`` (checked before anything is written).
+
+    ``key``, ``value`` and ``slot_mapping`` are not modified; a ``-1`` may stand anywhere in the batch.
     """
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     if value_cache.shape != key_cache.shape:
@@ -129,7 +134,7 @@ def write_kv(
             f"{num_blocks * block_size}) ({num_blocks} blocks x {block_size} slots)"
         )
     raise NotImplementedError(
-        "ch03.ex2: a view with one row per slot; skip slot -1; one in-place copy per cache"
+        "ch03.ex2: every token's K/V at its slot, in place; slot -1 stores nothing"
     )
 
 
@@ -154,10 +159,12 @@ def gather_kv(
         dtype with ``L = W * block_size`` (any ``L >= max(context_lens)`` is accepted), position ``p`` of
         sequence ``s`` at ``[s, p]``; what sits at positions past a context is unspecified. ``valid`` is
         bool ``[num_seqs, L]``, True exactly where ``p < context_lens[s]``.
+
+    The inputs are not modified (the table belongs to the engine); each row's count of used entries is its own.
     """
     block_size = key_cache.shape[1]
     raise NotImplementedError(
-        "ch03.ex3: unused entries: swap in an id that exists, then index; blocks -> positions"
+        "ch03.ex3: (key, value, valid) for the whole batch at once (see the docstring)"
     )
 
 
@@ -181,7 +188,8 @@ def decode_attention(
     context (stale keys, NaN, inf) must not reach the output. Scores and softmax in float32.
 
     Returns:
-        ``[num_seqs, num_heads, head_dim]`` in the query's dtype.
+        ``[num_seqs, num_heads, head_dim]`` in the query's dtype. The inputs are not modified (for a float32
+        query, ``query.float()`` is the query itself, not a copy). Scores may reach the hundreds.
 
     Raises:
         ValueError: mismatched shapes, ``num_heads % num_kv_heads != 0``, or a context length outside
@@ -213,5 +221,5 @@ def decode_attention(
         )
     key, value, valid = gather_kv(key_cache, value_cache, block_tables, context_lens)
     raise NotImplementedError(
-        "ch03.ex4: heads grouped by KV head; fp32; padding harmless in both products (0*NaN=NaN)"
+        "ch03.ex4: softmax(scale * q . k) over each context, GQA, in float32, garbage kept out"
     )

@@ -47,7 +47,7 @@ def online_softmax_update(
     (``-inf - (-inf)`` is NaN).
     """
     raise NotImplementedError(
-        "ch04.ex1: the new max first; rescale the old l and acc to it; mind rows still at -inf"
+        "ch04.ex1: the state (m, l, acc) after one more block, as new tensors"
     )
 
 
@@ -319,10 +319,9 @@ def merge_splits(partial: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor
         ``(out, lse_total)``: float32 ``[..., D]``, the output of one softmax over all the splits' tokens, and
         ``[...]``, the log-sum-exp of all of them. A row whose splits are all empty gives ``out = 0`` and
         ``lse_total = -inf`` (never NaN). Log-sum-exps may be in the hundreds: never ``exp`` one unshifted.
+        An empty split may stand at any position; the inputs are not modified.
     """
-    raise NotImplementedError(
-        "ch04.ex4: weights relative to the largest lse of the row; an empty split weighs 0"
-    )
+    raise NotImplementedError("ch04.ex4: one output and one lse from the splits' (partial, lse)")
 
 
 def paged_decode(

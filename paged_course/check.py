@@ -76,6 +76,9 @@ class CheckResult:
         str, ...
     ] = ()  # the earlier exercises the first failing test runs (marker ``uses=``)
     outcomes: dict[str, str] = field(default_factory=dict)
+    all_or_nothing: bool = (
+        False  # a spot-the-bug region: it passes only when every one of its checks does
+    )
 
     @property
     def ok(self) -> bool:
@@ -101,6 +104,9 @@ class _Collector:
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         self.result.total = len(keep)
+        self.result.all_or_nothing = any(
+            i.get_closest_marker("exercise").kwargs.get("all_or_nothing", False) for i in keep
+        )
         self._uses = {
             i.nodeid.split("::")[-1]: tuple(i.get_closest_marker("exercise").kwargs.get("uses", ()))
             for i in keep
@@ -281,8 +287,10 @@ def check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> bool
             if broken
             else ""
         )
+        whole = " (spot the bug: it counts only when all of them pass)" if r.all_or_nothing else ""
         print(
-            f"{exercise}: {r.passed} of {r.total} checks pass{why}; the first failing one:\n{r.first_failure}"
+            f"{exercise}: {r.passed} of {r.total} checks pass{why}{whole}; the first failing one:\n"
+            f"{r.first_failure}"
         )
     return r.ok
 
@@ -358,6 +366,6 @@ def solution(exercise: str) -> None:
                 lines.append(f"# {path.relative_to(ROOT)}")
             elif inside and re.match(r"^\s*# END SOLUTION", line):
                 inside = False
-            elif inside and not re.match(r"^\s*# (STUB|HINT):", line):
+            elif inside and not re.match(r"^\s*# (STUB:|HINT:|HINT\+)", line):
                 lines.append(line)
     print("\n".join(lines) if lines else f"no region {exercise} in solutions/")

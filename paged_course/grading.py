@@ -12,6 +12,11 @@ out inside a function, the region's later tests stop the moment they call that f
 pytest plugin (``-p paged_course.grading``) that writes one JSON line per event to
 ``$PAGED_GRADE_LOG``; the grader reads that log while pytest runs and prints a line per chapter.
 
+A region whose tests carry ``@pytest.mark.exercise(..., all_or_nothing=True)`` (a spot-the-bug region: the
+learner gets working-looking code with one planted bug, which passes some of its tests by design) scores 0
+unless every one of its tests passes: its passing tests are then *withheld* (score 0, reported failed to
+Gradescope and in JUnit, with the reason), see :func:`apply_all_or_nothing`.
+
 ``grade(...)`` returns a ``Report``; ``--report DIR`` writes ``results.json`` (Gradescope's
 autograder format: https://gradescope-autograders.readthedocs.io/en/latest/specs/ ; a skipped test
 counts as failed, with its reason), ``junit.xml`` and ``summary.md``. Learners get exit code 0
@@ -133,6 +138,11 @@ def _exercise(item) -> tuple[str, int] | None:
     return str(ex_id), int(points)
 
 
+def _all_or_nothing(item) -> bool:
+    marker = item.get_closest_marker("exercise")
+    return bool(marker is not None and marker.kwargs.get("all_or_nothing", False))
+
+
 def _own_timeout(item) -> float | None:
     marker = item.get_closest_marker("timeout")
     if marker is None:
@@ -178,6 +188,7 @@ def pytest_collection_modifyitems(config, items):
                 "points": points,
                 "timeout": limit,
                 "uses": uses,
+                "all_or_nothing": _all_or_nothing(item),
             }
         )
 
@@ -326,6 +337,8 @@ class TestResult:
     message: str = ""
     duration: float | None = None  # seconds from start to finish, as the grader saw it
     uses: tuple[str, ...] = ()  # earlier exercises this test runs (the marker's ``uses=``)
+    all_or_nothing: bool = False  # its region scores 0 unless every one of its tests passes
+    withheld: bool = False  # passed, but another test of its all-or-nothing region did not
 
     @property
     def chapter(self) -> str:
@@ -333,11 +346,13 @@ class TestResult:
 
     @property
     def score(self) -> int:
-        return self.points if self.status == "passed" else 0
+        return self.points if self.status == "passed" and not self.withheld else 0
 
     @property
     def reason(self) -> str:
         """Why the test did not pass, in one (possibly long) line, never cut before its expected/got part."""
+        if self.status == "passed" and self.withheld:
+            return WITHHELD
         if self.status == "passed":
             return "passed"
         if self.message:
@@ -347,6 +362,25 @@ class TestResult:
         if setup and not text.startswith("["):
             text = f"in {setup.group(1)}: {text}"
         return shorten_middle(text)
+
+
+WITHHELD = (
+    "passed, but its region is graded all or nothing (spot the bug) and another of its tests fails: "
+    "0 points until every test of the region passes"
+)
+
+
+def apply_all_or_nothing(
+    tests: list[TestResult], unfinished: tuple[str, ...] = ()
+) -> list[TestResult]:
+    """Withhold the points of every passing test of an all-or-nothing region in which some test did not pass
+    (or, in ``unfinished``, did not run); clear the mark elsewhere. Returns ``tests``, changed in place."""
+    failing = {t.exercise for t in tests if t.all_or_nothing and t.status != "passed"} | set(
+        unfinished
+    )
+    for t in tests:
+        t.withheld = t.all_or_nothing and t.status == "passed" and t.exercise in failing
+    return tests
 
 
 @dataclass
@@ -407,7 +441,7 @@ class Report:
                     "name": f"{t.exercise} {t.nodeid.split('::')[-1]}",
                     "score": t.score,
                     "max_score": t.points,
-                    "status": "passed" if t.status == "passed" else "failed",
+                    "status": "passed" if t.score == t.points else "failed",
                     "output": _feedback(t),
                 }
                 for t in self.tests
@@ -419,7 +453,7 @@ class Report:
             "testsuite",
             name=f"paged-grade-{self.impl}",
             tests=str(len(self.tests)),
-            failures=str(sum(t.status != "passed" for t in self.tests)),
+            failures=str(sum(t.status != "passed" or t.withheld for t in self.tests)),
         )
         for t in self.tests:
             classname, _, name = t.nodeid.rpartition("::")
@@ -427,7 +461,7 @@ class Report:
             ET.SubElement(
                 ET.SubElement(case, "properties"), "property", name="points", value=str(t.points)
             )
-            if t.status != "passed":
+            if t.status != "passed" or t.withheld:
                 ET.SubElement(case, "failure", message=t.reason).text = t.output
         return ET.tostring(suite, encoding="unicode")
 
@@ -443,7 +477,7 @@ class Report:
         lines += [f"| {c} | {e} / {p} |" for c, (e, p) in self.by_chapter().items()]
         lines += ["", "| exercise | test | status | points | reason |", "|---|---|---|---|---|"]
         for t in self.tests:
-            reason = "" if t.status == "passed" else t.reason.replace("|", "\\|")
+            reason = "" if t.score == t.points else t.reason.replace("|", "\\|")
             lines.append(
                 f"| {t.exercise} | `{t.nodeid.split('::')[-1]}` | {t.status} | {t.score}/{t.points} "
                 f"| {reason} |"
@@ -459,7 +493,7 @@ class Report:
 
 def _feedback(t: TestResult) -> str:
     if t.status == "passed":
-        return "passed"
+        return WITHHELD if t.withheld else "passed"
     if t.message:
         return t.message + ("\n\n" + t.output if t.output else "")
     return t.output
@@ -500,6 +534,7 @@ class Progress:
         self.possible: dict[str, int] = {}
         self.done: dict[str, int] = {}
         self.earned: dict[str, int] = {}
+        self.finished: dict[str, list[TestResult]] = {}
         self.first_start: dict[str, float] = {}
         self.open: str | None = None
         self.column = 0
@@ -544,8 +579,12 @@ class Progress:
         self._write(_SYMBOL.get(test.status, "?"))
         self.column += 1
         self.done[chapter] = self.done.get(chapter, 0) + 1
-        self.earned[chapter] = self.earned.get(chapter, 0) + test.score
+        self.finished.setdefault(chapter, []).append(test)
         if self.done[chapter] >= self.total.get(chapter, 0):
+            # the chapter is complete: an all-or-nothing region's points are known only now
+            self.earned[chapter] = sum(
+                t.score for t in apply_all_or_nothing(self.finished[chapter])
+            )
             seconds = time.monotonic() - self.first_start.get(chapter, time.monotonic())
             pad = " " * max(0, self.width - self.column)
             points = f"{self.earned[chapter]}/{self.possible.get(chapter, 0)}"
@@ -843,6 +882,7 @@ def grade(
                     ev["points"],
                     limit=ev.get("timeout") or timeout,
                     uses=tuple(ev.get("uses", ())),
+                    all_or_nothing=bool(ev.get("all_or_nothing", False)),
                 ),
             )
         elif kind == "start":
@@ -903,11 +943,12 @@ def grade(
             report = Report(impl=impl, interrupted=True, seconds=time.monotonic() - begun)
             report.tests = [collected[n] for n in collected if n in finished]
             report.not_run = [collected[n] for n in collected if n not in finished]
+            apply_all_or_nothing(report.tests, tuple({t.exercise for t in report.not_run}))
             raise GradingInterrupted(report) from None
     if bar is not None:
         bar.end_line()
     report = Report(impl=impl, seconds=time.monotonic() - begun)
-    report.tests = list(collected.values())
+    report.tests = apply_all_or_nothing(list(collected.values()))
     if report_dir is not None:
         report.write(Path(report_dir))
     return report
@@ -968,6 +1009,8 @@ def _summary_lines(report: Report, width: int) -> list[str]:
         blocked = sum(t.status == "blocked" for t in bad)
         if blocked and bad[0].status == "timeout":
             reason += f" ({blocked} more test{'s' * (blocked > 1)} blocked: they call it too)"
+        if bad[0].all_or_nothing:
+            reason += " (spot the bug: graded all or nothing, 0 points until every test passes)"
         lines.append(
             _wrap(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {status}{reason}", 12, width)
         )

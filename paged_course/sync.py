@@ -14,7 +14,8 @@ unbalanced, nested or duplicate markers, checks that the output parses, and is i
 ``--check`` exits 1 when ``exercises/`` differs from what it would write (CI runs it).
 
 ``# HINT: text`` lines inside a region are its tiered hints, a nudge first and stronger ones after (one
-tier per line); they leave the stub and go to ``exercises/hints.json``, which
+tier per ``# HINT:`` line; ``# HINT+ more text`` lines right after one continue that tier, so that a tier
+keeps the comment width); they leave the stub and go to ``exercises/hints.json``, which
 ``paged_course.check.hint`` reads one tier per call (a student release ships it, and has no solutions/).
 """
 
@@ -31,7 +32,7 @@ BEGIN = re.compile(
 )
 END = re.compile(r"^\s*# END SOLUTION\s*$")
 STUB = re.compile(r"^(?P<indent>\s*)# STUB: ?(?P<code>.*)$")
-HINT = re.compile(r"^\s*# HINT: ?(?P<text>.*)$")
+HINT = re.compile(r"^\s*# HINT(?P<kind>[:+]) ?(?P<text>.*)$")
 HINTS_FILE = "hints.json"
 HEADER = (
     "# Generated from {name} by `python -m paged course sync`. Edit only the marked regions;\n"
@@ -86,7 +87,12 @@ def hints(source: str) -> dict[str, list[str]]:
         elif END.match(line):
             current = None
         elif current is not None and (hint := HINT.match(line)) is not None:
-            found[current].append(hint["text"].strip())
+            if hint["kind"] == ":":
+                found[current].append(hint["text"].strip())
+            elif found[current]:
+                found[current][-1] += " " + hint["text"].strip()
+            else:
+                raise MarkerError(f"region {current}: '# HINT+' continues no '# HINT:' line")
     return {k: v for k, v in found.items() if v}
 
 

@@ -39,9 +39,16 @@ def slot_kinds(tokens, final, held) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         Three int64 arrays shaped like ``tokens``: ``real`` slots hold a token now, ``reserved`` slots
         are empty but one of this request's future tokens will fill them, ``internal`` slots will stay
         empty until the request leaves. For every request they add up to ``held``.
+
+    Invariants: ``real + reserved + internal == held`` and each is ``>= 0``, request by request, whatever
+    its position in the batch; the inputs are not modified (an int64 array reaches the region as the
+    caller's own array, without a copy). Vectorized: the simulator calls it for every request at every step.
     """
     tokens, final, held = (np.asarray(a, dtype=np.int64) for a in (tokens, final, held))
-    # BEGIN SOLUTION ch01.ex1 -- number the held slots 0, 1, 2, ...: compare each index with tokens and final
+    # BEGIN SOLUTION ch01.ex1 -- (real, reserved, internal) per request; see the docstring
+    # HINT: Picture the held slots numbered 0, 1, 2, ...: which of them will ever hold one of this request's tokens?
+    # HINT: The slots that some token fills before the request ends are the first min(held, final); real is tokens,
+    # HINT+ and the other two kinds are differences.
     filled = np.minimum(
         held, final
     )  # the held slots some token of this request fills before it ends
@@ -89,9 +96,15 @@ class PagedManager:
 
         ``AllocStatus.NEVER`` when its blocks do not fit beside the watermark even in an empty pool;
         ``AllocStatus.OK`` when taking them leaves at least ``watermark_blocks`` blocks free;
-        ``AllocStatus.LATER`` otherwise. Changes nothing.
+        ``AllocStatus.LATER`` otherwise. Changes nothing (admission is ``allocate``'s job).
+
+        The edges: a request that leaves exactly ``watermark_blocks`` free is ``OK``; ``num_tokens`` an exact
+        multiple of ``block_size`` needs no extra block.
         """
-        # BEGIN SOLUTION ch01.ex2 -- could it fit beside the watermark in an empty pool? and now?
+        # BEGIN SOLUTION ch01.ex2 -- OK, LATER or NEVER for this many tokens (see the docstring)
+        # HINT: Two questions, the permanent one first: could this request ever fit, even in an empty pool?
+        # HINT: Count its blocks with blocks_for; NEVER compares them with num_blocks - watermark_blocks, OK compares
+        # HINT+ what stays free with watermark_blocks (>=).
         need = self.blocks_for(num_tokens)
         if need > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
@@ -121,8 +134,28 @@ class PagedManager:
         When no block is free, preempt the most recently admitted request (``free`` it) until one is,
         or until ``req`` itself is preempted: then it takes no block. Returns the preempted request ids
         in the order they were preempted (``[]`` when nobody was).
+
+        Invariants: ``num_free_blocks + sum(held.values()) == num_blocks``; a request never holds more
+        blocks than ``blocks_for(num_tokens)``. Finding the newest request costs the same with 100,000
+        running requests as with 10 (the simulator calls ``grow`` at every step for every growing request).
         """
-        # BEGIN SOLUTION ch01.ex3 -- new block only if the last is full; preempt the newest (held's order)
+        # BEGIN SOLUTION ch01.ex3 -- one more block when the tokens overflow; preempt the newest when none is free
+        # STUB: # Spot the bug: this grow runs and looks right, and it passes most of its checks, but one case
+        # STUB: # of the docstring goes wrong (chapter 01 shows the symptom). Fix it; the region counts only
+        # STUB: # when every one of its checks passes.
+        # STUB: if self.blocks_for(num_tokens) <= self.held[req]:
+        # STUB:     return []
+        # STUB: victims = []
+        # STUB: while self.num_free_blocks == 0:
+        # STUB:     victim = next(reversed(self.held))
+        # STUB:     self.free(victim)
+        # STUB:     victims.append(victim)
+        # STUB: self.held[req] += 1
+        # STUB: self.num_free_blocks -= 1
+        # STUB: return victims
+        # HINT: Run the chapter's symptom cell: which request does the loop free when req is itself the newest,
+        # HINT+ and what is left of req in held after that?
+        # HINT: Once the victim is req, req holds nothing and must take no block: return the victims right there.
         if self.blocks_for(num_tokens) <= self.held[req]:
             return []
         victims = []

@@ -47,7 +47,11 @@ class FreeBlockQueue:
     ``collections.OrderedDict`` keeps insertion order and deletes any key in constant time.
     """
 
-    # BEGIN SOLUTION ch02.ex1 -- a doubly linked list over the ids (prev, next, a sentinel), or an OrderedDict
+    # BEGIN SOLUTION ch02.ex1 -- FreeBlockQueue: FIFO with removal from anywhere, every operation constant time
+    # HINT: A list or a deque gets the order right but walks itself in pop(0), remove or insert; what structure
+    # HINT+ unlinks one id without searching for it?
+    # HINT: Give every id a prev and a next (two Python lists indexed by id) around a sentinel node num_blocks, or
+    # HINT+ keep an OrderedDict (popitem(last=False), del d[id]); keep a count for len.
     # STUB: def __init__(self, num_blocks: int):
     # STUB:     raise NotImplementedError("ch02.ex1: write FreeBlockQueue (its docstring says what each method does)")
     # STUB: def popleft(self) -> int:
@@ -150,9 +154,13 @@ class BlockAllocator:
         """The ``n`` blocks at the front of the free queue, in queue order, each now held once.
 
         All or nothing: with fewer than ``n`` free blocks, raise ``NoFreeBlocksError(n, free blocks)``
-        and change nothing (vLLM v1 ``BlockPool.get_new_blocks``).
+        and change nothing (vLLM v1 ``BlockPool.get_new_blocks``). ``n == 0`` returns ``[]``. The time
+        depends on ``n``, not on the size of the pool.
         """
-        # BEGIN SOLUTION ch02.ex2 -- decide before touching anything; then the front n, in order, held once
+        # BEGIN SOLUTION ch02.ex2 -- the front n blocks, each held once, or NoFreeBlocksError and no change
+        # HINT: All or nothing: can you know whether the call will succeed before the first block leaves the queue?
+        # HINT: Compare n with len(self._free) (constant time) and raise first; then popleft n times and set each
+        # HINT+ count to 1.
         if n > len(self._free):
             raise NoFreeBlocksError(n, len(self._free))
         taken = [self._free.popleft() for _ in range(n)]
@@ -167,9 +175,14 @@ class BlockAllocator:
         Raises ``ValueError`` whose message starts with ``op`` and names the id and the range
         ``0..num_blocks-1`` unless ``block_id`` is an ``int`` in that range (a float, a string, ``None``
         or a negative id is not an id); with ``in_use``, ``ValueError`` saying the block is "already free"
-        when its count is 0. Changes nothing.
+        when its count is 0. Changes nothing. A ``bool`` is not an id either (``True`` is an ``int`` to
+        ``isinstance``).
         """
-        # BEGIN SOLUTION ch02.ex3 -- type() first (2.0 is no id), then the range (-1 wraps), then the count
+        # BEGIN SOLUTION ch02.ex3 -- the count of a valid id, else ValueError starting with op (see the docstring)
+        # HINT: Which values would Python accept as a list index although they are not block ids (2.0 is not accepted,
+        # HINT+ but -1 and True are)?
+        # HINT: Test type(block_id) is int (not isinstance: a bool passes that) and the range before you read the
+        # HINT+ count; then, with in_use, refuse a count of 0.
         if type(block_id) is not int or not 0 <= block_id < self.num_blocks:
             raise ValueError(f"{op}: block id {block_id!r} is not in 0..{self.num_blocks - 1}")
         count = self._ref_counts[block_id]
@@ -183,10 +196,23 @@ class BlockAllocator:
         the back of the free queue (a sequence frees its blocks tail first, so its tail is reused first).
 
         All or nothing: every id is checked before anything changes (``_check`` with op ``"free"``), and
-        an id listed ``k`` times needs ``k`` holders, else ``ValueError`` naming it.
+        an id listed ``k`` times needs ``k`` holders, else ``ValueError`` naming it, wherever the bad id
+        stands in the list. The time depends on the ids listed, not on the size of the pool.
         """
         block_ids = tuple(block_ids)
-        # BEGIN SOLUTION ch02.ex4 -- two passes: count each id's listings against its holders, then release
+        # BEGIN SOLUTION ch02.ex4 -- one holder fewer per listed id, all or nothing (see the docstring)
+        # STUB: # Spot the bug: this free_many runs and looks right, and it passes some of its checks, but one
+        # STUB: # promise of the docstring does not hold (chapter 02 shows the symptom). Fix it; the region
+        # STUB: # counts only when every one of its checks passes.
+        # STUB: for block_id in block_ids:
+        # STUB:     self._check(block_id, "free")
+        # STUB:     self._ref_counts[block_id] -= 1
+        # STUB:     if not self._ref_counts[block_id]:
+        # STUB:         self._free.append(block_id)
+        # HINT: Run the chapter's symptom cell: when the third id is bad, what has already happened to the first
+        # HINT+ two? And what does _check say about a block listed twice with one holder, the second time?
+        # HINT: Check every id first, counting its listings against its holders (a dict), and raise before any
+        # HINT+ count changes; release in a second pass.
         listed: dict[int, int] = {}
         for block_id in block_ids:
             count = self._check(block_id, "free")
@@ -205,9 +231,13 @@ class BlockAllocator:
         """Pull the free block ``block_id`` out of the free queue, wherever it stands; its count becomes 1.
 
         ``ValueError`` for an id out of range (``_check`` with op ``"take"``) and for a block in use (the
-        message says "in use" and gives its count); nothing changes then.
+        message says "in use" and gives its count); nothing changes then. Constant time: the other free
+        blocks keep their order.
         """
-        # BEGIN SOLUTION ch02.ex5 -- a block nobody holds leaves the queue from wherever it stands
+        # BEGIN SOLUTION ch02.ex5 -- a given free block leaves the queue and is held once; a block in use is refused
+        # HINT: The count already says whether the block is free: is there any need to look through the queue?
+        # HINT: _check(block_id, "take", in_use=False) gives the count; raise if it is not 0, else
+        # HINT+ self._free.remove(block_id) and set the count to 1.
         count = self._check(block_id, "take", in_use=False)
         if count:
             raise ValueError(f"take: block {block_id} is in use (ref count {count})")

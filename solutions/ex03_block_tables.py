@@ -56,6 +56,9 @@ def slot_mapping(
 
     Raises:
         ValueError: mismatched list lengths, ``block_size <= 0``, or a position past the end of its table.
+
+    The inputs are not modified (the scheduler reads them again after this call); a sequence with no tokens
+    contributes no slot, wherever it stands in the batch.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
@@ -70,7 +73,10 @@ def slot_mapping(
                 f"sequence {s}: positions {start}..{start + n - 1} do not fit its table of "
                 f"{len(table)} blocks x {block_size} tokens"
             )
-    # BEGIN SOLUTION ch03.ex1 -- per sequence, per new position: logical block -> physical block -> slot
+    # BEGIN SOLUTION ch03.ex1 -- the slot of every token this step computes, in batch order
+    # HINT: Which logical block and which offset hold position p? And where does the table say that logical block
+    # HINT+ lives?
+    # HINT: For each sequence, for p in range(start, start + n): table[p // block_size] * block_size + p % block_size.
     slots = []
     for table, start, n in zip(block_tables, start_positions, num_tokens):
         for p in range(start, start + n):
@@ -101,6 +107,8 @@ def write_kv(
     Raises:
         ValueError: shapes that do not match, a slot mapping that is not int64 ``[T]``, or a slot outside
             ``[-1, num_blocks * block_size)`` (checked before anything is written).
+
+    ``key``, ``value`` and ``slot_mapping`` are not modified; a ``-1`` may stand anywhere in the batch.
     """
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     if value_cache.shape != key_cache.shape:
@@ -129,7 +137,11 @@ def write_kv(
             f"slots {int(slot_mapping.min())}..{int(slot_mapping.max())} outside [-1, "
             f"{num_blocks * block_size}) ({num_blocks} blocks x {block_size} slots)"
         )
-    # BEGIN SOLUTION ch03.ex2 -- a view with one row per slot; skip slot -1; one in-place copy per cache
+    # BEGIN SOLUTION ch03.ex2 -- every token's K/V at its slot, in place; slot -1 stores nothing
+    # HINT: If the pool had one row per slot, a slot would be a row index. Which reshape gives that without a copy?
+    # HINT+ And what does index -1 do in PyTorch?
+    # HINT: flat = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim); keep = slot_mapping >= 0;
+    # HINT+ flat.index_copy_(0, slot_mapping[keep], key[keep].to(flat.dtype)), the same for values.
     keep = slot_mapping >= 0  # -1: padding, store nothing
     slots = slot_mapping[keep]
     flat_k = key_cache.view(
@@ -162,9 +174,15 @@ def gather_kv(
         dtype with ``L = W * block_size`` (any ``L >= max(context_lens)`` is accepted), position ``p`` of
         sequence ``s`` at ``[s, p]``; what sits at positions past a context is unspecified. ``valid`` is
         bool ``[num_seqs, L]``, True exactly where ``p < context_lens[s]``.
+
+    The inputs are not modified (the table belongs to the engine); each row's count of used entries is its own.
     """
     block_size = key_cache.shape[1]
-    # BEGIN SOLUTION ch03.ex3 -- unused entries: swap in an id that exists, then index; blocks -> positions
+    # BEGIN SOLUTION ch03.ex3 -- (key, value, valid) for the whole batch at once (see the docstring)
+    # HINT: Indexing the pool with the table reads every entry, used or not: which entries are used, row by row, and
+    # HINT+ what can stand in for the others?
+    # HINT: used = arange(W) < ceil(context_lens / block_size)[:, None]; table = torch.where(used,
+    # HINT+ block_tables.long(), 0); key_cache[table] is [S, W, bs, KVH, D]: flatten dims 1 and 2.
     width = block_tables.shape[1]
     lens = context_lens.long()
     used = (
@@ -198,7 +216,8 @@ def decode_attention(
     context (stale keys, NaN, inf) must not reach the output. Scores and softmax in float32.
 
     Returns:
-        ``[num_seqs, num_heads, head_dim]`` in the query's dtype.
+        ``[num_seqs, num_heads, head_dim]`` in the query's dtype. The inputs are not modified (for a float32
+        query, ``query.float()`` is the query itself, not a copy). Scores may reach the hundreds.
 
     Raises:
         ValueError: mismatched shapes, ``num_heads % num_kv_heads != 0``, or a context length outside
@@ -229,7 +248,12 @@ def decode_attention(
             f"{capacity}] (a table of {block_tables.shape[1]} blocks x {block_size} tokens)"
         )
     key, value, valid = gather_kv(key_cache, value_cache, block_tables, context_lens)
-    # BEGIN SOLUTION ch03.ex4 -- heads grouped by KV head; fp32; padding harmless in both products (0*NaN=NaN)
+    # BEGIN SOLUTION ch03.ex4 -- softmax(scale * q . k) over each context, GQA, in float32, garbage kept out
+    # HINT: Which query heads share a KV head? A view of the query can put each group beside its KV head. And where
+    # HINT+ can NaN get into the result, given that 0 * NaN is NaN?
+    # HINT: q as [S, KVH, group, D] in float32; zero key and value past the context with torch.where(valid...), scores
+    # HINT+ by einsum, masked_fill(-inf) where not valid, torch.softmax, einsum with the values, back to [S, H, D] and
+    # HINT+ the query's dtype.
     group = num_heads // num_kv_heads
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
     keep = valid[:, :, None, None]

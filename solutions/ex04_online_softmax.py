@@ -43,7 +43,11 @@ def online_softmax_update(
     whose block is entirely masked must come out unchanged, without NaN, even from the empty state
     (``-inf - (-inf)`` is NaN).
     """
-    # BEGIN SOLUTION ch04.ex1 -- the new max first; rescale the old l and acc to it; mind rows still at -inf
+    # BEGIN SOLUTION ch04.ex1 -- the state (m, l, acc) after one more block, as new tensors
+    # HINT: l and acc are relative to the old max. When the max grows, by what factor must they shrink? And what is
+    # HINT+ that factor for a row that has seen no token yet?
+    # HINT: m_new = maximum(m, row max of scores); shift by m_new where it is finite (0 otherwise); alpha = exp(m -
+    # HINT+ shift); p = exp(scores - shift); l * alpha + p.sum(-1), acc * alpha + p @ values.
     m_new = torch.maximum(m, scores.amax(dim=-1))
     m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # all masked so far
     alpha = torch.exp(m - m_safe)  # exp(-inf) = 0 for the first real block
@@ -107,7 +111,12 @@ def walk_blocks(
     stride_k_tok + kv_head * stride_k_head`` in ``K`` and ``V`` (same strides). ``offs_t`` are a block's token
     slots, ``offs_d`` the head-dim lanes and ``d_mask`` the real ones. Returns the new ``(m, l, acc)``.
     """
-    # BEGIN SOLUTION ch04.ex2 -- this split's blocks, none past the context; each: table, masks, loads, update
+    # BEGIN SOLUTION ch04.ex2 -- fold this program's blocks into (m, l, acc)
+    # HINT: Which logical blocks belong to this split, and which of them hold any token? For each: where does it live,
+    # HINT+ which of its slots are real, what does a masked load read?
+    # HINT: for b in range(first, min(first + blocks_per_split, cdiv(context_len, BLOCK_SIZE))): physical from BT[seq,
+    # HINT+ b] (int64); t_mask = b * BLOCK_SIZE + offs_t < context_len; masked loads with other=0; scores -inf where
+    # HINT+ masked; the online update of ch04.ex1.
     # STUB: pass  # your walk over this program's blocks: lookup, masked loads (other=), scores, online update
     num_blocks = tl.cdiv(context_len, BLOCK_SIZE)
     first = split * blocks_per_split
@@ -351,8 +360,13 @@ def merge_splits(partial: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor
         ``(out, lse_total)``: float32 ``[..., D]``, the output of one softmax over all the splits' tokens, and
         ``[...]``, the log-sum-exp of all of them. A row whose splits are all empty gives ``out = 0`` and
         ``lse_total = -inf`` (never NaN). Log-sum-exps may be in the hundreds: never ``exp`` one unshifted.
+        An empty split may stand at any position; the inputs are not modified.
     """
-    # BEGIN SOLUTION ch04.ex4 -- weights relative to the largest lse of the row; an empty split weighs 0
+    # BEGIN SOLUTION ch04.ex4 -- one output and one lse from the splits' (partial, lse)
+    # HINT: Split i's share of the softmax's denominator is exp(lse_i): how can you form those weights without exp
+    # HINT+ overflowing? What should an empty split weigh, and what is 0 * NaN?
+    # HINT: top = the row's largest lse (0 where all are -inf); w = exp(lse - top); out = sum(w * partial where w > 0)
+    # HINT+ / sum(w) (1 where the sum is 0); lse_total = log(sum w) + top.
     top = lse.amax(dim=-1, keepdim=True)
     top = torch.where(
         torch.isfinite(top), top, torch.zeros_like(top)

@@ -46,7 +46,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 
-from paged_course.check import ROOT, check, exercise_module, learner_or_reference, solution
+from paged_course.check import ROOT, check, exercise_module, hint, learner_or_reference, solution
 
 if str(ROOT) not in sys.path:
     sys.path.insert(
@@ -54,6 +54,7 @@ if str(ROOT) not in sys.path:
     )  # the notebook runs in chapters/; your exercise files live at the root
 
 from paged_course.memory import KNOWN_MODELS, KVSpec, format_bytes, kv_spec
+from paged_course.predict import reveal
 from paged_course.sim.fragmentation import (
     PagedManager,
     compare,
@@ -299,9 +300,10 @@ plt.show()
 _ = check("ch01.ex1")
 
 # %% [markdown]
-# A failing check prints the first case it got wrong; `solution("ch01.ex1")` shows the reference answer when
-# you are stuck. External fragmentation is not a property of one request but of the free memory around the
-# waiting one, so the simulator measures it itself, from the holes its allocator leaves.
+# A failing check prints the first case it got wrong. Stuck? `hint("ch01.ex1")` gives a nudge, a second call a
+# stronger one, and `solution("ch01.ex1")` shows the reference answer. External fragmentation is not a
+# property of one request but of the free memory around the waiting one, so the simulator measures it itself,
+# from the holes its allocator leaves.
 #
 # The trace: 2,000 requests with log-normal prompt and output lengths (means near the ShareGPT averages of the
 # paper's Fig. 11, a long right tail; `paged_course.sim.workload` says exactly what it imitates and what it does not), an
@@ -395,11 +397,59 @@ _ = check("ch01.ex2")
 # %% [markdown]
 # **Step 3, growth and preemption (`grow`, region `ch01.ex3`).** A sequence grows one token per step, and
 # a paged request needs a new block only when its tokens overflow the blocks it holds. When no block is free,
-# the manager *preempts*: it frees the most recently admitted request (`held` keeps the admission order, so
-# that is its last key), which will be recomputed from scratch later, and tries again. The oldest requests
-# keep running and finish, so the pool drains (paper §4.5: requests are served first come, first served, so
-# the latest arrivals are the first preempted). If the request that wants to grow is itself the newest, it
-# is the one preempted, and it takes no block. `grow` returns the preempted ids, in order.
+# the manager *preempts*: it frees the most recently admitted request, which will be recomputed from scratch
+# later, and tries again. Why the newest: the oldest requests keep running and finish, so the pool drains
+# (paper §4.5: requests are served first come, first served, so the latest arrivals are the first preempted).
+# If the request that wants to grow is itself the newest, it is the one preempted, and it takes no block.
+# `grow` returns the preempted ids, in order. The simulator calls it for every growing request at every step,
+# so finding the newest must cost the same with 100,000 running requests as with ten; the check measures it.
+#
+# **Predict, then run.** Five blocks of 4 slots, all held: requests 3, 1, 5 and 2 were admitted in that order,
+# request 3 holds two full blocks, the others one each. Request 3 reaches its 9th token. Which request does
+# `grow` preempt? Put your answer in `prediction` (a request id), then run the next cell.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 1
+
+# %%
+manager = PagedManager(5, 4, 0.0)  # the simulator's own manager
+for req, tokens in ((3, 8), (1, 3), (5, 4), (2, 4)):
+    manager.allocate(req, tokens)
+victims = manager.grow(3, 9)
+reveal(
+    prediction,
+    victims[0],
+    "grow(3, 9) preempts request",
+    why="no block is free, and request 2 was admitted last; request 3 takes the block it frees",
+)
+
+# %% [markdown]
+# **Spot the bug.** This step is already written in your file: `grow` runs, looks right, and passes most of
+# its checks. One case of the contract goes wrong. The symptom: a pool of two blocks, both held by request 0,
+# which reaches its 9th token. The contract says request 0 preempts itself, holds nothing, and both blocks are
+# free; as handed out, your `grow` raises `KeyError: 0` instead. The cell below runs your `PagedManager` (its
+# `grow` needs no other region of yours) and shows what it does now. Find the bug, fix it, and run the cell
+# and the check again. This region scores only when all of its checks pass.
+
+
+# %%
+def grow_symptom(manager_cls) -> str:
+    """What ``grow`` does when the request that grows is alone and no block is free."""
+    m = manager_cls(2, 4, 0.0)
+    m.allocate(0, 8)  # written for you: both blocks
+    try:
+        victims = m.grow(0, 9)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return f"preempted {victims}; held {m.held}; {m.num_free_blocks} free blocks"
+
+
+your_manager_cls = yours("PagedManager")
+print("the contract: preempted [0]; held {}; 2 free blocks")
+print(
+    "your grow:   ",
+    grow_symptom(your_manager_cls) if your_manager_cls else "(your file does not import)",
+)
 
 # %%
 _ = check("ch01.ex3")

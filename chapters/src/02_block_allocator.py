@@ -43,18 +43,21 @@ import time
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from paged_course.check import ROOT, check, exercise_module, learner_or_reference, solution
+from paged_course.check import ROOT, check, exercise_module, hint, learner_or_reference, solution
 
 if str(ROOT) not in sys.path:
     sys.path.insert(
         0, str(ROOT)
     )  # the notebook runs in chapters/; your exercise files live at the root
 
+from collections import deque
+
 from paged.core.allocator import BlockAllocator, NoFreeBlocksError
 from paged.core.block_manager import AllocStatus, BlockSpaceManager
 from paged.core.block_table import BlockTable, blocks_needed
 from paged.core.sequence import Sequence
 from paged_course.bench.allocator import allocator_vs_deque, manager_allocate_free
+from paged_course.predict import reveal
 from paged_course.viz.blocks import (
     allocator_stepper,
     allocator_trace,
@@ -203,14 +206,18 @@ print(
 #     4 <-> 1 <-> 6 <-> 0 <-> 3        remove(6):   4 <-> 1 <-> 0 <-> 3
 # ```
 #
-# vLLM v1 links the free blocks into a doubly linked list (each block knows its neighbours, so unlinking one
-# touches two others); Python's `OrderedDict` is another way. The class docstring lists the six methods.
+# A Python list or a `deque` gets the order right and still fails: `pop(0)`, `insert` and `remove` walk the
+# queue, so a pool of 100,000 blocks pays a hundred times what a pool of 1,000 pays, on every block of every
+# step. The check times each operation at both sizes and compares the two (absolute times mean nothing on a
+# busy machine). vLLM v1 keeps a doubly linked list over the free blocks (`FreeKVCacheBlockQueue`). The class
+# docstring lists the six methods.
 
 # %%
 _ = check("ch02.ex1")
 
 # %% [markdown]
-# `solution("ch02.ex1")` prints the reference answer (a linked list over two Python lists) when you are stuck.
+# Stuck? `hint("ch02.ex1")` gives a nudge, a second call a stronger one; `solution("ch02.ex1")` prints the
+# reference answer (a linked list over two Python lists).
 #
 # ### Step 2: `allocate_many` (region `ch02.ex2`)
 #
@@ -235,12 +242,64 @@ _ = check("ch02.ex2")
 _ = check("ch02.ex3")
 
 # %% [markdown]
-# ### Step 4: `free_many` (region `ch02.ex4`)
+# ### Step 4: spot the bug in `free_many` (region `ch02.ex4`)
 #
 # A finished sequence returns all its blocks in one call, its last block first (the block manager passes
 # the table reversed), so that a prefix cache evicts a sequence's tail before its head. Each listed block
 # loses one holder and joins the back of the queue when its count reaches 0. All or nothing again: every
 # id is checked before any count changes, and an id listed twice needs two holders.
+#
+# **Predict, then run.** The free queue is `[4, 1, 6, 0, 3]`; a sequence whose table is `[2, 5, 7]` finishes,
+# and the block manager frees its blocks tail first. Then `allocate_many(5)` runs. Which block does the next
+# `allocate()` hand out? Set `prediction`, then run the next cell (it uses the reference allocator).
+
+# %%
+prediction = None  # your guess, e.g. prediction = 2
+
+# %%
+pool = BlockAllocator(8)
+pool.allocate_many(8)
+pool.free_many([4, 1, 6, 0, 3])  # the free queue is now [4, 1, 6, 0, 3]
+pool.free_many(reversed([2, 5, 7]))  # the finished sequence, tail first
+pool.allocate_many(5)
+reveal(
+    prediction,
+    pool.allocate(),
+    "the next allocate() hands out block",
+    why="first in, first out: the five older free blocks go first, then the finished sequence's tail (7), "
+    "so its head (2), the block a later request most likely shares, stays cached longest",
+)
+
+# %% [markdown]
+# **Spot the bug.** This step is already written in your file: `free_many` runs, frees what it is given, and
+# passes some of its checks, but one promise of the contract does not hold. The symptom: blocks 0, 3 and 4 are
+# held once, block 1 twice, and the free queue is `[2, 5]`. `free_many([0, 3, 9])` must raise (9 is no block)
+# and change nothing; as handed out, it raises, but blocks 0 and 3 are already back in the free queue
+# (`[2, 5, 0, 3]`), and the next allocation hands out blocks that their sequence still uses. The cell below
+# runs your `free_many` on a plain queue and the reference id check (so your other regions do not matter).
+# Find the bug, fix it, and run the cell and the check again. This region scores only when all of its checks
+# pass.
+
+
+# %%
+def free_many_symptom(free_many) -> str:
+    """The free queue and counts after ``free_many([0, 3, 9])`` on a small pool (9 is no block)."""
+    host = type("Host", (), {"_check": BlockAllocator._check})()
+    host.num_blocks, host._ref_counts, host._free = 6, [1, 2, 0, 1, 1, 0], deque([2, 5])
+    try:
+        free_many(host, [0, 3, 9])
+        said = "no error"
+    except ValueError as err:
+        said = f"ValueError ({err})"
+    return f"{said}; free queue {list(host._free)}, counts {host._ref_counts}"
+
+
+your_free_many = getattr(yours("BlockAllocator"), "free_many", None)
+print("the contract:  ValueError; free queue [2, 5], counts [1, 2, 0, 1, 1, 0]")
+print(
+    "your free_many:",
+    free_many_symptom(your_free_many) if your_free_many else "(your file does not import)",
+)
 
 # %%
 _ = check("ch02.ex4")

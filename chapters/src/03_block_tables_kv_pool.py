@@ -46,7 +46,8 @@
 # After each build step a cell `check("ch03.exK")` runs that step's graded tests on your file and prints the
 # first failing case in words. The chapter then goes on with your piece when it passes, and with the
 # reference (saying so in one line) when it does not, so every cell runs even before you write anything.
-# Stuck? `solution("ch03.exK")` prints the reference answer, where your copy of the course ships it.
+# Stuck? `hint("ch03.exK")` gives a nudge, a second call a stronger one; `solution("ch03.exK")` prints the
+# reference answer, where your copy of the course ships it.
 
 # %%
 import sys
@@ -66,8 +67,9 @@ from paged.core.block_table import BlockTable
 from paged.core.block_table import slot_mapping as reference_slot_mapping
 from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
-from paged_course.check import check, exercise_module, learner_or_reference, solution
+from paged_course.check import check, exercise_module, hint, learner_or_reference, solution
 from paged_course.memory import KVSpec, kv_spec
+from paged_course.predict import reveal
 from paged_course.reference import (
     contiguous_attention,
     gather_kv,
@@ -187,6 +189,23 @@ print("slot:", " ".join(f"{boundary.slot(L - 1):3d}" for L in range(1, 10)))
 _ = check("ch03.ex1")
 
 # %% [markdown]
+# **Predict, then run.** A sequence of 9 tokens, block size 4, table `[10, 11, 12]`, decodes its 10th token.
+# Which slot does the token get, and does the sequence need a new block first? Put the slot in `prediction`.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 48
+
+# %%
+decoding = BlockTable(4, [10, 11, 12])
+reveal(
+    prediction,
+    decoding.slot(9),
+    "position 9 of table [10, 11, 12] (block size 4) is slot",
+    why="position 9 is offset 1 of logical block 2, which lives in block 12: 12 * 4 + 1; the table's third "
+    "block already holds position 8, so no new block is needed",
+)
+
+# %% [markdown]
 # ## 2. Writing K/V by slot mapping
 #
 # With the slot mapping built once per step, each attention layer scatters its new keys and values to those
@@ -205,9 +224,9 @@ _ = check("ch03.ex1")
 #
 # - **in place**: the engine keeps no return value; the caches passed in must change (and they are views of
 #   the one pool tensor: a write into a copy is lost);
-# - **one row per slot**: seen as `[num_blocks * block_size, num_kv_heads, head_dim]`, the pool has slot `x` at
-#   row `x`, which is block `x // block_size`, offset `x % block_size`; one vectorized copy per cache, no loop
-#   over tokens;
+# - **a slot is a row**: that is why the engine hands over slots rather than (block, offset) pairs. Slot `x` is
+#   block `x // block_size`, offset `x % block_size`, so the whole step is one vectorized copy per cache, with
+#   no loop over tokens;
 # - **padding**: a token with slot `-1` writes nowhere. In PyTorch, index `-1` means the *last* row, so it must
 #   be left out, not passed on.
 #
@@ -358,8 +377,9 @@ print(pool, "| bytes per block:", pool.bytes_per_block)
 # `[num_seqs, W]`, `context_lens` int32 `[num_seqs]`. Return `key` / `value` `[num_seqs, W * block_size,
 # num_kv_heads, head_dim]` with position `p` of sequence `s` at `[s, p]`, and `valid`, bool
 # `[num_seqs, W * block_size]`, true exactly where `p < context_lens[s]`. A sequence uses the first
-# `ceil(context_len / block_size)` entries of its row; before indexing the pool with the table, put an id that
-# surely exists (any) in the others. Vectorized: no Python loop over sequences. Write region `ch03.ex3`:
+# `ceil(context_len / block_size)` entries of its row, a count of its own; the others must never index the pool
+# (the first trap). Vectorized: no Python loop over sequences; and the engine's table is not yours to change.
+# Write region `ch03.ex3`:
 
 # %%
 _ = check("ch03.ex3")
@@ -369,9 +389,9 @@ _ = check("ch03.ex3")
 #
 # `decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale) -> out` is the engine's
 # part: it calls your `gather_kv` for you (outside the region), and region `ch03.ex4` does the rest. `query` is
-# `[num_seqs, num_heads, head_dim]`; the output has its shape and dtype. A view of the query as
-# `[num_seqs, num_kv_heads, group, head_dim]` puts every group beside its KV head; then scores, mask, softmax and
-# the weighted sum of values, in float32, with the three traps above in mind. The check replaces your `gather_kv`
+# `[num_seqs, num_heads, head_dim]`; the output has its shape and dtype. What decides correctness is the GQA
+# mapping and the three traps above; how you line the query heads up with their KV heads is yours to choose.
+# The inputs stay as they came (a float32 query's `.float()` is the query itself). The check replaces your `gather_kv`
 # by its own, whose padding holds NaN, so that this step is graded on its own (one last test runs the part with
 # your gather):
 

@@ -44,7 +44,7 @@
 # update and the split merge, and the engine's tuned kernel for the decode. Part 2 (sections 9-18) builds the *tuned* kernel that the engine runs:
 # `paged.kernels.paged_attention_decode` (the folder `kernels/`). The PyTorch references are in
 # `paged_course.reference`. After each build step a cell `check("ch04.exK")` runs that step's graded tests on your
-# file and prints the first failing case in words.
+# file and prints the first failing case in words; `hint("ch04.exK")` gives a nudge, a second call a stronger one.
 
 # %%
 import inspect
@@ -62,9 +62,17 @@ if str(ROOT) not in sys.path:  # the notebook runs in chapters/; the exercises l
     sys.path.insert(0, str(ROOT))
 
 from paged.kernels import HAS_TRITON, MODE, REASON
-from paged_course.check import check, exercise_module, impl_package, learner_or_reference, solution
+from paged_course.check import (
+    check,
+    exercise_module,
+    hint,
+    impl_package,
+    learner_or_reference,
+    solution,
+)
 from paged_course.kernel_lab.softmax_state import merge_splits as reference_merge
 from paged_course.kernel_lab.softmax_state import online_softmax_update as reference_update
+from paged_course.predict import reveal
 from paged_course.reference import paged_attention_blockwise, paged_attention_gather
 from paged_course.viz.kernels import (
     online_softmax_trace,
@@ -156,6 +164,32 @@ for seen, m, den in zip(trace["seen"], trace["m"], trace["l"]):
     print(f"after {seen:2d} scores: m = {m:7.4f}   l = {den:8.4f}")
 fig = plot_online_softmax(scores, block=4)
 plt.show()
+
+# %% [markdown]
+# **Predict, then run.** One row, two blocks: the scores `[1, 3]`, then `[5, 2]`. The second block raises the max
+# from 3 to 5. By what factor is the `l` of the first block multiplied? Put a number in `prediction`.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 0.5
+
+# %%
+m1, l1, acc1 = reference_update(
+    torch.full((1,), float("-inf")),
+    torch.zeros(1),
+    torch.zeros(1, 1),
+    torch.tensor([[1.0, 3.0]]),
+    torch.ones(2, 1),
+)
+m2, l2, _ = reference_update(m1, l1, acc1, torch.tensor([[5.0, 2.0]]), torch.ones(2, 1))
+alpha = math.exp(m1.item() - m2.item())
+reveal(
+    prediction,
+    round(alpha, 4),
+    "the first block's l is multiplied by exp(3 - 5)",
+    why=f"l after block 1 is {l1.item():.4f} relative to m = 3; relative to m = 5 it is {l1.item() * alpha:.4f}, "
+    f"and block 2 adds its own terms: l = {l2.item():.4f}",
+    tolerance=1e-3,
+)
 
 # %% [markdown]
 # When a block raises the max (left), the stored `l` drops: it is re-expressed relative to the new max (right,

@@ -11,6 +11,8 @@ inside the engine's block manager, prefix caching on, against the reference allo
 from __future__ import annotations
 
 import random
+import time
+from collections import OrderedDict
 
 import pytest
 
@@ -297,7 +299,7 @@ def test_allocate_many_takes_the_front_of_any_queue(alloc_cls, seed):
 
 
 @pytest.mark.exercise("ch02.ex3", points=1)
-@pytest.mark.parametrize("bad", [-1, -7, 7, 100, 2.0, "3", None])
+@pytest.mark.parametrize("bad", [-1, -7, 7, 100, 2.0, "3", None, True])
 def test_ids_outside_the_pool_are_rejected_by_name(alloc_cls, bad):
     a = _pool(alloc_cls, 7, [4, 1, 6], {0: 1, 2: 2, 3: 1, 5: 1})
     before = _state(a)
@@ -339,7 +341,7 @@ def test_a_free_block_has_count_0_and_cannot_be_shared(alloc_cls):
 # ---- ch02.ex4: free_many -------------------------------------------------------------------------------
 
 
-@pytest.mark.exercise("ch02.ex4", points=2)
+@pytest.mark.exercise("ch02.ex4", points=2, all_or_nothing=True)
 def test_freed_blocks_join_the_back_in_the_order_given(checked_cls):
     a = _pool(checked_cls, 6, [5], {0: 1, 1: 1, 2: 1, 3: 3, 4: 1})
     a.free_many([4, 1, 3, 0])
@@ -355,7 +357,7 @@ def test_freed_blocks_join_the_back_in_the_order_given(checked_cls):
     assert list(a._free) == [5, 4, 1, 0, 3], "an empty list frees nothing"
 
 
-@pytest.mark.exercise("ch02.ex4", points=3)
+@pytest.mark.exercise("ch02.ex4", points=3, all_or_nothing=True)
 def test_free_many_is_all_or_nothing(checked_cls):
     a = _pool(checked_cls, 6, [2, 5], {0: 1, 1: 2, 3: 1, 4: 1})
     before = _state(a)
@@ -373,7 +375,7 @@ def test_free_many_is_all_or_nothing(checked_cls):
     )
 
 
-@pytest.mark.exercise("ch02.ex4", points=2, uses=("ch02.ex2",))
+@pytest.mark.exercise("ch02.ex4", points=2, uses=("ch02.ex2",), all_or_nothing=True)
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_random_allocate_and_free_histories_match_the_model(checked_cls, seed):
     rng = random.Random(seed)
@@ -522,3 +524,214 @@ def test_the_whole_allocator_inside_the_engines_block_manager(impl):
         assert have == want, (
             f"block manager step '{want[0]}': block tables, hits or the free queue differ"
         )
+
+
+# ---- the promises at scale: constant-time queue and allocator operations -------------------------------
+#
+# The allocator runs once per block of every sequence at every step, so a pool of 100,000 blocks must cost
+# no more per call than a pool of 1,000. Absolute times mean nothing on a shared machine; the ratio of the
+# time per call at the two sizes does: about 1 for constant time, about 100 for a walk over the queue.
+# Each size keeps the best of a few runs, and a ratio over the limit is measured again before it fails.
+
+SMALL, LARGE, OPS = 1_000, 100_000, 300
+MAX_RATIO = 12.0
+
+
+def _best_seconds(run, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _growth(make_run) -> float:
+    """Time per call at LARGE over time per call at SMALL (``make_run(n)`` builds the state and returns a
+    function doing OPS calls); the smallest ratio of up to three measurements."""
+    ratio = float("inf")
+    for _ in range(3):
+        small, large = _best_seconds(make_run(SMALL)), _best_seconds(make_run(LARGE))
+        ratio = min(ratio, large / max(small, 1e-9))
+        if ratio < MAX_RATIO:
+            break
+    return ratio
+
+
+class FastQueue:
+    """A constant-time free queue (an OrderedDict) for the allocator tests at scale: the learner's queue
+    is graded on its own, above."""
+
+    def __init__(self, num_blocks: int):
+        self.ids = OrderedDict.fromkeys(range(num_blocks))
+
+    def popleft(self) -> int:
+        return self.ids.popitem(last=False)[0]
+
+    def append(self, block_id: int) -> None:
+        self.ids[block_id] = None
+
+    def remove(self, block_id: int) -> None:
+        del self.ids[block_id]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self):
+        return iter(list(self.ids))
+
+
+@pytest.fixture
+def fast_cls(impl, monkeypatch):
+    """The learner's BlockAllocator on FastQueue, with the reference ``_check``."""
+    ex = impl("ex02_allocator")
+    monkeypatch.setattr(ex, "FreeBlockQueue", FastQueue)
+    return type("BlockAllocator", (ex.BlockAllocator,), {"_check": ref_check})
+
+
+@pytest.mark.exercise("ch02.ex1", points=2)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", ["popleft", "append", "remove", "len"])
+def test_queue_operations_take_constant_time(impl, op):
+    cls = impl("ex02_allocator").FreeBlockQueue
+
+    def make_run(n):
+        q = cls(n)
+        middle = list(
+            range(n // 2, n // 2 + OPS)
+        )  # ids in the middle of the queue, where a walk is long
+
+        def run():
+            if op == "popleft":
+                for _ in range(OPS):
+                    q.append(q.popleft())
+            elif op == "append":
+                for b in middle:
+                    q.remove(b)
+                for b in middle:
+                    q.append(b)
+            elif op == "remove":
+                for b in middle:
+                    q.remove(b)
+                    q.append(b)
+            else:
+                for _ in range(OPS):
+                    len(q)
+
+        return run
+
+    ratio = _growth(make_run)
+    assert ratio < MAX_RATIO, (
+        f"{op} on a queue of {LARGE:,} ids takes {ratio:.0f}x as long per call as on {SMALL:,}: it walks "
+        f"the queue (a list's pop(0), insert or remove, a deque's remove, counting by iterating); the "
+        "spec promises constant time: link the ids (prev/next per id) or keep an OrderedDict"
+    )
+
+
+def _held_pool(cls, n: int, held: int):
+    """A pool of ``n`` blocks whose first ``held`` blocks of the free queue are held once (set directly)."""
+    a = cls(n)
+    taken = [a._free.popleft() for _ in range(held)]
+    for b in taken:
+        a._ref_counts[b] = 1
+    return a, taken
+
+
+@pytest.mark.exercise("ch02.ex2", points=1)
+@pytest.mark.timeout(60)
+def test_allocate_many_time_does_not_grow_with_the_pool(fast_cls):
+    def make_run(n):
+        a = fast_cls(n)
+
+        def run():
+            for _ in range(OPS):
+                (b,) = a.allocate_many(1)
+                a._ref_counts[b] = 0  # give it back by hand: only allocate_many is timed
+                a._free.append(b)
+
+        return run
+
+    ratio = _growth(make_run)
+    assert ratio < MAX_RATIO, (
+        f"allocate_many(1) on a pool of {LARGE:,} blocks takes {ratio:.0f}x as long as on {SMALL:,}: it "
+        "looks at every free block (free_queue(), sorted(...), a scan); len(self._free) is constant time"
+    )
+
+
+@pytest.mark.exercise("ch02.ex4", points=1, all_or_nothing=True)
+@pytest.mark.timeout(60)
+def test_free_many_time_does_not_grow_with_the_pool(fast_cls):
+    def make_run(n):
+        a, taken = _held_pool(fast_cls, n, OPS)
+
+        def run():
+            for b in taken:
+                a.free_many([b])
+                a._free.remove(b)  # hold it again by hand: only free_many is timed
+                a._ref_counts[b] = 1
+
+        return run
+
+    ratio = _growth(make_run)
+    assert ratio < MAX_RATIO, (
+        f"free_many of one block in a pool of {LARGE:,} takes {ratio:.0f}x as long as in {SMALL:,}: it "
+        "walks the free queue (a block's count already says whether it is free)"
+    )
+
+
+@pytest.mark.exercise("ch02.ex5", points=1)
+@pytest.mark.timeout(60)
+def test_take_time_does_not_grow_with_the_pool(fast_cls):
+    def make_run(n):
+        a = fast_cls(n)
+        middle = list(range(n // 2, n // 2 + OPS))
+
+        def run():
+            for b in middle:
+                a.take(b)
+                a._ref_counts[b] = 0  # free it again by hand: only take is timed
+                a._free.append(b)
+
+        return run
+
+    ratio = _growth(make_run)
+    assert ratio < MAX_RATIO, (
+        f"take on a pool of {LARGE:,} blocks takes {ratio:.0f}x as long as on {SMALL:,}: it walks the "
+        "free queue (its count says whether a block is free; the queue removes an id in constant time)"
+    )
+
+
+# ---- the edges at every position of a call ---------------------------------------------------------------
+
+
+@pytest.mark.exercise("ch02.ex4", points=2, all_or_nothing=True)
+def test_a_bad_id_anywhere_in_the_list_frees_nothing(checked_cls):
+    # an id that is out of range, already free, or listed once too often, at each position of the list
+    good = [0, 1, 3, 4]
+    for bad in (9, 2, 3):
+        for pos in range(len(good) + 1):
+            a = _pool(checked_cls, 6, [2, 5], {0: 1, 1: 2, 3: 1, 4: 1})
+            before = _state(a)
+            ids = good[:pos] + [bad] + good[pos:]
+            with pytest.raises(ValueError):
+                a.free_many(ids)
+            assert _state(a) == before, (
+                f"free_many({ids}): block {bad} at position {pos} is bad, so nothing may change"
+            )
+    a = _pool(checked_cls, 6, [2, 5], {0: 1, 1: 2, 3: 1, 4: 1})
+    a.free_many([1, 0, 3, 1, 4])
+    assert list(a._free) == [2, 5, 0, 3, 1, 4] and a._ref_counts == [0] * 6, (
+        "every listed block loses one holder, the last one listed too; each joins the back when its "
+        "count reaches 0"
+    )
+
+
+@pytest.mark.exercise("ch02.ex2", points=1)
+def test_every_block_handed_out_is_held_once(alloc_cls):
+    a = _pool(alloc_cls, 9, [8, 3, 6, 0, 5], {1: 2, 2: 1, 4: 3, 7: 1})
+    got = a.allocate_many(4)
+    assert got == [8, 3, 6, 0], f"the front four of the queue, in order: got {got}"
+    counts = [a._ref_counts[b] for b in got]
+    assert counts == [1, 1, 1, 1], (
+        f"reference counts of blocks {got} (first to last): got {counts}, expected [1, 1, 1, 1]"
+    )

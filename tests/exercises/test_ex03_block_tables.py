@@ -405,3 +405,125 @@ def test_decode_attention_part_with_your_gather(impl, block_size):
         ex.decode_attention(
             query[:, :3], key_cache, value_cache, tables, context_lens, SCALE
         )  # 3 % 2 heads
+
+
+# ------------------------------------------- every case at every position of a batch; the inputs left alone
+def _rotations(items):
+    return [items[k:] + items[:k] for k in range(len(items))]
+
+
+@pytest.mark.exercise("ch03.ex1", points=2)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_slot_mapping_every_kind_at_every_position(impl, block_size):
+    # A chunk across a block edge, a decode on the first slot of a block, an idle row (0 tokens), a whole
+    # prompt of exactly two blocks, a decode on the last slot of a block: each at every position of the batch.
+    ex = impl("ex03_block_tables")
+    bs = block_size
+    kinds = [
+        ([7, 3, 9], bs - 1, bs + 2),
+        ([4, 12], bs, 1),
+        ([5, 6], bs + 1, 0),
+        ([11, 2], 0, 2 * bs),
+        ([8, 0, 10], 2 * bs - 1, 1),
+    ]
+    for batch in _rotations(kinds):
+        tables = [list(t) for t, _, _ in batch]
+        starts = [s for _, s, _ in batch]
+        counts = [n for _, _, n in batch]
+        kept = ([list(t) for t in tables], list(starts), list(counts))
+        got = ex.slot_mapping(tables, starts, counts, bs)
+        assert (tables, starts, counts) == kept, (
+            "slot_mapping changed its inputs (block_tables, start_positions or num_tokens): the "
+            "scheduler still reads them after this call"
+        )
+        expected = [
+            _slot(t, p, bs) for t, s, n in zip(tables, starts, counts) for p in range(s, s + n)
+        ]
+        assert got == expected, (
+            f"batch of (start, tokens) {list(zip(starts, counts))}, block size {bs}: slots {got}, "
+            f"expected {expected}"
+        )
+
+
+@pytest.mark.exercise("ch03.ex2", points=2)
+def test_write_kv_padding_at_every_position_leaves_its_inputs_alone(impl):
+    ex = impl("ex03_block_tables")
+    block_size, num_tokens = 4, 6
+    for pads in [[p] for p in range(num_tokens)] + [[0, num_tokens - 1], [1, 2, 3]]:
+        key_cache, value_cache, key, value, slots = _write_case(block_size, seed=3)
+        key, value, slots = key[:num_tokens], value[:num_tokens], slots[:num_tokens].clone()
+        slots[slots < 0] = torch.tensor([20, 9, 2])[: int((slots < 0).sum())]
+        slots[pads] = -1
+        kept = key.clone(), value.clone(), slots.clone()
+        ex.write_kv(key_cache, value_cache, key, value, slots)
+        for name, t, was in zip(("key", "value", "slot_mapping"), (key, value, slots), kept):
+            assert torch.equal(t, was), f"write_kv changed its input {name}"
+        flat_k = key_cache.view(-1, *key_cache.shape[2:])
+        flat_v = value_cache.view(-1, *value_cache.shape[2:])
+        for i, slot in enumerate(slots.tolist()):
+            if slot >= 0:
+                assert torch.equal(flat_k[slot], key[i]) and torch.equal(flat_v[slot], value[i]), (
+                    f"padding at positions {pads}: token {i} must be stored at slot {slot}"
+                )
+        real = {s for s in slots.tolist() if s >= 0}
+        changed = [
+            x
+            for x in range(flat_k.shape[0])
+            if x not in real and not (torch.isnan(flat_k[x]).all() and torch.isnan(flat_v[x]).all())
+        ]
+        assert not changed, (
+            f"padding (-1) at positions {pads} of the batch: slots {changed} changed, but no token "
+            "maps to them"
+        )
+
+
+@pytest.mark.exercise("ch03.ex3", points=2)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_gather_kv_long_sequence_at_every_position_leaves_its_inputs_alone(impl, block_size):
+    ex = impl("ex03_block_tables")
+    for lens in _rotations([1, 3 * block_size + 1, block_size, block_size + 1]):
+        key_cache, value_cache, tables, context_lens, clean = _pool(
+            lens, 2, 4, block_size, seed=sum(lens) + lens[0]
+        )
+        kept = [t.clone() for t in (key_cache, value_cache, tables, context_lens)]
+        key, value, valid = ex.gather_kv(key_cache, value_cache, tables, context_lens)
+        for name, t, was in zip(
+            ("key_cache", "value_cache", "block_tables", "context_lens"),
+            (key_cache, value_cache, tables, context_lens),
+            kept,
+        ):
+            assert (
+                torch.equal(t, was)
+                or (t.isnan() == was.isnan()).all()
+                and torch.equal(t.nan_to_num(), was.nan_to_num())
+            ), f"gather_kv changed its input {name} (context lengths {lens})"
+        for s, n in enumerate(lens):
+            assert torch.equal(key[s, :n], clean[s][0]) and torch.equal(
+                value[s, :n], clean[s][1]
+            ), f"context lengths {lens}: sequence {s} (length {n}) gathers the wrong K/V"
+            assert valid[s, :n].all() and not valid[s, n:].any(), (
+                f"context lengths {lens}: valid of sequence {s} must be exactly p < {n}"
+            )
+
+
+@pytest.mark.exercise("ch03.ex4", points=2)
+def test_decode_attention_large_scores_leave_its_inputs_alone(ex4):
+    # Scores in the hundreds (exp overflows float32 unless the row max is subtracted), a float32 query
+    # (``query.float()`` is the query itself, not a copy), each length at every position of the batch.
+    for lens in _rotations([1, 5, 8, 13]):
+        key_cache, value_cache, tables, context_lens, clean = _pool(lens, 2, 16, 4, seed=lens[0])
+        query = torch.randn(len(lens), 4, 16, generator=torch.Generator().manual_seed(2)) * 60
+        kept = [t.clone() for t in (query, tables, context_lens)]
+        out = ex4.decode_attention(query, key_cache, value_cache, tables, context_lens, SCALE)
+        for name, t, was in zip(
+            ("query", "block_tables", "context_lens"), (query, tables, context_lens), kept
+        ):
+            assert torch.equal(t, was), (
+                f"decode_attention changed its input {name} (scale a copy, not the caller's query)"
+            )
+        assert torch.isfinite(out).all(), (
+            f"context lengths {lens}, scores in the hundreds: NaN/inf in the output (subtract the row max "
+            "before exp, as torch.softmax does)"
+        )
+        err = (out.double() - _naive(query, clean, SCALE, 2)).abs().max().item()
+        assert err < 1e-3, f"context lengths {lens}, scores in the hundreds: off by {err:.3g}"

@@ -350,3 +350,90 @@ def test_split_k_decode_equals_one_pass(impl, num_splits):
     assert err < 1e-5, (
         f"paged_decode with {num_splits} splits differs from the reference by {err:.3g}"
     )
+
+
+# --------------------------------------------------- every case at every position of a batch; inputs left alone
+
+
+@pytest.mark.exercise("ch04.ex1", points=2)
+@pytest.mark.parametrize("pos", [0, 1, 2, 3])
+def test_update_masked_row_at_every_position_leaves_its_inputs_alone(impl, pos):
+    # Four rows whose scores differ in size by hundreds (one shift per row, not one for the batch); row `pos`
+    # has its whole first block masked, so it is still empty after it. Every call's inputs must come back as
+    # they went in: the caller keeps (m, l, acc) and the block it folded.
+    ex = impl("ex04_online_softmax")
+    gen = torch.Generator().manual_seed(40 + pos)
+    sizes = torch.tensor([300.0, 1.0, 60.0, 0.5]).roll(pos)
+    scores = torch.randn(4, 12, generator=gen) * sizes[:, None]
+    values = torch.randn(12, 3, generator=gen)
+    scores[pos, :4] = NEG_INF
+    m, l, acc = _empty_state(4, 3)  # noqa: E741
+    for a, b in ((0, 4), (4, 9), (9, 12)):
+        inputs = (m, l, acc, scores[:, a:b].clone(), values[a:b].clone())
+        kept = [t.clone() for t in inputs]
+        m, l, acc = ex.online_softmax_update(*inputs)  # noqa: E741
+        for name, t, was in zip(("m", "l", "acc", "scores", "values"), inputs, kept):
+            assert torch.equal(t, was), (
+                f"online_softmax_update changed its input {name} (block {a}..{b - 1}): return new "
+                "tensors; the caller still holds the old state"
+            )
+        if a == 0:
+            assert m[pos].item() == NEG_INF and l[pos].item() == 0 and not acc[pos].any(), (
+                f"row {pos} of 4: an all-masked block on an empty state leaves it empty (m -inf, l 0, acc 0)"
+            )
+    out = acc / l[:, None]
+    keep = torch.isfinite(scores)
+    for r in range(4):
+        expected = torch.softmax(scores[r, keep[r]].double(), 0) @ values[keep[r]].double()
+        assert torch.isfinite(out[r]).all(), (
+            f"row {r} of 4 (masked row at position {pos}, scores up to {sizes[r]:g}): NaN or inf; each row "
+            "is shifted by its own max"
+        )
+        err = (out[r].double() - expected).abs().max().item()
+        assert err < 1e-4, f"row {r} of 4 (masked row at position {pos}): off by {err:.3g}"
+
+
+@pytest.mark.triton
+@pytest.mark.exercise("ch04.ex2", points=1)
+def test_kernel_each_length_at_every_position(impl):
+    # A context of one token, one that fills its last block exactly, one a token past it and a short one,
+    # each at every position of the batch (each row reads its own table row and its own length).
+    device = _triton_or_skip()
+    ex = impl("ex04_online_softmax")
+    lens = [1, 8, 9, 5]
+    for k in range(len(lens)):
+        rotated = lens[k:] + lens[:k]
+        inputs = _paged_inputs(rotated, 4, 2, 16, 4, seed=30 + k)
+        out = _run(ex, inputs, SCALE, device)
+        assert torch.isfinite(out).all(), f"context lengths {rotated}: NaN in the output"
+        err = (out.double() - _naive(*inputs, SCALE)[0]).abs().max().item()
+        assert err < 1e-5, f"context lengths {rotated}: kernel output off by {err:.3g}"
+
+
+@pytest.mark.exercise("ch04.ex4", points=2)
+def test_merge_an_empty_split_at_every_position_leaves_its_inputs_alone(impl):
+    ex = impl("ex04_online_softmax")
+    partial, lse, scores, values = _split_case(5)
+    cuts = [(0, 7), (7, 8), (8, 25), (25, 40), (40, 40)]
+    for empty in range(4):  # split `empty` loses its tokens (and split 4 holds none)
+        p, s = partial.clone(), lse.clone()
+        p[:, :, empty], s[:, :, empty] = float("nan"), NEG_INF
+        p[:, :, 4] = float("nan")
+        kept = p.clone(), s.clone()
+        out, lse_total = ex.merge_splits(p, s)
+        assert torch.equal(p.isnan(), kept[0].isnan()) and torch.equal(
+            p.nan_to_num(), kept[0].nan_to_num()
+        ), "merge_splits changed its input partial (a NaN of an empty split belongs to the caller)"
+        assert torch.equal(s, kept[1]), "merge_splits changed its input lse"
+        a, b = cuts[empty]
+        keep = [t for t in range(40) if not a <= t < b]
+        expected = torch.softmax(scores[..., keep], -1) @ values[keep]
+        assert torch.isfinite(out).all(), (
+            f"empty split at position {empty} of 5: NaN or inf in the output"
+        )
+        err = (out.double() - expected).abs().max().item()
+        assert err < 1e-5, f"empty split at position {empty} of 5: off by {err:.3g}"
+        err_lse = (lse_total.double() - torch.logsumexp(scores[..., keep], -1)).abs().max().item()
+        assert err_lse < 1e-3, (
+            f"empty split at position {empty} of 5: merged lse off by {err_lse:.3g}"
+        )

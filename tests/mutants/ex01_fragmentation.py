@@ -130,3 +130,121 @@ MUTANTS = {
         """,
     },
 }
+
+# Wrong answers that pass the hand-made cases: inputs changed, one position, slower than the spec promises.
+MUTANTS["ch01.ex1"].update(
+    {
+        "reuses the caller's held array for the internal slots (in place)": """
+            filled = np.minimum(held, final)
+            internal = held
+            internal -= filled
+            return tokens, filled - tokens, internal
+        """,
+        "a loop over the requests that stops one short": """
+            reserved, internal = np.zeros_like(tokens), np.zeros_like(tokens)
+            for i in range(len(tokens) - 1):
+                filled = min(held[i], final[i])
+                reserved[i], internal[i] = filled - tokens[i], held[i] - filled
+            return tokens, reserved, internal
+        """,
+        "returns Python lists instead of arrays": """
+            filled = [min(h, f) for h, f in zip(held.tolist(), final.tolist())]
+            return (
+                tokens.tolist(),
+                [f - t for f, t in zip(filled, tokens.tolist())],
+                [h - f for h, f in zip(held.tolist(), filled)],
+            )
+        """,
+    }
+)
+MUTANTS["ch01.ex2"].update(
+    {
+        "reserves the blocks it admits (can_allocate changes the free count)": """
+            need = self.blocks_for(num_tokens)
+            if need > self.num_blocks - self.watermark_blocks:
+                return AllocStatus.NEVER
+            if self.num_free_blocks - need >= self.watermark_blocks:
+                self.num_free_blocks -= need  # as if admission happened here
+                return AllocStatus.OK
+            return AllocStatus.LATER
+        """,
+        "blocks counted as tokens // block_size + 1 (one too many at an exact multiple)": """
+            need = num_tokens // self.block_size + 1
+            if need > self.num_blocks - self.watermark_blocks:
+                return AllocStatus.NEVER
+            if self.num_free_blocks - need >= self.watermark_blocks:
+                return AllocStatus.OK
+            return AllocStatus.LATER
+        """,
+        "NEVER already at the exact fit (>=)": """
+            need = self.blocks_for(num_tokens)
+            if need >= self.num_blocks - self.watermark_blocks:
+                return AllocStatus.NEVER
+            if self.num_free_blocks - need >= self.watermark_blocks:
+                return AllocStatus.OK
+            return AllocStatus.LATER
+        """,
+    }
+)
+MUTANTS["ch01.ex3"].update(
+    {
+        "finds the newest by listing held (O(running) per preemption)": """
+            if self.blocks_for(num_tokens) <= self.held[req]:
+                return []
+            victims = []
+            while self.num_free_blocks == 0:
+                victim = list(self.held)[-1]
+                self.free(victim)
+                victims.append(victim)
+                if victim == req:
+                    return victims
+            self.held[req] += 1
+            self.num_free_blocks -= 1
+            return victims
+        """,
+        "the newest taken to be the highest request id": """
+            if self.blocks_for(num_tokens) <= self.held[req]:
+                return []
+            victims = []
+            while self.num_free_blocks == 0:
+                victim = max(self.held)
+                self.free(victim)
+                victims.append(victim)
+                if victim == req:
+                    return victims
+            self.held[req] += 1
+            self.num_free_blocks -= 1
+            return victims
+        """,
+        "growth keeps the watermark free too (preempts early)": """
+            if self.blocks_for(num_tokens) <= self.held[req]:
+                return []
+            victims = []
+            while self.num_free_blocks <= self.watermark_blocks and self.held:
+                victim = next(reversed(self.held))
+                self.free(victim)
+                victims.append(victim)
+                if victim == req:
+                    return victims
+            self.held[req] += 1
+            self.num_free_blocks -= 1
+            return victims
+        """,
+    }
+)
+MUTANTS["ch01.ex3"].update(
+    {
+        "forgets that the grower may be the newest (KeyError once it preempts itself)": """
+            if self.blocks_for(num_tokens) <= self.held[req]:
+                return []
+            victims = []
+            while self.num_free_blocks == 0:
+                victim = next(reversed(self.held))
+                self.free(victim)
+                victims.append(victim)
+            self.held[req] += 1
+            self.num_free_blocks -= 1
+            return victims
+        """,
+    }
+)

@@ -178,3 +178,140 @@ MUTANTS = {
         """,
     },
 }
+
+_ATTENTION = """
+group = num_heads // num_kv_heads
+q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
+keep = valid[:, :, None, None]
+k = torch.where(keep, key.float(), 0.0)
+v = torch.where(keep, value.float(), 0.0)
+scores = torch.einsum("skgd,slkd->skgl", q, k) * scale
+scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+probs = torch.softmax(scores, dim=-1)
+out = torch.einsum("skgl,slkd->skgd", probs, v)
+return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
+"""
+
+
+def _attention(old: str, new: str) -> str:
+    assert old in _ATTENTION, old
+    return _ATTENTION.replace(old, new)
+
+
+# Wrong answers that pass the hand-made cases: inputs changed, right at one position of the batch only.
+MUTANTS["ch03.ex1"].update(
+    {
+        "advances the caller's start_positions while it walks them": """
+            slots = []
+            for s, table in enumerate(block_tables):
+                for _ in range(num_tokens[s]):
+                    p = start_positions[s]
+                    slots.append(table[p // block_size] * block_size + p % block_size)
+                    start_positions[s] += 1
+            return slots
+        """,
+        "a chunk that crosses a block edge stays in its first block": """
+            slots = []
+            for table, start, n in zip(block_tables, start_positions, num_tokens):
+                block = table[start // block_size]
+                for p in range(start, start + n):
+                    slots.append(block * block_size + p % block_size)
+            return slots
+        """,
+        "a sequence with no tokens ends the batch": """
+            slots = []
+            for table, start, n in zip(block_tables, start_positions, num_tokens):
+                if n == 0:
+                    break
+                for p in range(start, start + n):
+                    slots.append(table[p // block_size] * block_size + p % block_size)
+            return slots
+        """,
+    }
+)
+MUTANTS["ch03.ex2"].update(
+    {
+        "padding assumed at the end of the batch (as vLLM pads)": """
+            n = int((slot_mapping >= 0).sum())
+            flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+            flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+            flat_k[slot_mapping[:n]] = key[:n].to(key_cache.dtype)
+            flat_v[slot_mapping[:n]] = value[:n].to(value_cache.dtype)
+        """,
+        "a loop over the tokens that stops at the first -1": """
+            flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+            flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+            for i, slot in enumerate(slot_mapping.tolist()):
+                if slot < 0:
+                    break
+                flat_k[slot] = key[i]
+                flat_v[slot] = value[i]
+        """,
+        "parks the padding on slot 0 of the caller's slot mapping": """
+            pad = slot_mapping < 0
+            slot_mapping[pad] = 0
+            flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+            flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+            before_k, before_v = flat_k[0].clone(), flat_v[0].clone()
+            flat_k[slot_mapping] = key.to(key_cache.dtype)
+            flat_v[slot_mapping] = value.to(value_cache.dtype)
+            if pad.any() and not (slot_mapping[~pad] == 0).any():
+                flat_k[0], flat_v[0] = before_k, before_v
+        """,
+    }
+)
+MUTANTS["ch03.ex3"].update(
+    {
+        "swaps the unused entries for block 0 in the caller's table": """
+            width = block_tables.shape[1]
+            lens = context_lens.long()
+            used = torch.arange(width) < ((lens + block_size - 1) // block_size)[:, None]
+            block_tables[~used] = 0
+            table = block_tables.long()
+            key = key_cache[table].flatten(1, 2)
+            value = value_cache[table].flatten(1, 2)
+            valid = torch.arange(width * block_size) < lens[:, None]
+            return key, value, valid
+        """,
+        "one block count for the whole batch (the first sequence's)": """
+            width = block_tables.shape[1]
+            lens = context_lens.long()
+            used_blocks = -(-int(lens[0]) // block_size)
+            table = block_tables.long().clone()
+            table[:, used_blocks:] = 0
+            key = key_cache[table].flatten(1, 2)
+            value = value_cache[table].flatten(1, 2)
+            valid = torch.arange(width * block_size) < lens[:, None]
+            return key, value, valid
+        """,
+        "one block count for the whole batch (the longest sequence's)": """
+            width = block_tables.shape[1]
+            lens = context_lens.long()
+            used_blocks = -(-int(lens.max()) // block_size)
+            table = block_tables.long().clone()
+            table[:, used_blocks:] = 0  # a shorter row's stale ids inside that width still index the pool
+            key = key_cache[table].flatten(1, 2)
+            value = value_cache[table].flatten(1, 2)
+            valid = torch.arange(width * block_size) < lens[:, None]
+            return key, value, valid
+        """,
+    }
+)
+MUTANTS["ch03.ex4"].update(
+    {
+        "scales the caller's query in place (float32: .float() is no copy)": _attention(
+            "q = query.float().view(num_seqs, num_kv_heads, group, head_dim)",
+            "q = query.float().mul_(scale).view(num_seqs, num_kv_heads, group, head_dim)",
+        ).replace(
+            'torch.einsum("skgd,slkd->skgl", q, k) * scale', 'torch.einsum("skgd,slkd->skgl", q, k)'
+        ),
+        "a hand-written softmax without the row max (exp overflows)": _attention(
+            "probs = torch.softmax(scores, dim=-1)",
+            "probs = torch.exp(scores)\nprobs = probs / probs.sum(dim=-1, keepdim=True)",
+        ),
+        "one mask for the whole batch (the first sequence's)": _attention(
+            'scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))',
+            'scores = scores.masked_fill(~valid[:1, None, None, :], float("-inf"))',
+        ),
+    }
+)

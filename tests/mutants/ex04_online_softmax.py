@@ -135,3 +135,81 @@ MUTANTS = {
         """,
     },
 }
+
+# Wrong answers that pass the hand-made cases: inputs changed, right at one position of the batch only.
+MUTANTS["ch04.ex1"].update(
+    {
+        "rescales the caller's l and acc in place": """
+            m_new = torch.maximum(m, scores.amax(dim=-1))
+            m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            alpha = torch.exp(m - m_safe)
+            p = torch.exp(scores - m_safe[:, None])
+            l.mul_(alpha).add_(p.sum(dim=-1))
+            acc.mul_(alpha[:, None]).add_(p @ values)
+            return m_new, l, acc
+        """,
+        "the block max over the whole batch (amax without dim=-1)": """
+            m_new = torch.maximum(m, scores.amax())
+            m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            alpha = torch.exp(m - m_safe)
+            p = torch.exp(scores - m_safe[:, None])
+            return m_new, l * alpha + p.sum(dim=-1), acc * alpha[:, None] + p @ values
+        """,
+        "the masked-row guard only when the whole block is masked": """
+            if torch.isinf(scores).all():
+                return m, l, acc
+            m_new = torch.maximum(m, scores.amax(dim=-1))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(scores - m_new[:, None])
+            return m_new, l * alpha + p.sum(dim=-1), acc * alpha[:, None] + p @ values
+        """,
+    }
+)
+MUTANTS["ch04.ex2"].update(
+    {
+        "every sequence reads the first row of the block table (no row stride)": _swap(
+            _KERNEL,
+            "physical = tl.load(BT + seq * stride_bt_seq + b).to(tl.int64)",
+            "physical = tl.load(BT + b).to(tl.int64)",
+        ),
+        "every query head group reads KV head 0 (no head offset)": _swap(
+            _KERNEL, " + kv_head * stride_k_head", ""
+        ),
+        "the tail mask counts from the split's first block (right for split 0 only)": _swap(
+            _KERNEL,
+            "t_mask = b * BLOCK_SIZE + offs_t < context_len",
+            "t_mask = (b - first) * BLOCK_SIZE + offs_t < context_len",
+        ),
+    }
+)
+MUTANTS["ch04.ex4"].update(
+    {
+        "cleans the empty splits' NaN in the caller's partial (in place)": """
+            partial.nan_to_num_(0.0)
+            top = lse.amax(dim=-1, keepdim=True)
+            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+            w = torch.exp(lse - top)
+            total = w.sum(dim=-1)
+            out = (w[..., None] * partial).sum(dim=-2) / torch.where(total > 0, total, 1.0)[..., None]
+            return out, torch.log(total) + top[..., 0]
+        """,
+        "shifts by the first split's lse instead of the largest": """
+            top = lse[..., :1]
+            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+            w = torch.exp(lse - top)
+            total = w.sum(dim=-1)
+            summed = (w[..., None] * torch.where(w[..., None] > 0, partial, 0.0)).sum(dim=-2)
+            out = summed / torch.where(total > 0, total, 1.0)[..., None]
+            return out, torch.log(total) + top[..., 0]
+        """,
+        "the merged lse forgets to add the shift back": """
+            top = lse.amax(dim=-1, keepdim=True)
+            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+            w = torch.exp(lse - top)
+            total = w.sum(dim=-1)
+            summed = (w[..., None] * torch.where(w[..., None] > 0, partial, 0.0)).sum(dim=-2)
+            out = summed / torch.where(total > 0, total, 1.0)[..., None]
+            return out, torch.log(total)
+        """,
+    }
+)

@@ -78,3 +78,14 @@ def test_a_capstone_table_missing_a_part_is_named():
     assert found == ["07: no line compares the capstone's tokens with transformers'"]
     with pytest.raises(ValueError, match="expect must be one of"):
         check_lines.problems("07", TYPED_CELLS, "graded")
+
+
+def test_a_spot_the_bug_check_on_the_stubs_reads_as_not_passing():
+    # a planted bug passes some checks by design: its check line names them and is still a failure
+    said = (
+        "ch02.ex4: 2 of 8 checks pass (spot the bug: it counts only when all of them pass); the first "
+        "failing one:\ncheck 'free many is all or nothing'"
+    )
+    cells = [cell(1, '_ = check("ch02.ex4")', said)]
+    assert check_lines.problems("02", cells, "stubs") == []
+    assert check_lines.problems("02", cells, "typed-in"), "typed in, the same line is a problem"

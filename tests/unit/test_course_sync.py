@@ -143,3 +143,21 @@ def test_hints_never_contain_a_line_of_the_solution():
             elif region:
                 region[2].append(line)
     assert not leaks, "\n".join(leaks)
+
+
+def test_a_hint_tier_continues_on_hint_plus_lines():
+    source = (
+        "def f(x):\n"
+        "    # BEGIN SOLUTION ch09.ex3 -- double it\n"
+        "    # HINT: what is twice\n"
+        "    # HINT+ a number?\n"
+        "    # HINT: x + x\n"
+        "    return 2 * x\n"
+        "    # END SOLUTION\n"
+    )
+    assert hints(source) == {"ch09.ex3": ["what is twice a number?", "x + x"]}
+    assert "HINT" not in make_stub(source, "solutions/ex09_demo.py"), (
+        "continuations leave the stub too"
+    )
+    with pytest.raises(MarkerError, match="continues no"):
+        hints(source.replace("# HINT: what is twice", "# HINT+ what is twice"))

@@ -545,3 +545,57 @@ def test_a_regions_later_tests_that_call_the_timed_out_function_are_blocked_at_o
     ), stream.getvalue()
     summary = "\n".join(grading._summary_lines(report, 200))
     assert "at learner.py:3 (in spin) (1 more test blocked: they call it too)" in summary, summary
+
+
+SPOT_THE_BUG = """
+import pytest
+
+@pytest.mark.exercise("ch02.ex6", points=2, all_or_nothing=True)
+def test_the_planted_bug_passes_this_one():
+    assert True
+
+@pytest.mark.exercise("ch02.ex6", points=3, all_or_nothing=True)
+def test_and_fails_this_one():
+    assert [1, 2] == [2, 1], "the symptom: blocks come back in the wrong order"
+
+@pytest.mark.exercise("ch02.ex7", points=1, all_or_nothing=True)
+def test_a_fixed_region_scores_in_full():
+    assert True
+
+@pytest.mark.exercise("ch02.ex8", points=4)
+def test_an_ordinary_region_keeps_partial_credit():
+    assert True
+"""
+
+
+def test_an_all_or_nothing_region_scores_0_unless_every_test_passes(tmp_path):
+    suite = _suite(tmp_path / "suite", SPOT_THE_BUG)
+    out = io.StringIO()
+    report = grade(impl="solutions", timeout=5, tests_dir=suite, root=suite, progress=out)
+    tests = _by_name(report)
+    passing = tests["test_the_planted_bug_passes_this_one"]
+    assert passing.status == "passed" and passing.withheld and passing.score == 0
+    assert tests["test_a_fixed_region_scores_in_full"].score == 1
+    assert tests["test_an_ordinary_region_keeps_partial_credit"].score == 4
+    assert (report.score, report.max_score) == (5, 10), report.table()
+    assert re.search(r"\b5/10 points", out.getvalue()), out.getvalue()
+    results = report.gradescope()
+    by_name = {t["name"].split(" ", 1)[1]: t for t in results["tests"]}
+    withheld = by_name["test_the_planted_bug_passes_this_one"]
+    assert withheld["score"] == 0 and withheld["status"] == "failed", withheld
+    assert "all or nothing" in withheld["output"]
+    assert results["score"] == 5 and not [
+        t for t in results["tests"] if t["score"] and t["status"] != "passed"
+    ]
+    assert 'failures="2"' in report.junit()
+    line = next(x for x in grading._summary_lines(report, width=400) if "ch02.ex6" in x)
+    assert "1/2 failing" in line and "graded all or nothing" in line, line
+
+
+def test_all_or_nothing_counts_a_region_with_tests_not_run_as_failing():
+    done = grading.TestResult("t::a", "ch05.ex9", 2, status="passed", all_or_nothing=True)
+    plain = grading.TestResult("t::b", "ch05.ex1", 2, status="passed")
+    grading.apply_all_or_nothing([done, plain], unfinished=("ch05.ex9",))
+    assert done.withheld and done.score == 0 and plain.score == 2
+    grading.apply_all_or_nothing([done, plain])
+    assert not done.withheld and done.score == 2, "the mark is recomputed, not sticky"

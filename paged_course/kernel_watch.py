@@ -14,8 +14,8 @@ waits lasts its full timeout (600 s per chapter here). This module bounds them a
 
 :func:`run_notebook` restarts a stalled notebook once from the top, with one line saying so, and raises
 :class:`KernelStall` on a second stall. The kernel talks to the client over the ``ipc`` transport (Unix
-sockets) in a private temporary folder that is removed afterwards (``transport="tcp"`` gives Jupyter's
-default, loopback TCP ports). ``docs/notebook_stalls.md`` has the measurements behind these choices.
+sockets; on POSIX systems) in a private temporary folder that is removed afterwards (``transport="tcp"``
+gives Jupyter's default, loopback TCP ports). ``docs/notebook_stalls.md`` has the measurements behind these choices.
 
 CPU time comes from ``psutil`` when it is installed (ipykernel depends on it), else from ``/proc``.
 """
@@ -38,6 +38,9 @@ BUSY_FRACTION = (
     0.1  # a kernel using >= 10% of one core over the silence window is working, not stalled
 )
 PHASES = ("kernel start", "post-start kernel_info", "cell", "shutdown")
+TRANSPORT = (
+    "ipc" if os.name == "posix" else "tcp"
+)  # Unix sockets; Windows keeps Jupyter's loopback TCP
 
 
 class KernelStall(RuntimeError):
@@ -180,7 +183,7 @@ def _notebook_client_class():
     class WatchedNotebookClient(NotebookClient):
         """``NotebookClient`` that reports its phase to a :class:`Watch` and can use the ipc transport."""
 
-        def __init__(self, nb, watch: Watch, transport: str = "ipc", **kwargs):
+        def __init__(self, nb, watch: Watch, transport: str = TRANSPORT, **kwargs):
             super().__init__(nb, **kwargs)
             self.watch = watch
             self.transport = transport
@@ -285,7 +288,7 @@ def execute_once(
     timeout: int = 600,
     kernel_name: str = "python3",
     silence: float = SILENCE,
-    transport: str = "ipc",
+    transport: str = TRANSPORT,
     poll: float = 1.0,
     watch: Watch | None = None,
 ):

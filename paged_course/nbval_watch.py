@@ -6,7 +6,7 @@ every one of those waits: a kernel that sends no shell or iopub message for ``--
 (default 60; ``PAGED_KERNEL_SILENCE`` in the environment) while its CPU time does not advance has
 stalled. The chapter is then restarted once from the top (a fresh kernel; the cells before the stalled
 one re-run without comparing outputs) with one line saying so; a second stall fails the cell naming the
-chapter and the phase. nbval's kernels use the ``ipc`` transport in a private temporary folder.
+chapter and the phase. nbval's kernels use the ``ipc`` transport (POSIX) in a private temporary folder.
 
 It also sums each notebook's time (its cells' setup, call and teardown) and lists it after the run next
 to the chapter's budget (``paged_course.runtimes``); with ``PAGED_CHAPTER_BUDGET=1`` in the environment
@@ -26,7 +26,7 @@ from queue import Empty
 import pytest
 
 from paged_course import runtimes
-from paged_course.kernel_watch import SILENCE, KernelStall, Watch
+from paged_course.kernel_watch import SILENCE, TRANSPORT, KernelStall, Watch
 
 _times: dict[str, float] = collections.defaultdict(float)
 _events: list[str] = []
@@ -73,12 +73,14 @@ def pytest_configure(config):
     def start_new_kernel(startup_timeout=60, kernel_name="python", **kwargs):
         """nbval's ``start_new_kernel`` over the ipc transport, sockets in a private folder."""
         folder = Path(tempfile.mkdtemp(prefix="paged-kernel-"))
+        sockets = (
+            {"transport": "ipc", "ip": str(folder / "kernel-ipc")} if TRANSPORT == "ipc" else {}
+        )
         km = nbk.KernelManager(
             kernel_name=kernel_name,
             kernel_spec_manager=nbk.NbvalKernelspecManager(),
-            transport="ipc",
             connection_file=str(folder / "kernel.json"),
-            ip=str(folder / "kernel-ipc"),
+            **sockets,
         )
         km._paged_socket_dir = folder
         km.start_kernel(**kwargs)

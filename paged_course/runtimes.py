@@ -22,15 +22,18 @@ ABOUT = (
 )
 
 
-def load(path: Path = RUNTIMES) -> dict[str, float]:
-    """``{"NN_slug": seconds}``; empty when the file does not exist."""
+def load(path: Path | None = None) -> dict[str, float]:
+    """``{"NN_slug": seconds}`` from ``path`` (default :data:`RUNTIMES`); empty when the file does not exist."""
+    path = RUNTIMES if path is None else path
     if not path.exists():
         return {}
     return dict(json.loads(path.read_text())["seconds"])
 
 
-def record(seconds: dict[str, float], path: Path = RUNTIMES) -> None:
-    """Merge ``seconds`` (``{"NN_slug": seconds}``, positive) into ``path``, keys sorted, 0.1 s precision."""
+def record(seconds: dict[str, float], path: Path | None = None) -> None:
+    """Merge ``seconds`` (``{"NN_slug": seconds}``, positive) into ``path`` (default :data:`RUNTIMES`), keys sorted,
+    0.1 s precision; ``ValueError`` for a runtime that is not positive."""
+    path = RUNTIMES if path is None else path
     bad = {k: v for k, v in seconds.items() if not v > 0}
     if bad:
         raise ValueError(f"runtimes must be positive seconds, got {bad}")

@@ -189,3 +189,21 @@ def test_planted_stall_is_reported_restarted_once_and_fails_naming_the_phase(
     assert took < 70, f"the planted stall took {took:.0f} s to report and retry"
     assert not list(Path.cwd().glob("kernel-ipc*")) and not list(tmp_path.glob("kernel-ipc*"))
     print(f"planted stall reported, restarted and failed in {took:.1f} s")
+
+
+@pytest.mark.slow
+def test_course_executor_writes_the_notebook_and_records_its_runtime(tmp_path, monkeypatch):
+    from paged_course import notebooks
+
+    (tmp_path / "src").mkdir()
+    source = tmp_path / "src" / "99_tiny.py"
+    source.write_text("# %%\nprint(6 * 7)\n")
+    for var in ("TQDM_DISABLE", "PYTHONHASHSEED", "MPLBACKEND", "PAGED_IMPL", "TRITON_INTERPRET"):
+        monkeypatch.delenv(var, raising=False)  # the executor sets them; put back after the test
+    monkeypatch.setattr(notebooks, "CHAPTERS", tmp_path)
+    monkeypatch.setattr(runtimes, "RUNTIMES", tmp_path / "src" / "runtimes.json")
+    seconds = notebooks.execute([source])
+    executed = nbformat.read(tmp_path / "99_tiny.ipynb", as_version=4)
+    assert executed.cells[0].outputs[0]["text"] == "42\n"
+    assert runtimes.load() == {"99_tiny": round(seconds["99_tiny"], 1)}
+    assert not list(tmp_path.glob("kernel-ipc*")) and not list(Path.cwd().glob("kernel-ipc*"))

@@ -84,7 +84,7 @@ def execute(
         }
         nb.metadata.setdefault("jupytext", {})["formats"] = FORMATS
         start = time.perf_counter()
-        # a kernel silent for 60 s while not computing restarts the chapter once (kernel_watch.py)
+        # a kernel silent for `silence` s while not computing restarts the chapter once (kernel_watch.py)
         nb = run_notebook(nb, path.stem, cwd=CHAPTERS, timeout=timeout, silence=silence)
         seconds[path.stem] = time.perf_counter() - start
         if not write:

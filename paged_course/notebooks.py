@@ -46,9 +46,17 @@ def notebook_path(source: Path) -> Path:
 
 
 def execute(
-    paths: list[Path], timeout: int = 600, impl: str = "solutions", write: bool = True
+    paths: list[Path],
+    timeout: int = 600,
+    impl: str = "solutions",
+    write: bool = True,
+    silence: float = 60.0,
 ) -> dict[str, float]:
     """Run each chapter and write ``NN_slug.ipynb`` with outputs; return seconds per chapter.
+
+    A written chapter run on the reference also records its seconds in ``chapters/src/runtimes.json``
+    (CI's time budget per chapter). A kernel that sends no message for ``silence`` seconds while not
+    computing restarts that chapter once; a second stall raises ``kernel_watch.KernelStall`` (chapter, phase).
 
     ``impl``: the parts the chapters build on (``PAGED_IMPL``): the committed notebooks are executed on the
     reference (``solutions``); ``exercises`` with ``write=False`` runs them on the learner's files (CI: the
@@ -56,7 +64,9 @@ def execute(
     """
     import jupytext
     import torch
-    from nbclient import NotebookClient
+
+    from paged_course import runtimes
+    from paged_course.kernel_watch import run_notebook
 
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("PYTHONHASHSEED", "0")
@@ -74,12 +84,8 @@ def execute(
         }
         nb.metadata.setdefault("jupytext", {})["formats"] = FORMATS
         start = time.perf_counter()
-        NotebookClient(
-            nb,
-            timeout=timeout,
-            kernel_name="python3",
-            resources={"metadata": {"path": str(CHAPTERS)}},
-        ).execute()
+        # a kernel silent for `silence` s while not computing restarts the chapter once (kernel_watch.py)
+        nb = run_notebook(nb, path.stem, cwd=CHAPTERS, timeout=timeout, silence=silence)
         seconds[path.stem] = time.perf_counter() - start
         if not write:
             print(f"{path.stem}: ran on {impl}/ in {seconds[path.stem]:.1f} s (not written)")
@@ -90,6 +96,8 @@ def execute(
             cell["id"] = f"cell-{i:03d}"
             cell.metadata.pop("execution", None)
         jupytext.write(nb, notebook_path(path), fmt="ipynb")
+        if impl == "solutions":
+            runtimes.record({path.stem: seconds[path.stem]})
         print(f"{path.stem}: executed in {seconds[path.stem]:.1f} s")
     return seconds
 
@@ -142,7 +150,13 @@ def main(argv: list[str]) -> int:
         print("no chapter matched")
         return 1
     if args.action == "execute":
-        execute(paths, impl=args.impl, write=not args.no_write)
+        from paged_course.kernel_watch import KernelStall
+
+        try:
+            execute(paths, impl=args.impl, write=not args.no_write)
+        except KernelStall as stall:
+            print(f"notebooks execute failed: {stall}")
+            return 1
         return 0
     bad = check(paths)
     if bad:

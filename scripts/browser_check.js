@@ -16,13 +16,26 @@ window.__browserCheck = (() => {
     return app ? Array.from(app.shell.widgets('main')).find(w => w.context && w.context.path === path) : undefined;
   };
 
+  // The watchdog's clock: when the page last received a message from the notebook's kernel.
+  const listen = (kernel) => {
+    window.__browserCheckHeard = Date.now();
+    if (window.__browserCheckListening === kernel) return;
+    window.__browserCheckListening = kernel;
+    const heard = (_, args) => { if (!args || args.direction !== 'send') window.__browserCheckHeard = Date.now(); };
+    (kernel.anyMessage || kernel.iopubMessage).connect(heard);
+  };
+
   // Wait for the app, the tab and an idle kernel; clear the saved outputs; start "Run All Cells".
   // Resolves once the run has started; window.__browserCheckRun.done turns true when it ends.
-  async function openAndRun(path, timeoutMs) {
+  // The kernel gets silenceMs (not the whole timeoutMs) to start and go idle.
+  async function openAndRun(path, timeoutMs, silenceMs) {
     const t0 = Date.now();
-    const wait = async (what, test) => {
+    const wait = async (what, test, limitMs) => {
+      const t1 = Date.now();
       while (!test()) {
-        if (Date.now() - t0 > timeoutMs) throw new Error('timed out waiting for ' + what);
+        if (Date.now() - t0 > timeoutMs || (limitMs && Date.now() - t1 > limitMs)) {
+          throw new Error('timed out waiting for ' + what);
+        }
         await sleep(100);
       }
     };
@@ -34,9 +47,10 @@ window.__browserCheck = (() => {
     const panel = findPanel(path);
     await panel.context.ready;
     await panel.sessionContext.ready;
-    await wait('a kernel', () => panel.sessionContext.session && panel.sessionContext.session.kernel);
+    await wait('a kernel', () => panel.sessionContext.session && panel.sessionContext.session.kernel, silenceMs);
     const kernel = panel.sessionContext.session.kernel;
-    await wait('the kernel to be idle', () => kernel.status === 'idle');
+    listen(kernel);
+    await wait('the kernel to be idle', () => kernel.status === 'idle', silenceMs);
     app.shell.collapseLeft();  // the notebook gets the whole width (and the screenshot)
     app.shell.activateById(panel.id);
     await app.commands.execute('notebook:clear-all-cell-outputs');
@@ -53,9 +67,12 @@ window.__browserCheck = (() => {
     if (!panel) return {error: 'the notebook tab is gone'};
     const session = panel.sessionContext.session;
     const cells = panel.content.widgets.filter(c => c.model.type === 'code');
-    const pending = cells.filter(c => c.model.executionState === 'running' ||
-      /\[\*\]/.test(text(c.node.querySelector('.jp-InputPrompt')))).length;
+    const running = cells.filter(c => c.model.executionState === 'running' ||
+      /\[\*\]/.test(text(c.node.querySelector('.jp-InputPrompt'))));
+    const pending = running.length;
     return {run: window.__browserCheckRun || {done: false},
+            heardMsAgo: window.__browserCheckHeard ? Date.now() - window.__browserCheckHeard : null,
+            runningCell: running.length ? panel.content.widgets.indexOf(running[0]) : null,
             status: session && session.kernel ? session.kernel.status : 'none', pending: pending,
             executed: cells.filter(c => c.model.executionCount !== null).length, code: cells.length};
   }

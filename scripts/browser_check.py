@@ -40,8 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from check_lines import EXPECTATIONS
-from lab_browser import WINDOW, Lab, browser_session
+from lab_browser import WINDOW, Lab, browser_session, kernel_cpu_seconds
 from learner_check import Expectation
+
+from paged_course import runtimes
+from paged_course.kernel_watch import SILENCE, Watch
 
 REPO = Path(__file__).resolve().parents[1]
 JS = (Path(__file__).parent / "browser_check.js").read_text()
@@ -62,6 +65,9 @@ class Result:
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     screenshot: Path | None = None
+    stall: str | None = (
+        None  # the phase a kernel stalled in (silent and idle for the watchdog's window)
+    )
 
     @property
     def ok(self) -> bool:
@@ -137,14 +143,27 @@ def js_async(driver, name: str, *args):
 # One notebook
 
 
-def _wait_for_run(driver, rel: str, deadline: float) -> dict:
-    """Poll until run-all has finished and the kernel is idle with no cell pending; return the state."""
+def _wait_for_run(driver, rel: str, deadline: float, watch: Watch | None = None) -> dict:
+    """Poll until run-all has finished and the kernel is idle with no cell pending; return the state.
+
+    With a ``watch``: a kernel the page has heard nothing from for the watch's silence while its CPU time
+    stands still has stalled; the state then names the phase (``stalled``)."""
     stable = 0
     state = {}
     while time.monotonic() < deadline:
         state = js(driver, "state", rel)
         if state.get("error"):
             return state
+        if watch is not None and state.get("heardMsAgo") is not None:
+            watch.last_heard = time.monotonic() - state["heardMsAgo"] / 1000  # the page's clock
+            stalled, used = watch.check()
+            if stalled:
+                cell = state.get("runningCell")
+                state["stalled"] = (
+                    f"cell {cell}" if cell is not None else "run-all (no cell running)"
+                )
+                state["stalled_cpu"] = used
+                return state
         finished = state["run"]["done"] and state["status"] == "idle" and state["pending"] == 0
         stable = stable + 1 if finished else 0
         if stable >= 2:
@@ -298,6 +317,7 @@ def check_notebook(
     out: Path,
     timeout: float,
     expectation: Expectation | None = None,
+    silence: float = SILENCE,
 ) -> Result:
     """Open ``notebook`` in JupyterLab, run all cells, check the outputs (and, with an ``expectation``, what
     the check cells said), poke the first widget, screenshot."""
@@ -306,16 +326,32 @@ def check_notebook(
     result = Result(notebook.stem)
     start = time.monotonic()
     deadline = start + timeout
+    tmp = lab.log.parent  # the server's throwaway folder: its kernels' connection files are there
+    watch = Watch(silence=silence, pid=0, cpu=lambda _pid: kernel_cpu_seconds(tmp))
     files = [notebook, notebook.with_suffix(".py")]
     before = _fingerprint(files)
     try:
         driver.set_script_timeout(max(10.0, timeout))
         driver.get(f"{lab.url}/lab/tree/{rel}?reset&token={lab.token}")
-        opened = js_async(driver, "openAndRun", rel, int(timeout * 1000))
+        opened = js_async(driver, "openAndRun", rel, int(timeout * 1000), int(silence * 1000))
         if not opened["ok"]:
+            if "waiting for a kernel" in opened["error"] or "kernel to be idle" in opened["error"]:
+                result.stall = "kernel start"
+                result.failures.append(
+                    f"{notebook.stem}: the kernel stalled in kernel start (not idle within "
+                    f"{silence:.0f} s)"
+                )
+                return result
             result.failures.append(f"could not open and run the notebook: {opened['error']}")
             return result
-        state = _wait_for_run(driver, rel, deadline)
+        state = _wait_for_run(driver, rel, deadline, watch)
+        if state.get("stalled"):
+            result.stall = state["stalled"]
+            result.failures.append(
+                f"{notebook.stem}: the kernel stalled in {result.stall} ({silence:.0f} s with no "
+                f"kernel message, {state['stalled_cpu'] or 0:.2f} s of kernel CPU)"
+            )
+            return result
         if state.get("timed_out"):
             result.failures.append(
                 f"run-all did not finish in {timeout:.0f} s (kernel {state.get('status')}, "
@@ -371,11 +407,17 @@ def run_checks(
     overall_timeout: float | None = None,
     echo=print,
     expectation: Expectation | None = None,
+    silence: float = SILENCE,
 ) -> list[Result]:
-    """Check ``notebooks`` in one JupyterLab + one browser; both stopped on every path."""
+    """Check ``notebooks`` in one JupyterLab + one browser; both stopped on every path.
+
+    A notebook whose kernel stalls (``silence`` seconds with no kernel message while idle) is checked once
+    more from the top, with one line saying so; a second stall fails it naming the phase. With
+    ``PAGED_CHAPTER_BUDGET=1`` a chapter over its budget (``paged_course.runtimes``) fails."""
     out.mkdir(parents=True, exist_ok=True)
     root = serving_root(notebooks)
-    overall = overall_timeout or 120 + len(notebooks) * (chapter_timeout + 30)
+    overall = overall_timeout or 120 + (len(notebooks) + 1) * (chapter_timeout + 30)
+    table = runtimes.load() if os.environ.get("PAGED_CHAPTER_BUDGET") == "1" else {}
     results: list[Result] = []
 
     def on_alarm(signum, frame):
@@ -387,7 +429,19 @@ def run_checks(
         with browser_session(root) as (lab, driver):
             for notebook in notebooks:
                 result = check_notebook(
-                    driver, lab, notebook, root, out, chapter_timeout, expectation
+                    driver, lab, notebook, root, out, chapter_timeout, expectation, silence
+                )
+                if result.stall:
+                    echo(f"{result.failures[-1]}; restarting {notebook.stem} once from the top")
+                    result = check_notebook(
+                        driver, lab, notebook, root, out, chapter_timeout, expectation, silence
+                    )
+                    if result.stall:
+                        result.failures.append(
+                            f"{notebook.stem} stalled again after 1 restart, in {result.stall}"
+                        )
+                result.failures.extend(
+                    runtimes.over_budget({result.notebook: result.seconds}, table)
                 )
                 results.append(result)
                 echo(
@@ -418,7 +472,14 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout",
         type=float,
         default=None,
-        help="overall seconds (default: 120 + (chapter timeout + 30) per notebook)",
+        help="overall seconds (default: 120 + (chapter timeout + 30) per notebook, and one more)",
+    )
+    parser.add_argument(
+        "--kernel-silence",
+        type=float,
+        default=SILENCE,
+        help=f"seconds with no kernel message while idle that make a stall (default {SILENCE:.0f}): "
+        "the notebook is checked once more, a second stall fails it",
     )
     parser.add_argument(
         "--expect",
@@ -446,7 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with expectation.prepared() if expectation else contextlib.nullcontext():
             results = run_checks(
-                notebooks, args.out, args.chapter_timeout, args.timeout, expectation=expectation
+                notebooks,
+                args.out,
+                args.chapter_timeout,
+                args.timeout,
+                expectation=expectation,
+                silence=args.kernel_silence,
             )
     except (CheckTimeout, RuntimeError) as exc:
         print(f"browser check aborted: {exc}")

@@ -80,18 +80,33 @@ def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
             continue
 
 
-def kill_kernels_of(tmp: Path) -> None:
-    """SIGKILL kernels left by this server (kernels run in their own session; their connection file is in ``tmp``)."""
+def kernel_pids(tmp: Path) -> list[int]:
+    """Kernels of this server: ipykernel processes whose connection file is in ``tmp``."""
+    pids = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc_dir / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
         if "ipykernel" in cmdline and str(tmp) in cmdline:
-            try:
-                os.kill(int(proc_dir.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            pids.append(int(proc_dir.name))
+    return pids
+
+
+def kernel_cpu_seconds(tmp: Path) -> float:
+    """CPU seconds (user + system, children included) of this server's live kernels: the watchdog's sign of work."""
+    from paged_course.kernel_watch import process_cpu_seconds
+
+    return sum(process_cpu_seconds(pid) or 0.0 for pid in kernel_pids(tmp))
+
+
+def kill_kernels_of(tmp: Path) -> None:
+    """SIGKILL kernels left by this server (kernels run in their own session; their connection file is in ``tmp``)."""
+    for pid in kernel_pids(tmp):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def server_env(tmp: Path) -> dict[str, str]:

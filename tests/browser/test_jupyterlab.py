@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -118,6 +119,8 @@ SCRATCH = {
     "error": [PLOT, "import paged_module_that_does_not_exist", "print('never runs')"],
     # a slider nobody listens to: moving it changes no output
     "deaf_slider": [PLOT, "import ipywidgets as w\nw.IntSlider(value=3)"],
+    # a kernel that goes silent and idle (the watchdog's stall), checked with a short --kernel-silence
+    "silent": [PLOT, "import time\ntime.sleep(120)"],
 }
 EXPECTED = {
     "model_not_found": "not a live widget",
@@ -163,3 +166,17 @@ def test_checker_fails_a_broken_notebook(scratch, tmp_path, name):
         f"{name}: expected a failure containing {EXPECTED[name]!r}, got {result.failures}"
     )
     assert result.screenshot is not None, f"no screenshot for {name}"
+
+
+def test_checker_reports_a_silent_idle_kernel_as_a_stall_in_its_cell(scratch, tmp_path):
+    folder, lab, driver = scratch
+    start = time.monotonic()
+    result = bc.check_notebook(
+        driver, lab, folder / "silent.ipynb", folder, tmp_path, CHAPTER_TIMEOUT, silence=5.0
+    )
+    assert result.stall == "cell 1", result.failures
+    assert any(
+        "silent: the kernel stalled in cell 1 (5 s with no kernel message" in f
+        for f in result.failures
+    )
+    assert time.monotonic() - start < 40

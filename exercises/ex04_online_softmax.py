@@ -321,7 +321,15 @@ def merge_splits(partial: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor
         ``lse_total = -inf`` (never NaN). Log-sum-exps may be in the hundreds: never ``exp`` one unshifted.
         An empty split may stand at any position; the inputs are not modified.
     """
-    raise NotImplementedError("ch04.ex4: one output and one lse from the splits' (partial, lse)")
+    # Spot the bug: this merge runs and looks right, and it passes some of its checks, but one
+    # case of the docstring goes wrong (chapter 04 shows the symptom). Fix it; the region counts
+    # only when every one of its checks passes.
+    top = lse.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    w = torch.exp(lse - top)
+    total = w.sum(dim=-1)
+    summed = (w[..., None] * partial).sum(dim=-2)
+    return summed / torch.where(total > 0, total, 1.0)[..., None], torch.log(total) + top[..., 0]
 
 
 def paged_decode(

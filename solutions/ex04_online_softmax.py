@@ -363,10 +363,19 @@ def merge_splits(partial: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor
         An empty split may stand at any position; the inputs are not modified.
     """
     # BEGIN SOLUTION ch04.ex4 -- one output and one lse from the splits' (partial, lse)
-    # HINT: Split i's share of the softmax's denominator is exp(lse_i): how can you form those weights without exp
-    # HINT+ overflowing? What should an empty split weigh, and what is 0 * NaN?
-    # HINT: top = the row's largest lse (0 where all are -inf); w = exp(lse - top); out = sum(w * partial where w > 0)
-    # HINT+ / sum(w) (1 where the sum is 0); lse_total = log(sum w) + top.
+    # STUB: # Spot the bug: this merge runs and looks right, and it passes some of its checks, but one
+    # STUB: # case of the docstring goes wrong (chapter 04 shows the symptom). Fix it; the region counts
+    # STUB: # only when every one of its checks passes.
+    # STUB: top = lse.amax(dim=-1, keepdim=True)
+    # STUB: top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    # STUB: w = torch.exp(lse - top)
+    # STUB: total = w.sum(dim=-1)
+    # STUB: summed = (w[..., None] * partial).sum(dim=-2)
+    # STUB: return summed / torch.where(total > 0, total, 1.0)[..., None], torch.log(total) + top[..., 0]
+    # HINT: Run the chapter's symptom cell: which split is empty, what does its partial hold, and what is its
+    # HINT+ weight times that?
+    # HINT: 0 * NaN is NaN: keep an empty split's partial out of the sum (torch.where(w > 0, partial, 0)) instead
+    # HINT+ of trusting its weight of 0.
     top = lse.amax(dim=-1, keepdim=True)
     top = torch.where(
         torch.isfinite(top), top, torch.zeros_like(top)

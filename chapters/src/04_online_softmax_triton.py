@@ -593,6 +593,31 @@ else:
 # anything, NaN included (nothing of it may reach the output: `0 × NaN` is NaN); a row whose splits are all empty (a
 # context of 0), which merges to 0 and `-inf`. With `num_splits > 1`, `paged_decode` in your file runs your kernel
 # for the partials (`decode_splits`), then your merge. (`ch04.ex3` is the ungraded exercise of part 2.)
+#
+# **Spot the bug.** This step is already written in your file: `merge_splits` runs, looks right, and merges
+# splits that all hold tokens exactly. One case of the contract goes wrong. The symptom: two splits of one head,
+# the second empty (`lse = -inf`, its partial output NaN, as a kernel may leave it). The contract says the merge
+# is the first split's output, `[0.5, -1.0]`; as handed out, your merge returns `[nan, nan]`. The cell below runs
+# your `merge_splits` on that case. Find the bug, fix it, and run the cell and the check again. This region
+# scores only when all of its checks pass.
+
+
+# %%
+def merge_symptom(merge_fn) -> str:
+    """The merge of a split holding tokens with an empty one whose partial output is NaN."""
+    partial = torch.tensor([[0.5, -1.0], [float("nan"), float("nan")]])
+    lse = torch.tensor([2.0, float("-inf")])
+    try:
+        out, lse_total = merge_fn(partial, lse)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return f"out {[round(v, 4) for v in out.tolist()]}, lse {float(lse_total):.4f}"
+
+
+your_module = exercise_module("ex04_online_softmax")
+your_merge = getattr(your_module, "merge_splits", None)
+print("the contract: out [0.5, -1.0], lse 2.0000")
+print("your merge:  ", merge_symptom(your_merge) if your_merge else "(your file does not import)")
 
 # %%
 _ = check("ch04.ex4")

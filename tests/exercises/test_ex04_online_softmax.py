@@ -295,7 +295,7 @@ def _split_case(seed, scale=100.0):
     return partial.float(), lse.float(), scores, values
 
 
-@pytest.mark.exercise("ch04.ex4", points=2)
+@pytest.mark.exercise("ch04.ex4", points=2, all_or_nothing=True)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_merge_equals_one_softmax_over_all_splits(impl, seed):
     ex = impl("ex04_online_softmax")
@@ -316,7 +316,7 @@ def test_merge_equals_one_softmax_over_all_splits(impl, seed):
     )
 
 
-@pytest.mark.exercise("ch04.ex4", points=2)
+@pytest.mark.exercise("ch04.ex4", points=2, all_or_nothing=True)
 def test_merge_rows_with_only_empty_splits(impl):
     ex = impl("ex04_online_softmax")
     partial, lse, scores, values = _split_case(3, scale=3.0)
@@ -335,7 +335,7 @@ def test_merge_rows_with_only_empty_splits(impl):
 
 
 @pytest.mark.triton
-@pytest.mark.exercise("ch04.ex4", points=1, uses=("ch04.ex2",))
+@pytest.mark.exercise("ch04.ex4", points=1, uses=("ch04.ex2",), all_or_nothing=True)
 @pytest.mark.parametrize("num_splits", [3, 8])
 def test_split_k_decode_equals_one_pass(impl, num_splits):
     device = _triton_or_skip()
@@ -410,7 +410,7 @@ def test_kernel_each_length_at_every_position(impl):
         assert err < 1e-5, f"context lengths {rotated}: kernel output off by {err:.3g}"
 
 
-@pytest.mark.exercise("ch04.ex4", points=2)
+@pytest.mark.exercise("ch04.ex4", points=2, all_or_nothing=True)
 def test_merge_an_empty_split_at_every_position_leaves_its_inputs_alone(impl):
     ex = impl("ex04_online_softmax")
     partial, lse, scores, values = _split_case(5)

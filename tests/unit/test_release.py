@@ -51,7 +51,7 @@ def write_hidden_tests(folder: Path) -> tuple[str, int]:
         f"@pytest.mark.exercise({chapter + '.ex1'!r}, points=1)\n"
         "def test_no_region_left_unfilled(impl):\n"
         f"    source = inspect.getsource(impl({path.stem!r}))\n"
-        "    # the formatter may break a stub's raise over lines: NotImplementedError(\\n    \"ch01.ex1: ...\")\n"
+        '    # the formatter may break a stub\'s raise over lines: NotImplementedError(\\n    "ch01.ex1: ...")\n'
         f"    stub = re.search(r'NotImplementedError\\(\\s*\"{chapter}\\.', source)\n"
         "    assert stub is None, 'a marked region is still the stub'\n"
     )

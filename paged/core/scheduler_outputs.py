@@ -59,7 +59,8 @@ class SchedulerOutputs:
         preempted: sequences preempted in this step (now ``SWAPPED``, or ``WAITING`` with
             ``num_computed_tokens == 0`` after recompute preemption).
         swapped_in: sequences brought back from the CPU pool in this step (also in ``scheduled``).
-        ignored: sequences that can never run, now ``FINISHED_IGNORED`` with ``finish_message``; no blocks.
+        ignored: sequences that can never run (decided by ``add_request`` since the last step), now
+            ``FINISHED_IGNORED`` with ``finish_message``; no blocks.
         exhausted: sequences that can never grow, now ``FINISHED_KV_EXHAUSTED`` with ``finish_message``;
             their blocks are already freed.
         blocks_to_swap_out: ``(gpu_block, cpu_block)`` pairs to copy GPU -> CPU.

@@ -39,6 +39,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from paged.config import CacheConfig
 from paged.core.allocator import BlockAllocator
 from paged.core.block_table import BlockTable, blocks_needed
 from paged.core.prefix_cache import HashFn, PrefixCache
@@ -101,8 +102,8 @@ class BlockSpaceManager:
         allocator_cls, prefix_cache_cls, copy_on_write: the parts (``paged.engine.parts``) it uses.
 
     Raises:
-        ValueError: bad sizes; an order for a sequence in the wrong state (no blocks, swapped out, slots
-            asked beyond its tokens): a bug of the caller.
+        ValueError: bad sizes (checked by ``CacheConfig``); an order for a sequence in the wrong state
+            (no blocks, swapped out, slots asked beyond its tokens): a bug of the caller.
     """
 
     def __init__(
@@ -117,14 +118,7 @@ class BlockSpaceManager:
         prefix_cache_cls=PrefixCache,
         copy_on_write=copy_on_write,
     ):
-        if block_size <= 0:
-            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
-        if num_gpu_blocks <= 0:
-            raise ValueError(f"num_gpu_blocks must be > 0, got {num_gpu_blocks}")
-        if num_cpu_blocks < 0:
-            raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
-        if not 0.0 <= watermark < 1.0:
-            raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark}")
+        CacheConfig(block_size, num_gpu_blocks, num_cpu_blocks, watermark)  # the sizes' one check
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks

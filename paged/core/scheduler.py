@@ -38,18 +38,20 @@ so siblings never crowd each other into an exhausted state. The scheduler advanc
 
 from __future__ import annotations
 
+import itertools
 from bisect import insort
 from collections import deque
 
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_manager import BlockSpaceManager
 from paged.core.block_table import blocks_needed
-from paged.core.scheduler_outputs import ScheduledSeq, SchedulerOutputs
+from paged.core.scheduler_outputs import ScheduledSeq, SchedulerOutputs, StepResult
 from paged.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 __all__ = ["CacheConfig", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerOutputs"]
 
-RUNNING, SWAPPED, WAITING = SequenceStatus.RUNNING, SequenceStatus.SWAPPED, SequenceStatus.WAITING
+S = SequenceStatus
+RUNNING, SWAPPED, WAITING = S.RUNNING, S.SWAPPED, S.WAITING
 
 
 class Scheduler:
@@ -93,6 +95,9 @@ class Scheduler:
         self._requests: dict[str, SequenceGroup] = {}  # every unfinished request, by id
         self._order: dict[str, int] = {}  # arrival rank of each request (FCFS key)
         self._next_rank = 0
+        self.seq_ids = (
+            itertools.count()
+        )  # ids of new sequences: the engine's prompts and their forks
         self._ignored: list[Sequence] = []  # ended by add_request, reported by the next schedule()
         self._exhausted: list[Sequence] = []  # preempted sequences that can never return (idem)
         self.num_preemptions = self.num_recomputes = self.num_swap_outs = self.num_swap_ins = 0
@@ -129,7 +134,7 @@ class Scheduler:
             if reason is None:
                 self.waiting.append(seq)
             else:
-                self._end(seq, SequenceStatus.FINISHED_IGNORED, "ignored: " + reason, self._ignored)
+                self.finish(seq, S.FINISHED_IGNORED, "ignored: " + reason, self._ignored)
 
     def abort_request(self, request_id: str) -> bool:
         """Finish a request wherever its sequences are as ``FINISHED_ABORTED`` and free their blocks.
@@ -141,10 +146,7 @@ class Scheduler:
             for seq in [s for s in queue if s.group is group]:
                 queue.remove(seq)
         for seq in group.seqs:
-            if not seq.is_finished:
-                seq.status = SequenceStatus.FINISHED_ABORTED
-            self.block_manager.free(seq)
-        self._forget(group)
+            self.finish(seq, seq.status if seq.is_finished else S.FINISHED_ABORTED)
         return True
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
@@ -155,26 +157,60 @@ class Scheduler:
         self.running.append(child)
 
     def free_finished(self) -> list[SequenceGroup]:
-        """Free the blocks of finished running sequences; drop finished requests. Returns those requests.
-        ``schedule()`` calls it first; the engine may call it right after a step to free memory sooner."""
+        """Finish the running sequences whose status says finished (set by ``update_from_output`` or by
+        a simulated engine): free their blocks, drop finished requests. Returns those requests.
+        ``schedule()`` calls it first; ``update_from_output`` right after a step, to free memory sooner."""
         finished = [s for s in self.running if s.is_finished]
-        if finished:
-            self.running = deque(s for s in self.running if not s.is_finished)
+        if not finished:
+            return []
+        self.running = deque(s for s in self.running if not s.is_finished)
+        groups = {}
         for seq in finished:
-            self.block_manager.free(seq)
-        return [
-            g for g in {s.group.request_id: s.group for s in finished}.values() if self._forget(g)
-        ]
+            if self.finish(seq, seq.status):
+                groups[seq.group.request_id] = seq.group
+        return list(groups.values())
+
+    def update_from_output(
+        self, out: SchedulerOutputs, sampled: dict[int, list[int]]
+    ) -> StepResult:
+        """Apply a step's sampled tokens (vLLM v1 ``Scheduler.update_from_output``; nano-vllm
+        ``Scheduler.postprocess``).
+
+        ``sampled``: ``{seq_id: token ids}`` from ``ModelRunner.execute_model``, one token per sequence,
+        or ``n`` at a request's first sample: the sequence keeps the first and forks a child for each
+        other one, sharing its blocks (vLLM v0's parallel sampling). A sequence finishes on a stop token
+        (``group.stop_token_ids``), ``max_tokens`` or ``max_model_len``; its blocks are freed at once.
+        """
+        seqs = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
+        got: list[Sequence] = []
+        for seq_id, tokens in sampled.items():
+            seq = seqs[seq_id]
+            for token in tokens[1:]:
+                child = seq.fork(next(self.seq_ids))
+                seq.group.seqs.append(child)
+                self.fork_seq(seq, child)
+                got.append(self._append(child, token))
+            got.append(self._append(seq, tokens[0]))
+        touched = {s.group.request_id: s.group for s in [*out.ignored, *out.exhausted, *got]}
+        if any(s.is_finished for s in got):
+            self.free_finished()
+        return StepResult([g for g in touched.values() if g.is_finished], got)
+
+    def _append(self, seq: Sequence, token: int) -> Sequence:
+        """Append a sampled token; mark ``seq`` finished on a stop token, ``max_tokens`` or ``max_model_len``."""
+        seq.append_token_id(token)
+        if token in seq.group.stop_token_ids:
+            seq.status = S.FINISHED_STOPPED
+        elif (
+            len(seq) - seq.num_prompt_tokens >= seq.group.sampling_params.max_tokens
+            or len(seq) >= self.config.max_model_len
+        ):
+            seq.status = S.FINISHED_LENGTH
+        return seq
 
     def has_unfinished_requests(self) -> bool:
         """Whether a request runs, waits, or ended unreported (ignored or exhausted since the last step)."""
         return bool(self._requests or self._ignored or self._exhausted)
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self._requests)
-
-    def get_block_table(self, seq: Sequence) -> list[int]:
-        return self.block_manager.get_block_table(seq)
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutputs:
@@ -304,14 +340,15 @@ class Scheduler:
             return f"n={self._seats(seq)} sequences exceed max_num_seqs={cfg.max_num_seqs}"
         return self._no_room_reason(seq)
 
-    def _no_room_reason(self, seq: Sequence) -> str | None:
-        """Why ``seq`` can never be admitted to the pool (its whole length beside the watermark), or None."""
+    def _no_room_reason(self, seq: Sequence, what: str = "prompt") -> str | None:
+        """Why ``seq`` (a ``what``) can never be admitted to the pool (its whole length beside the watermark),
+        or None."""
         bm = self.block_manager
         if bm.can_ever_fit(len(seq)):
             return None
         bs = bm.block_size
         return (
-            f"{len(seq)} tokens need {blocks_needed(len(seq), bs)} blocks of {bs} tokens; "
+            f"{what} of {len(seq)} tokens needs {blocks_needed(len(seq), bs)} blocks of {bs} tokens; "
             f"the KV cache has {bm.num_gpu_blocks} blocks and admission keeps {bm.watermark_blocks} "
             "free (watermark)"
         )
@@ -337,13 +374,10 @@ class Scheduler:
         Victims go newest first, so the front stays oldest first. One that grew too long to be admitted
         again ends ``FINISHED_KV_EXHAUSTED`` instead (listed in ``out.exhausted``)."""
         self.block_manager.free(seq)
-        reason = self._no_room_reason(seq)
+        reason = self._no_room_reason(seq, "sequence")
         if reason is not None:
-            self._end(
-                seq,
-                SequenceStatus.FINISHED_KV_EXHAUSTED,
-                "KV cache exhausted: " + reason,
-                out.exhausted,
+            self.finish(
+                seq, S.FINISHED_KV_EXHAUSTED, "KV cache exhausted: " + reason, out.exhausted
             )
             return
         seq.reset_for_recompute()
@@ -352,22 +386,33 @@ class Scheduler:
     def _exhaust(self, seq: Sequence, out: SchedulerOutputs) -> None:
         bs, total = self.cache_config.block_size, self.block_manager.num_gpu_blocks
         need = blocks_needed(seq.num_computed_tokens + 1, bs)
-        self._end(
+        self.finish(
             seq,
-            SequenceStatus.FINISHED_KV_EXHAUSTED,
+            S.FINISHED_KV_EXHAUSTED,
             f"KV cache exhausted: sequence {seq.seq_id} of request {seq.group.request_id!r} needs {need} "
             f"blocks of {bs} tokens to grow past {seq.num_computed_tokens} tokens, but it alone already "
             f"holds the whole cache of {total} blocks",
             out.exhausted,
         )
 
-    def _end(self, seq: Sequence, status: SequenceStatus, message: str, bucket: list) -> None:
-        """The one terminal path of ``schedule()``: finish ``seq`` with ``status`` and ``message``, free its
-        blocks, list it in ``bucket`` (``out.ignored`` or ``out.exhausted``), forget a finished request."""
-        seq.status, seq.finish_message = status, message
+    def finish(
+        self,
+        seq: Sequence,
+        status: SequenceStatus,
+        message: str | None = None,
+        bucket: list | None = None,
+    ) -> bool:
+        """The one way a sequence ends: set its ``FINISHED_*`` ``status`` (and ``finish_message``), free its
+        blocks, list it in ``bucket`` (``out.ignored`` / ``out.exhausted``), and drop its request once every
+        sequence of it is finished. The caller has taken it out of its queue. Returns whether the request
+        was dropped."""
+        seq.status = status
+        if message is not None:
+            seq.finish_message = message
         self.block_manager.free(seq)
-        bucket.append(seq)
-        self._forget(seq.group)
+        if bucket is not None:
+            bucket.append(seq)
+        return self._forget(seq.group)
 
     def _rank(self, seq: Sequence) -> tuple[int, int]:
         return self._order[seq.group.request_id], seq.seq_id

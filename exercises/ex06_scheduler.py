@@ -23,30 +23,39 @@ which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` inde
    prompt longer than the budget is cut (chunked prefill) when ``config.enable_chunked_prefill``, else
    it waits (0).
 2. ``_schedule_running`` (ch06.ex2): running sequences in admission order (``self.running``, oldest
-   first), each gets its next chunk (1 token for a decode). When ``can_append_slots`` says no, preempt the
-   most recently admitted sequence still in the queue, again and again; with nobody younger left the
+   first), each gets its next chunk (1 token for a decode). While ``allocate_slots`` returns ``None``, preempt
+   the most recently admitted sequence still in the queue and try again; with nobody younger left the
    sequence preempts itself, unless nothing older kept running either: then it alone holds the pool and
    can never grow, and ``self._exhaust(seq, out)`` ends it. A sequence whose chunk is 0 (no budget left)
    keeps its blocks and stays running.
 3. ``_preempt`` (ch06.ex3): by swap when ``config.preemption_mode == "swap"`` and the CPU pool has room
-   (``block_manager.can_swap_out``), else by recompute; each with its bookkeeping (below).
+   (``block_manager.swap_out`` returns the pairs, not ``None``), else by recompute; the swap with its
+   bookkeeping (below).
 4. ``_schedule_swapped`` (ch06.ex4): swapped sequences come back oldest first (``self.swapped`` is
-   sorted by arrival), while a seat is free, the budget allows and ``can_swap_in`` says OK.
+   sorted by arrival), while a seat is free, the budget allows and ``swap_in(seq, n)`` returns pairs.
 5. ``_schedule_waiting`` (ch06.ex5): waiting sequences first come, first served; each must fit the
-   seats (``max_num_seqs``), the budget and the watermark (``can_allocate(seq, n)`` is ``OK``); the
-   first that does not fit stops admission. Tokens found in the prefix cache cost no budget.
+   seats (``max_num_seqs``), the budget and the watermark (``allocate_slots(seq, n, computed)`` returns
+   blocks, not ``None``); the first that does not fit stops admission. Tokens found in the prefix cache
+   (``get_computed_blocks``, looked up once per admission) cost no budget.
+
+A request that can never run (over ``max_model_len``, ``n`` over ``max_num_seqs``, a prompt that does not
+fit beside the watermark) never reaches ``waiting``: ``add_request`` decides that once and lists it in
+the next step's ``out.ignored``.
 
 Helpers you can use (reference plumbing): ``self._mark_scheduled(seq, n, out)`` lists ``seq``'s next
 ``n`` tokens in ``out``, marks them computed and returns ``n``; ``self._exhaust(seq, out)``;
-``self._recompute(seq)`` (free, reset, front of waiting); ``self._never_reason(seq)`` (why a waiting
-sequence can never run, or None) and ``self._finish(seq, reason, out)``; ``self._seats(seq)`` /
+``self._recompute(seq, out)`` (free, reset, front of waiting; or ``FINISHED_KV_EXHAUSTED`` in
+``out.exhausted`` when it grew too long to be admitted again); ``self._seats(seq)`` /
 ``self._num_seats()`` (seats, counting a request's forks to come); ``self._rank`` (arrival order key).
-Block manager calls: ``can_append_slots(seq, n)``, ``append_slots(seq, n)`` (returns copy-on-write
-pairs), ``can_swap_out(seq)``, ``swap_out(seq)``, ``can_swap_in(seq, n)``, ``swap_in(seq)``,
-``num_cached_tokens(seq)``, ``can_allocate(seq, n)``, ``allocate(seq, n)``, ``free(seq)``.
+Block manager calls (each gives what it can now or returns ``None``, changing nothing):
+``allocate_slots(seq, n)`` (a ``NewBlocks``; its ``copies`` are copy-on-write pairs),
+``get_computed_blocks(seq)`` and ``allocate_slots(seq, n, computed)`` for an admission,
+``swap_out(seq)`` and ``swap_in(seq, n)`` (block pairs to copy), ``free(seq)``.
 
 Sources: vLLM v1 ``vllm/v1/core/sched/scheduler.py`` (0.8.5 to 0.34.0; ``schedule``: running first, one
-budget, ``long_prefill_token_threshold``, preempt the last running request by recompute); vLLM v0
+budget, ``long_prefill_token_threshold``, preempt the last running request by recompute when
+``allocate_slots`` returns ``None``) and ``vllm/v1/core/kv_cache_manager.py`` (``get_computed_blocks``,
+``allocate_slots``); vLLM v0
 ``vllm/core/scheduler.py`` (0.10.2, the last release with v0's code: ``_schedule_chunked_prefill``,
 ``_schedule_default``, ``_preempt_by_recompute``, ``_preempt_by_swap``, ``_schedule_swapped``) and
 ``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager.can_allocate``, the watermark); PagedAttention
@@ -59,7 +68,6 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 
-from paged.core.block_manager import AllocStatus
 from paged.core.scheduler import Scheduler as ReferenceScheduler
 from paged.core.scheduler_outputs import SchedulerOutputs
 from paged.core.sequence import Sequence, SequenceStatus
@@ -95,7 +103,7 @@ class Scheduler(ReferenceScheduler):
         self.num_preemptions += 1
         out.preempted.append(seq)
         raise NotImplementedError(
-            "ch06.ex3: swap: pairs, status, count, sorted place; recompute: free, reset, front"
+            "ch06.ex3: swap if asked and it fits: pairs, status, count, sorted place; else recompute"
         )
 
     def _schedule_swapped(self, out: SchedulerOutputs, budget: int) -> int:
@@ -110,7 +118,7 @@ class Scheduler(ReferenceScheduler):
         """Admit waiting sequences first come, first served, while seats, budget and the watermark allow."""
         bm, seats = self.block_manager, self._num_seats()
         raise NotImplementedError(
-            "ch06.ex5: drop the never-runnable; seats, budget and watermark; a misfit stops"
+            "ch06.ex5: seats, one prefix lookup, budget and watermark; a misfit stops admission"
         )
 
 

@@ -240,11 +240,11 @@ def measure_cow(prompt_len: int, block_size: int = 16) -> int:
     """
     bm = BlockSpaceManager(block_size, 64, watermark=0.0)
     parent = Sequence(0, list(range(2, 2 + prompt_len)), block_size)
-    bm.allocate(parent)
+    bm.allocate_slots(parent)
     child = parent.fork(1)
     bm.fork(parent, child)
     child.append_token_id(1)
-    return len(bm.append_slots(child))
+    return len(bm.allocate_slots(child).copies)
 
 
 def measure_watermark(trace: Trace, pool_slots: int = 32768, watermarks=(0.0, 0.01, 0.05)) -> dict:
@@ -254,14 +254,24 @@ def measure_watermark(trace: Trace, pool_slots: int = 32768, watermarks=(0.0, 0.
     it would leave 2 < 5 free), a 7-block prompt is admitted, a 96-block prompt is ``NEVER``.
     """
     bm = BlockSpaceManager(16, 100, watermark=0.05)
-    bm.allocate(Sequence(0, [3] * (88 * 16), 16))
-    answers = {n: bm.can_allocate(Sequence(n, [4] * (n * 16), 16)).value for n in (10, 7, 96)}
+    bm.allocate_slots(Sequence(0, [3] * (88 * 16), 16))
+
+    def admission(num_blocks: int) -> str:
+        seq = Sequence(num_blocks, [4] * (num_blocks * 16), 16)
+        if not bm.can_ever_fit(len(seq)):
+            return "never"
+        if bm.allocate_slots(seq) is None:
+            return "later"
+        bm.free(seq)
+        return "ok"
+
+    answers = {n: admission(n) for n in (10, 7, 96)}
     pre = {
         wm: simulate(trace, pool_slots, "paged", 16, watermark=wm).preemptions for wm in watermarks
     }
     return {
         "free_blocks": bm.get_num_free_gpu_blocks(),
-        "can_allocate": answers,
+        "admission": answers,
         "preemptions": pre,
     }
 
@@ -323,7 +333,7 @@ def measure_block_tables(num_seqs: int = 3, num_layers: int = 4, block_size: int
     (one per sequence: the KV pool has one tensor per layer, indexed by the same block ids)."""
     bm = BlockSpaceManager(block_size, 32, watermark=0.0)
     for i in range(num_seqs):
-        bm.allocate(Sequence(i, list(range(2, 2 + 20 + i)), block_size))
+        bm.allocate_slots(Sequence(i, list(range(2, 2 + 20 + i)), block_size))
     return {"sequences": num_seqs, "layers": num_layers, "block_tables": len(bm.block_tables)}
 
 
@@ -542,7 +552,7 @@ def build_rows(m: dict) -> list[Row]:
         ),
         "E9": (
             f"{wm['free_blocks']} free of 100 blocks, watermark 5: prompts of 10 / 7 / 96 blocks get "
-            + " / ".join(wm["can_allocate"][n].upper() for n in (10, 7, 96))
+            + " / ".join(wm["admission"][n].upper() for n in (10, 7, 96))
             + "; simulated preemptions by watermark "
             + ", ".join(f"{k}: {v}" for k, v in wm["preemptions"].items()),
             "corrected (it prevents preemption)",

@@ -20,30 +20,39 @@ which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` inde
    prompt longer than the budget is cut (chunked prefill) when ``config.enable_chunked_prefill``, else
    it waits (0).
 2. ``_schedule_running`` (ch06.ex2): running sequences in admission order (``self.running``, oldest
-   first), each gets its next chunk (1 token for a decode). When ``can_append_slots`` says no, preempt the
-   most recently admitted sequence still in the queue, again and again; with nobody younger left the
+   first), each gets its next chunk (1 token for a decode). While ``allocate_slots`` returns ``None``, preempt
+   the most recently admitted sequence still in the queue and try again; with nobody younger left the
    sequence preempts itself, unless nothing older kept running either: then it alone holds the pool and
    can never grow, and ``self._exhaust(seq, out)`` ends it. A sequence whose chunk is 0 (no budget left)
    keeps its blocks and stays running.
 3. ``_preempt`` (ch06.ex3): by swap when ``config.preemption_mode == "swap"`` and the CPU pool has room
-   (``block_manager.can_swap_out``), else by recompute; each with its bookkeeping (below).
+   (``block_manager.swap_out`` returns the pairs, not ``None``), else by recompute; the swap with its
+   bookkeeping (below).
 4. ``_schedule_swapped`` (ch06.ex4): swapped sequences come back oldest first (``self.swapped`` is
-   sorted by arrival), while a seat is free, the budget allows and ``can_swap_in`` says OK.
+   sorted by arrival), while a seat is free, the budget allows and ``swap_in(seq, n)`` returns pairs.
 5. ``_schedule_waiting`` (ch06.ex5): waiting sequences first come, first served; each must fit the
-   seats (``max_num_seqs``), the budget and the watermark (``can_allocate(seq, n)`` is ``OK``); the
-   first that does not fit stops admission. Tokens found in the prefix cache cost no budget.
+   seats (``max_num_seqs``), the budget and the watermark (``allocate_slots(seq, n, computed)`` returns
+   blocks, not ``None``); the first that does not fit stops admission. Tokens found in the prefix cache
+   (``get_computed_blocks``, looked up once per admission) cost no budget.
+
+A request that can never run (over ``max_model_len``, ``n`` over ``max_num_seqs``, a prompt that does not
+fit beside the watermark) never reaches ``waiting``: ``add_request`` decides that once and lists it in
+the next step's ``out.ignored``.
 
 Helpers you can use (reference plumbing): ``self._mark_scheduled(seq, n, out)`` lists ``seq``'s next
 ``n`` tokens in ``out``, marks them computed and returns ``n``; ``self._exhaust(seq, out)``;
-``self._recompute(seq)`` (free, reset, front of waiting); ``self._never_reason(seq)`` (why a waiting
-sequence can never run, or None) and ``self._finish(seq, reason, out)``; ``self._seats(seq)`` /
+``self._recompute(seq, out)`` (free, reset, front of waiting; or ``FINISHED_KV_EXHAUSTED`` in
+``out.exhausted`` when it grew too long to be admitted again); ``self._seats(seq)`` /
 ``self._num_seats()`` (seats, counting a request's forks to come); ``self._rank`` (arrival order key).
-Block manager calls: ``can_append_slots(seq, n)``, ``append_slots(seq, n)`` (returns copy-on-write
-pairs), ``can_swap_out(seq)``, ``swap_out(seq)``, ``can_swap_in(seq, n)``, ``swap_in(seq)``,
-``num_cached_tokens(seq)``, ``can_allocate(seq, n)``, ``allocate(seq, n)``, ``free(seq)``.
+Block manager calls (each gives what it can now or returns ``None``, changing nothing):
+``allocate_slots(seq, n)`` (a ``NewBlocks``; its ``copies`` are copy-on-write pairs),
+``get_computed_blocks(seq)`` and ``allocate_slots(seq, n, computed)`` for an admission,
+``swap_out(seq)`` and ``swap_in(seq, n)`` (block pairs to copy), ``free(seq)``.
 
 Sources: vLLM v1 ``vllm/v1/core/sched/scheduler.py`` (0.8.5 to 0.34.0; ``schedule``: running first, one
-budget, ``long_prefill_token_threshold``, preempt the last running request by recompute); vLLM v0
+budget, ``long_prefill_token_threshold``, preempt the last running request by recompute when
+``allocate_slots`` returns ``None``) and ``vllm/v1/core/kv_cache_manager.py`` (``get_computed_blocks``,
+``allocate_slots``); vLLM v0
 ``vllm/core/scheduler.py`` (0.10.2, the last release with v0's code: ``_schedule_chunked_prefill``,
 ``_schedule_default``, ``_preempt_by_recompute``, ``_preempt_by_swap``, ``_schedule_swapped``) and
 ``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager.can_allocate``, the watermark); PagedAttention
@@ -56,7 +65,6 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 
-from paged.core.block_manager import AllocStatus
 from paged.core.scheduler import Scheduler as ReferenceScheduler
 from paged.core.scheduler_outputs import SchedulerOutputs
 from paged.core.sequence import Sequence, SequenceStatus
@@ -92,7 +100,13 @@ class Scheduler(ReferenceScheduler):
             if n == 0:
                 self.running.append(seq)
                 continue
-            while not bm.can_append_slots(seq, n):
+            while True:
+                new_blocks = bm.allocate_slots(seq, n)
+                if new_blocks is not None:
+                    out.blocks_to_copy += new_blocks.copies
+                    self.running.append(seq)
+                    budget -= self._mark_scheduled(seq, n, out)
+                    break
                 if queue:
                     self._preempt(queue.pop(), out)
                 elif self.running:
@@ -101,10 +115,6 @@ class Scheduler(ReferenceScheduler):
                 else:
                     self._exhaust(seq, out)
                     break
-            else:
-                out.blocks_to_copy += bm.append_slots(seq, n)
-                self.running.append(seq)
-                budget -= self._mark_scheduled(seq, n, out)
         # END SOLUTION
         return budget
 
@@ -112,16 +122,17 @@ class Scheduler(ReferenceScheduler):
         """Take a running sequence's memory: swap it out (if asked and the CPU pool has room), else recompute."""
         self.num_preemptions += 1
         out.preempted.append(seq)
-        # BEGIN SOLUTION ch06.ex3 -- swap: pairs, status, count, sorted place; recompute: free, reset, front
-        if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
-            out.blocks_to_swap_out += self.block_manager.swap_out(seq)
+        # BEGIN SOLUTION ch06.ex3 -- swap if asked and it fits: pairs, status, count, sorted place; else recompute
+        pairs = None
+        if self.config.preemption_mode == "swap":
+            pairs = self.block_manager.swap_out(seq)
+        if pairs is not None:
+            out.blocks_to_swap_out += pairs
             seq.status = SWAPPED
             self.num_swap_outs += 1
             insort(self.swapped, seq, key=self._rank)
         else:
-            self.block_manager.free(seq)
-            seq.reset_for_recompute()
-            self.waiting.appendleft(seq)
+            self._recompute(seq, out)
             self.num_recomputes += 1
         # END SOLUTION
 
@@ -134,15 +145,16 @@ class Scheduler(ReferenceScheduler):
             n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
             if n == 0:
                 break
-            if not bm.can_swap_in(seq, n):
+            pairs = bm.swap_in(seq, n)
+            if pairs is None:
                 if self.running:
                     break
                 self.swapped.pop(0)
-                self._recompute(seq)
+                self._recompute(seq, out)
                 continue
             self.swapped.pop(0)
-            out.blocks_to_swap_in += bm.swap_in(seq)
-            out.blocks_to_copy += bm.append_slots(seq, n)
+            out.blocks_to_swap_in += pairs
+            out.blocks_to_copy += bm.allocate_slots(seq, n).copies
             seq.status = RUNNING
             self.num_swap_ins += 1
             self.running.append(seq)
@@ -154,21 +166,16 @@ class Scheduler(ReferenceScheduler):
     def _schedule_waiting(self, out: SchedulerOutputs, budget: int) -> None:
         """Admit waiting sequences first come, first served, while seats, budget and the watermark allow."""
         bm, seats = self.block_manager, self._num_seats()
-        # BEGIN SOLUTION ch06.ex5 -- drop the never-runnable; seats, budget and watermark; a misfit stops
+        # BEGIN SOLUTION ch06.ex5 -- seats, one prefix lookup, budget and watermark; a misfit stops admission
         while self.waiting:
             seq = self.waiting[0]
-            reason = self._never_reason(seq)
-            if reason is not None:
-                self.waiting.popleft()
-                self._finish(seq, reason, out)
-                continue
             if seats + self._seats(seq) > self.config.max_num_seqs:
                 break
-            n = self._chunk(len(seq) - bm.num_cached_tokens(seq), budget)
-            if n == 0 or bm.can_allocate(seq, n) is not AllocStatus.OK:
+            computed = bm.get_computed_blocks(seq)
+            n = self._chunk(len(seq) - len(computed) * bm.block_size, budget)
+            if n == 0 or bm.allocate_slots(seq, n, computed) is None:
                 break
             self.waiting.popleft()
-            bm.allocate(seq, n)
             seq.status = RUNNING
             seats += self._seats(seq)
             self.running.append(seq)

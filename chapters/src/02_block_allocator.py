@@ -27,7 +27,7 @@
 #    the id and **reference count** checks with their errors (`NoFreeBlocksError`, `ValueError`), and `take`;
 # 3. run the engine with your allocator inside and get the same tokens as with the reference;
 # 4. read a **block table**: logical blocks of one sequence mapped to physical blocks anywhere in the pool;
-# 5. see what the scheduler sees: `BlockSpaceManager.can_allocate` with vLLM v0's **watermark** (ledger row E9:
+# 5. see what the scheduler sees: `BlockSpaceManager.allocate_slots` with vLLM v0's **watermark** (ledger row E9:
 #    the fragmentation article's misreading of it, `docs/sources.md`);
 # 6. measure what the allocator costs on this CPU.
 #
@@ -456,9 +456,14 @@ print(
 # (`paged/core/block_manager.py`, after vLLM v0's `vllm/core/block_manager.py`), which owns one block table
 # per sequence:
 #
-# * `can_allocate(seq)` answers `OK`, `LATER` or `NEVER` for a waiting prompt;
-# * `allocate(seq)` gives it blocks for all its tokens; `append_slots(seq)` adds a block when the
-#   last one is full; `free(seq)` returns its blocks, last block first.
+# * `allocate_slots(seq)` gives a sequence blocks for all its tokens that have none yet (a waiting
+#   prompt's first blocks, or a new block when the last one is full), or returns `None`, changing
+#   nothing, when the pool cannot give them now;
+# * `can_ever_fit(num_tokens)` says whether a sequence that long could fit at all;
+# * `free(seq)` returns its blocks, last block first.
+#
+# vLLM v0 answered a waiting prompt with three words, `OK`, `LATER` or `NEVER` (`AllocStatus`); the two
+# questions above give the same three answers.
 #
 # **Ledger row E9.** The fragmentation article (§3.2) says the watermark is a ratio "below which preemption is triggered". In
 # vLLM the watermark is an *admission* rule: a new prompt is admitted only if at least
@@ -469,13 +474,25 @@ print(
 # %% tags=["nbval-check-output"]
 manager = BlockSpaceManager(block_size=4, num_gpu_blocks=20, watermark=0.1)  # keeps 2 blocks free
 running = Sequence(0, list(range(1, 50)), 4)  # 49 tokens -> 13 blocks
-manager.allocate(running)
+manager.allocate_slots(running)
+
+
+def admission(seq: Sequence) -> AllocStatus:
+    """vLLM v0's answer for a waiting prompt, from the manager's two questions."""
+    if not manager.can_ever_fit(len(seq)):
+        return AllocStatus.NEVER
+    if manager.allocate_slots(seq) is None:
+        return AllocStatus.LATER
+    manager.free(seq)  # it fitted: give the blocks back, this is only a question
+    return AllocStatus.OK
+
+
 for n_tokens in (8, 20, 21, 72, 73):
     seq = Sequence(1, [1] * n_tokens, 4)
     print(
         f"prompt of {n_tokens:2d} tokens ({blocks_needed(n_tokens, 4):2d} blocks) with "
         f"{manager.get_num_free_gpu_blocks()} free, watermark {manager.watermark_blocks}: "
-        f"{manager.can_allocate(seq).name}"
+        f"{admission(seq).name}"
     )
 
 # %% [markdown]
@@ -485,10 +502,10 @@ for n_tokens in (8, 20, 21, 72, 73):
 
 # %%
 other = Sequence(2, list(range(100, 106)), 4)
-manager.allocate(other)
+manager.allocate_slots(other)
 for t in range(7):
     other.append_token_id(200 + t)
-    manager.append_slots(other)
+    manager.allocate_slots(other)
 draw_pool(
     manager,
     rows_for(manager, [running, other], ["seq 0", "seq 2"]),

@@ -301,14 +301,16 @@ for threshold in (0, 6):
 #
 # 1. `n = self._chunk(remaining, budget)`. If `n` is 0 (no budget left), the sequence keeps its blocks and
 #    stays running; it just computes nothing this step.
-# 2. While `block_manager.can_append_slots(seq, n)` says no, memory must come from somewhere (PagedAttention
-#    paper §4.5: first come first served, so the **latest** request gives way):
+# 2. `new_blocks = block_manager.allocate_slots(seq, n)` gives the slots, or returns `None` (changing nothing)
+#    when the pool has no room; while it is `None`, memory must come from somewhere (PagedAttention paper §4.5:
+#    first come first served, so the **latest** request gives way; vLLM v1 preempts the same way when its
+#    `allocate_slots` returns `None`):
 #    * if sequences younger than it are still in the queue, preempt the youngest (`self._preempt(...)`,
-#      build step 3) and ask again;
+#      build step 3) and try again;
 #    * else, if older sequences already kept running in this step, preempt the sequence itself;
 #    * else it is alone in the pool and still cannot grow: it can never grow, so `self._exhaust(seq, out)`
 #      ends it as `kv_cache_exhausted` instead of preempting and re-prefilling it forever.
-# 3. Once it fits: `block_manager.append_slots(seq, n)` gives the slots and returns copy-on-write pairs for
+# 3. Once it fits: `new_blocks.copies` are the copy-on-write pairs for
 #    `out.blocks_to_copy`; it stays running, and `self._mark_scheduled(seq, n, out)` lists its tokens in
 #    `out` (and returns `n`, to take from the budget).
 #
@@ -332,14 +334,16 @@ _ = check("ch06.ex2")
 # `_preempt(seq, out)` takes a running sequence's memory (the counters `num_preemptions` and
 # `out.preempted` are done for you):
 #
-# * **swap**, when `config.preemption_mode == "swap"` and `block_manager.can_swap_out(seq)`: the blocks move
-#   to the CPU pool. `block_manager.swap_out(seq)` returns the `(gpu_block, cpu_block)` pairs the engine must
-#   copy (add them to `out.blocks_to_swap_out`); the sequence becomes `SWAPPED`, counts in
+# * **swap**, when `config.preemption_mode == "swap"` and the CPU pool has room: the blocks move to the CPU
+#   pool. `block_manager.swap_out(seq)` returns the `(gpu_block, cpu_block)` pairs the engine must copy (add
+#   them to `out.blocks_to_swap_out`), or `None` when the CPU pool is full; the sequence becomes `SWAPPED`, counts in
 #   `num_swap_outs`, and joins `self.swapped` **in arrival order** (`insort(..., key=self._rank)`: victims go
 #   newest first, but they come back oldest first). Its `num_computed_tokens` stays: its K/V still exist.
-# * **recompute**, otherwise: `block_manager.free(seq)`, then `seq.reset_for_recompute()` (status `WAITING`,
-#   `num_computed_tokens` 0: every token it has, prompt and generated, is prefilled again later), then the
-#   **front** of `self.waiting`, and `num_recomputes`. Victims go newest first, so the front stays oldest first.
+# * **recompute**, otherwise: `self._recompute(seq, out)` frees its blocks and resets it (status `WAITING`,
+#   `num_computed_tokens` 0: every token it has, prompt and generated, is prefilled again later) at the
+#   **front** of `self.waiting` (victims go newest first, so the front stays oldest first); one that has
+#   grown too long to fit beside the watermark ends `kv_cache_exhausted` there instead. Count it in
+#   `num_recomputes`.
 #
 # **Your turn.** Write the region `ch06.ex3`.
 
@@ -433,13 +437,13 @@ for args in [(16, 1, 4), (15, 2, 4), (16, 2, 4), (6, 10, 2)]:
 # no room). While `self.swapped` is not empty and a seat is free (`self._num_seats() < config.max_num_seqs`),
 # take the **oldest** swapped sequence and its chunk `n` (stop when it is 0):
 #
-# * if `block_manager.can_swap_in(seq, n)` is not OK (the watermark rule of admission, with room for the
-#   `n` new tokens): when other sequences run, stop: they will free memory; when nothing runs, it would
-#   wait forever, so send it to recompute instead (`self._recompute(seq)`, which frees its CPU blocks and puts
-#   it at the front of `waiting`) and go on;
-# * else take it out of `swapped`: `block_manager.swap_in(seq)` returns the `(cpu_block, gpu_block)` pairs for
-#   `out.blocks_to_swap_in`, `append_slots(seq, n)` gives its next slots (copy-on-write pairs to
-#   `out.blocks_to_copy`), it becomes `RUNNING`, counts in `num_swap_ins`, goes to the back of `self.running`
+# * `block_manager.swap_in(seq, n)` returns the `(cpu_block, gpu_block)` pairs for `out.blocks_to_swap_in`, or
+#   `None` when it does not fit now (the watermark rule of admission, with room for the `n` new tokens). On
+#   `None`: when other sequences run, stop: they will free memory; when nothing runs, it would wait forever,
+#   so send it to recompute instead (`self._recompute(seq, out)`, which frees its CPU blocks and puts it at
+#   the front of `waiting`) and go on;
+# * else take it out of `swapped`: `block_manager.allocate_slots(seq, n).copies` gives its next slots
+#   (copy-on-write pairs to `out.blocks_to_copy`; it cannot be `None`, `swap_in` made room), it becomes `RUNNING`, counts in `num_swap_ins`, goes to the back of `self.running`
 #   and into `out.swapped_in`, and `self._mark_scheduled(seq, n, out)` lists its tokens.
 #
 # Return the budget left. **Your turn:** the region `ch06.ex4`.
@@ -453,17 +457,19 @@ _ = check("ch06.ex4")
 # `_schedule_waiting(out, budget)` runs only in a step that preempted nobody and with nothing swapped out. For
 # the sequence at the front of `self.waiting`:
 #
-# * if it can never run (`self._never_reason(seq)` gives a reason: longer than `max_model_len`, more samples
-#   than seats, or larger than the whole pool beside the watermark), take it out and
-#   `self._finish(seq, reason, out)`: it is *ignored* with its reason and does not block the ones behind it;
+# (A request that can never run, longer than `max_model_len`, with more samples than seats, or larger than the
+# whole pool beside the watermark, never gets here: `add_request` decides that once, and the next step lists
+# it in `out.ignored` with its reason, so it blocks nobody.)
+#
 # * it needs its seats: `self._seats(seq)` (a request with `n` samples that has not forked yet needs `n`)
 #   on top of those taken, at most `config.max_num_seqs`;
-# * its chunk counts only the tokens the prefix cache cannot give:
-#   `n = self._chunk(len(seq) - block_manager.num_cached_tokens(seq), budget)`;
-# * the **watermark**: `block_manager.can_allocate(seq, n)` must be `AllocStatus.OK` (taking the blocks leaves
-#   at least `watermark × num_gpu_blocks` free);
-# * if it fits, `block_manager.allocate(seq, n)` (shares its cached prefix, gives slots to `n` tokens), status
-#   `RUNNING`, back of `self.running`, its seats taken, `self._mark_scheduled(...)`; if it does not, **stop**:
+# * its chunk counts only the tokens the prefix cache cannot give: look the prefix up **once**,
+#   `computed = block_manager.get_computed_blocks(seq)`, and
+#   `n = self._chunk(len(seq) - len(computed) * block_manager.block_size, budget)`;
+# * the **watermark**: `block_manager.allocate_slots(seq, n, computed)` shares the cached prefix and gives
+#   slots to `n` tokens only if that leaves at least `watermark × num_gpu_blocks` blocks free, else returns
+#   `None` (vLLM v1's `get_computed_blocks` then `allocate_slots`, `vllm/v1/core/kv_cache_manager.py`);
+# * if it fits: status `RUNNING`, back of `self.running`, its seats taken, `self._mark_scheduled(...)`; if it does not, **stop**:
 #   nobody behind it overtakes (FCFS).
 #
 # **Ledger row E9.** The fragmentation article (§3.2) describes the block manager's `watermark=0.01` as *"the water line:

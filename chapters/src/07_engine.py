@@ -154,14 +154,15 @@ print("logits", tuple(logits.shape), "(one row per sequence, vocabulary 128)")
 
 # %% [markdown]
 # **(4) Sample, (5) update.** The sampler picks one token per row (greedy here; temperature, top-k, top-p and
-# per-request seeds are batched in `paged/worker/sampler.py`); the engine appends it, checks stop conditions and frees
-# finished sequences. From here we let `engine.step()` do all five parts until the requests finish.
+# per-request seeds are batched in `paged/worker/sampler.py`; `ModelRunner.execute_model` runs (2)-(4) and returns
+# `{seq_id: tokens}`); the scheduler's `update_from_output` appends them, checks stop conditions and frees
+# finished sequences. From here we let `engine.step()` do it all until the requests finish.
 
 # %%
-for s, token in zip(
-    batch.sampling, engine.sampler.sample(logits, [SamplingParams()] * len(batch.sampling))
-):
-    s.seq.append_token_id(token)
+tokens = engine.sampler.sample(logits, [SamplingParams()] * len(batch.sampling))
+engine.scheduler.update_from_output(
+    out, {s.seq.seq_id: [token] for s, token in zip(batch.sampling, tokens)}
+)
 finished = []
 while engine.has_unfinished_requests():
     finished += engine.step()
@@ -238,7 +239,8 @@ print(
 # Sixteen prompts share a 53-byte system prompt (3 full blocks of 16 tokens after `<bos>`): after the first
 # request computes them, the others find them in the prefix cache (chapter 05), which is where the hit rate comes
 # from. `stats()` also reports the mean share of allocated slots that hold a token (`slot_utilization`, above 90%
-# here: paging wastes at most a partial last block per sequence, C3) and the seconds spent per step phase.
+# here: paging wastes at most a partial last block per sequence, C3), and with `LLM(profile=True)` the seconds
+# spent per step phase (`stats()["seconds"]`; without profiling the loop runs no clock and that dict is empty).
 #
 # ## 4. A pool too small: preemption in a real run
 #
@@ -247,7 +249,9 @@ print(
 # tokens each step computes (prefill bursts, then one decode token per running sequence) and the blocks in use.
 
 # %%
-small = LLM(num_gpu_blocks=40, max_num_seqs=16)
+small = LLM(
+    num_gpu_blocks=40, max_num_seqs=16, profile=True
+)  # profile: keep a record of every step
 params = [SamplingParams(max_tokens=48 + 8 * (i % 4), ignore_eos=True) for i in range(24)]
 outs = small.generate([system + q for q in questions + questions[:8]], params, use_tqdm=False)
 plot_timeline(small.engine.metrics.history, num_blocks=40)
@@ -489,8 +493,10 @@ print(
 #
 # ## Summary
 #
-# - The engine is a loop of five steps: schedule (one token budget, chunked prefill), cache operations (swap,
-#   copy-on-write), one packed forward, sample, update. vLLM's engine core has the same shape.
+# - The engine's step is three calls: `scheduler.schedule()` (one token budget, chunked prefill),
+#   `runner.execute_model(out)` (cache operations: swap, copy-on-write; one packed forward; sample), and
+#   `scheduler.update_from_output(out, sampled)` (append, fork, finish). vLLM v1's engine core has the same
+#   shape (`EngineCore.step`).
 # - transformers' public extension points are enough: an attention function and a mask function registered
 #   under our name, metadata passed as a forward keyword, `logits_to_keep` for the last tokens.
 # - The engine is built from parts with small interfaces; assembled from yours, it produces transformers'

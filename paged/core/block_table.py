@@ -21,14 +21,7 @@ from __future__ import annotations
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)`` (0 tokens -> 0 blocks).
-
-    Raises:
-        ValueError: ``num_tokens < 0`` or ``block_size <= 0``.
-    """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    Callers pass checked sizes (``num_tokens >= 0``; ``block_size > 0``, checked by ``CacheConfig``)."""
     return -(-num_tokens // block_size)
 
 
@@ -61,15 +54,13 @@ class BlockTable:
         num_tokens: tokens that have slots so far (default: full capacity of ``block_ids``).
 
     Raises:
-        ValueError: ``block_size <= 0``; ``num_tokens`` outside the capacity of the blocks given;
+        ValueError: ``num_tokens`` outside the capacity of the blocks given;
         ``slot`` of a position outside ``0 .. capacity - 1``.
     """
 
     def __init__(
         self, block_size: int, block_ids: list[int] | None = None, num_tokens: int | None = None
     ):
-        if block_size <= 0:
-            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         self.block_size = block_size
         self.block_ids: list[int] = list(block_ids or [])
         capacity = len(self.block_ids) * block_size

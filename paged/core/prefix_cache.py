@@ -70,8 +70,6 @@ class PrefixCache:
     """
 
     def __init__(self, block_size: int, hash_fn: HashFn | None = None):
-        if block_size <= 0:
-            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         self.block_size = block_size
         self.hash_fn = hash_fn or default_hash
         self._by_key: dict[int, list[_Entry]] = {}

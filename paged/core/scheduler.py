@@ -1,23 +1,30 @@
 """The scheduler: which sequences compute which tokens in the next step, and who gives up memory.
 
-vLLM v1's scheduler (``vllm/v1/core/sched/scheduler.py``) has no prefill or decode phase: every step
-spends one token budget (``max_num_batched_tokens``), and each sequence's ``num_computed_tokens``
-catches up with its token count. One ``schedule()`` call, in this order:
+A hybrid of two engines. The step is vLLM v1's (``vllm/v1/core/sched/scheduler.py``, 0.8.5 and later):
+no prefill or decode phase; every step spends one token budget (``max_num_batched_tokens``), and each
+sequence's ``num_computed_tokens`` catches up with its token count. The swapped queue, preemption by
+swap, the watermark and the fork of ``n`` samples are vLLM v0's (``vllm/core/scheduler.py``, 0.10.2, the
+last release with v0's code), which v1 dropped. One ``schedule()`` call, in this order:
 
 1. **running** (admission order): each sequence gets its next tokens: 1 for a decode, the next chunk of
    a partly computed prompt (as large as the budget allows, capped by ``long_prefill_token_threshold``).
-   When the pool is full the most recently admitted running sequence is preempted until the older one
-   fits (paper §4.5: FCFS, preempt the latest first). *Recompute* frees the victim's blocks and puts it
-   at the front of ``waiting`` (all its tokens are prefilled again later); *swap* moves its blocks to the
-   CPU pool (``swapped``), or recomputes when the CPU pool is full. A sequence that cannot grow although
-   it alone holds the pool ends ``FINISHED_KV_EXHAUSTED`` (this course's state: vLLM instead refuses to
-   start when ``max_model_len`` tokens do not fit the KV cache) rather than preempting itself forever.
-2. **swapped** (only if nobody was preempted in this step): swapped sequences come back, oldest first.
+   When ``allocate_slots`` returns ``None`` the most recently admitted running sequence is preempted
+   until the older one fits (v1; paper §4.5: FCFS, preempt the latest first). *Recompute* frees the
+   victim's blocks and puts it at the front of ``waiting`` (all its tokens are prefilled again later);
+   *swap* (v0) moves its blocks to the CPU pool (``swapped``), or recomputes when the CPU pool is full. A
+   sequence that cannot grow although it alone holds the pool ends ``FINISHED_KV_EXHAUSTED`` (this
+   course's state: vLLM instead refuses to start when ``max_model_len`` tokens do not fit the KV cache)
+   rather than preempting itself forever; so does a recomputed one that grew too long to be admitted again.
+2. **swapped** (only if nobody was preempted in this step; v0): swapped sequences come back, oldest first.
 3. **waiting** (only if nobody was preempted and nothing is swapped out): first come, first served,
-   while ``max_num_seqs``, the budget and the watermark (``can_allocate``) allow; the first that does not
-   fit stops admission (no overtaking). A prefix-cache hit counts as computed; the last prompt token is
-   always computed. A sequence that can never run (over ``max_model_len`` or the whole pool) is moved
-   to ``ignored`` with its reason and does not block the queue.
+   while ``max_num_seqs``, the budget and the watermark (v0, admissions only) allow; the first that does
+   not fit stops admission (no overtaking). The prefix is looked up once per admission attempt
+   (``get_computed_blocks``) and its blocks passed to ``allocate_slots`` (v1); a hit counts as computed;
+   the last prompt token is always computed.
+
+Whether a request can ever run (over ``max_model_len``, ``n`` over ``max_num_seqs``, or a prompt larger
+than the pool beside the watermark) is decided once, in ``add_request``: such a request never waits; it
+is ``FINISHED_IGNORED`` with its reason and listed in the next step's ``ignored``.
 
 With ``enable_chunked_prefill=False`` a prompt is never cut: it waits until its whole remaining length
 fits the budget (vLLM v0). The orders differ: vLLM v0's default scheduler runs prefills first (a step
@@ -31,18 +38,20 @@ so siblings never crowd each other into an exhausted state. The scheduler advanc
 
 from __future__ import annotations
 
+import itertools
 from bisect import insort
 from collections import deque
 
 from paged.config import CacheConfig, SchedulerConfig
-from paged.core.block_manager import AllocStatus, BlockSpaceManager
+from paged.core.block_manager import BlockSpaceManager
 from paged.core.block_table import blocks_needed
-from paged.core.scheduler_outputs import ScheduledSeq, SchedulerOutputs
+from paged.core.scheduler_outputs import ScheduledSeq, SchedulerOutputs, StepResult
 from paged.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 __all__ = ["CacheConfig", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerOutputs"]
 
-RUNNING, SWAPPED, WAITING = SequenceStatus.RUNNING, SequenceStatus.SWAPPED, SequenceStatus.WAITING
+S = SequenceStatus
+RUNNING, SWAPPED, WAITING = S.RUNNING, S.SWAPPED, S.WAITING
 
 
 class Scheduler:
@@ -86,11 +95,20 @@ class Scheduler:
         self._requests: dict[str, SequenceGroup] = {}  # every unfinished request, by id
         self._order: dict[str, int] = {}  # arrival rank of each request (FCFS key)
         self._next_rank = 0
+        self.seq_ids = (
+            itertools.count()
+        )  # ids of new sequences: the engine's prompts and their forks
+        self._ignored: list[Sequence] = []  # ended by add_request, reported by the next schedule()
+        self._exhausted: list[Sequence] = []  # preempted sequences that can never return (idem)
         self.num_preemptions = self.num_recomputes = self.num_swap_outs = self.num_swap_ins = 0
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, seq_group: SequenceGroup) -> None:
         """Queue a request at the back of ``waiting``. Its sequences must be ``WAITING`` with this block size.
+
+        Whether it can ever run is decided here, once: a prompt over ``max_model_len``, ``n`` over
+        ``max_num_seqs``, or a prompt that does not fit beside the watermark in an empty pool is
+        ``FINISHED_IGNORED`` with its reason, reported in the next ``schedule()``'s ``ignored``.
 
         Raises:
             ValueError: a request with this id is unfinished here already, a sequence is not waiting,
@@ -111,7 +129,12 @@ class Scheduler:
                 )
         self._requests[rid] = seq_group
         self._order[rid], self._next_rank = self._next_rank, self._next_rank + 1
-        self.waiting.extend(seq_group.seqs)
+        for seq in seq_group.seqs:
+            reason = self._never_reason(seq)
+            if reason is None:
+                self.waiting.append(seq)
+            else:
+                self.finish(seq, S.FINISHED_IGNORED, "ignored: " + reason, self._ignored)
 
     def abort_request(self, request_id: str) -> bool:
         """Finish a request wherever its sequences are as ``FINISHED_ABORTED`` and free their blocks.
@@ -123,10 +146,7 @@ class Scheduler:
             for seq in [s for s in queue if s.group is group]:
                 queue.remove(seq)
         for seq in group.seqs:
-            if not seq.is_finished:
-                seq.status = SequenceStatus.FINISHED_ABORTED
-            self.block_manager.free(seq)
-        self._forget(group)
+            self.finish(seq, seq.status if seq.is_finished else S.FINISHED_ABORTED)
         return True
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
@@ -137,25 +157,60 @@ class Scheduler:
         self.running.append(child)
 
     def free_finished(self) -> list[SequenceGroup]:
-        """Free the blocks of finished running sequences; drop finished requests. Returns those requests.
-        ``schedule()`` calls it first; the engine may call it right after a step to free memory sooner."""
+        """Finish the running sequences whose status says finished (set by ``update_from_output`` or by
+        a simulated engine): free their blocks, drop finished requests. Returns those requests.
+        ``schedule()`` calls it first; ``update_from_output`` right after a step, to free memory sooner."""
         finished = [s for s in self.running if s.is_finished]
-        if finished:
-            self.running = deque(s for s in self.running if not s.is_finished)
+        if not finished:
+            return []
+        self.running = deque(s for s in self.running if not s.is_finished)
+        groups = {}
         for seq in finished:
-            self.block_manager.free(seq)
-        return [
-            g for g in {s.group.request_id: s.group for s in finished}.values() if self._forget(g)
-        ]
+            if self.finish(seq, seq.status):
+                groups[seq.group.request_id] = seq.group
+        return list(groups.values())
+
+    def update_from_output(
+        self, out: SchedulerOutputs, sampled: dict[int, list[int]]
+    ) -> StepResult:
+        """Apply a step's sampled tokens (vLLM v1 ``Scheduler.update_from_output``; nano-vllm
+        ``Scheduler.postprocess``).
+
+        ``sampled``: ``{seq_id: token ids}`` from ``ModelRunner.execute_model``, one token per sequence,
+        or ``n`` at a request's first sample: the sequence keeps the first and forks a child for each
+        other one, sharing its blocks (vLLM v0's parallel sampling). A sequence finishes on a stop token
+        (``group.stop_token_ids``), ``max_tokens`` or ``max_model_len``; its blocks are freed at once.
+        """
+        seqs = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
+        got: list[Sequence] = []
+        for seq_id, tokens in sampled.items():
+            seq = seqs[seq_id]
+            for token in tokens[1:]:
+                child = seq.fork(next(self.seq_ids))
+                seq.group.seqs.append(child)
+                self.fork_seq(seq, child)
+                got.append(self._append(child, token))
+            got.append(self._append(seq, tokens[0]))
+        touched = {s.group.request_id: s.group for s in [*out.ignored, *out.exhausted, *got]}
+        if any(s.is_finished for s in got):
+            self.free_finished()
+        return StepResult([g for g in touched.values() if g.is_finished], got)
+
+    def _append(self, seq: Sequence, token: int) -> Sequence:
+        """Append a sampled token; mark ``seq`` finished on a stop token, ``max_tokens`` or ``max_model_len``."""
+        seq.append_token_id(token)
+        if token in seq.group.stop_token_ids:
+            seq.status = S.FINISHED_STOPPED
+        elif (
+            len(seq) - seq.num_prompt_tokens >= seq.group.sampling_params.max_tokens
+            or len(seq) >= self.config.max_model_len
+        ):
+            seq.status = S.FINISHED_LENGTH
+        return seq
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self._requests)
-
-    def get_block_table(self, seq: Sequence) -> list[int]:
-        return self.block_manager.get_block_table(seq)
+        """Whether a request runs, waits, or ended unreported (ignored or exhausted since the last step)."""
+        return bool(self._requests or self._ignored or self._exhausted)
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutputs:
@@ -172,7 +227,8 @@ class Scheduler:
                     "append the sampled token (or finish the sequence) before schedule()"
                 )
         self.free_finished()
-        out = SchedulerOutputs()
+        out = SchedulerOutputs(ignored=self._ignored, exhausted=self._exhausted)
+        self._ignored, self._exhausted = [], []
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
@@ -188,8 +244,14 @@ class Scheduler:
             if n == 0:  # no budget left: it keeps its blocks and waits for the next step
                 self.running.append(seq)
                 continue
-            while not bm.can_append_slots(seq, n):
-                if queue:  # evict the most recently admitted sequence
+            while True:
+                new_blocks = bm.allocate_slots(seq, n)
+                if new_blocks is not None:
+                    out.blocks_to_copy += new_blocks.copies
+                    self.running.append(seq)
+                    budget -= self._mark_scheduled(seq, n, out)
+                    break
+                if queue:  # evict the most recently admitted sequence, then try again
                     self._preempt(queue.pop(), out)
                 elif self.running:  # older sequences already hold memory this step: yield to them
                     self._preempt(seq, out)
@@ -197,10 +259,6 @@ class Scheduler:
                 else:  # alone in the pool and still no room: it can never grow
                     self._exhaust(seq, out)
                     break
-            else:
-                out.blocks_to_copy += bm.append_slots(seq, n)
-                self.running.append(seq)
-                budget -= self._mark_scheduled(seq, n, out)
         return budget
 
     def _schedule_swapped(self, out: SchedulerOutputs, budget: int) -> int:
@@ -210,15 +268,16 @@ class Scheduler:
             n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
             if n == 0:
                 break
-            if not bm.can_swap_in(seq, n):
+            pairs = bm.swap_in(seq, n)
+            if pairs is None:
                 if self.running:
                     break  # later: running sequences will free memory
                 self.swapped.pop(0)  # nothing runs, yet it does not fit back: recompute it instead
-                self._recompute(seq)
+                self._recompute(seq, out)
                 continue
             self.swapped.pop(0)
-            out.blocks_to_swap_in += bm.swap_in(seq)
-            out.blocks_to_copy += bm.append_slots(seq, n)
+            out.blocks_to_swap_in += pairs
+            out.blocks_to_copy += bm.allocate_slots(seq, n).copies
             seq.status = RUNNING
             self.num_swap_ins += 1
             self.running.append(seq)
@@ -230,18 +289,13 @@ class Scheduler:
         bm, seats = self.block_manager, self._num_seats()
         while self.waiting:
             seq = self.waiting[0]
-            reason = self._never_reason(seq)
-            if reason is not None:
-                self.waiting.popleft()
-                self._finish(seq, reason, out)
-                continue
             if seats + self._seats(seq) > self.config.max_num_seqs:
                 break
-            n = self._chunk(len(seq) - bm.num_cached_tokens(seq), budget)
-            if n == 0 or bm.can_allocate(seq, n) is not AllocStatus.OK:
+            computed = bm.get_computed_blocks(seq)  # the one prefix lookup of this admission
+            n = self._chunk(len(seq) - len(computed) * bm.block_size, budget)
+            if n == 0 or bm.allocate_slots(seq, n, computed) is None:
                 break  # FCFS: wait for budget or memory, nobody overtakes
             self.waiting.popleft()
-            bm.allocate(seq, n)
             seq.status = RUNNING
             seats += self._seats(seq)
             self.running.append(seq)
@@ -278,70 +332,87 @@ class Scheduler:
         return sum(map(self._seats, self.running))
 
     def _never_reason(self, seq: Sequence) -> str | None:
-        """Why the head of ``waiting`` can never run, or None: its length, ``n`` or the whole pool."""
-        cfg, bm = self.config, self.block_manager
+        """Why a new sequence can never run, or None: its length, ``n`` or the whole pool."""
+        cfg = self.config
         if len(seq) > cfg.max_model_len:
             return f"prompt of {len(seq)} tokens is longer than max_model_len={cfg.max_model_len}"
         if self._seats(seq) > cfg.max_num_seqs:
             return f"n={self._seats(seq)} sequences exceed max_num_seqs={cfg.max_num_seqs}"
-        if bm.can_allocate(seq, 0) is AllocStatus.NEVER:
-            bs = self.cache_config.block_size
-            return (
-                f"prompt of {len(seq)} tokens needs {blocks_needed(len(seq), bs)} blocks of {bs} tokens; "
-                f"the KV cache has {bm.num_gpu_blocks} blocks and admission keeps {bm.watermark_blocks} "
-                "free (watermark)"
-            )
-        return None
+        return self._no_room_reason(seq)
+
+    def _no_room_reason(self, seq: Sequence, what: str = "prompt") -> str | None:
+        """Why ``seq`` (a ``what``) can never be admitted to the pool (its whole length beside the watermark),
+        or None."""
+        bm = self.block_manager
+        if bm.can_ever_fit(len(seq)):
+            return None
+        bs = bm.block_size
+        return (
+            f"{what} of {len(seq)} tokens needs {blocks_needed(len(seq), bs)} blocks of {bs} tokens; "
+            f"the KV cache has {bm.num_gpu_blocks} blocks and admission keeps {bm.watermark_blocks} "
+            "free (watermark)"
+        )
 
     def _preempt(self, seq: Sequence, out: SchedulerOutputs) -> None:
         """Evict a running sequence: swap it out if asked and the CPU pool has room, else recompute."""
         self.num_preemptions += 1
         out.preempted.append(seq)
-        if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
-            out.blocks_to_swap_out += self.block_manager.swap_out(seq)
+        pairs = None
+        if self.config.preemption_mode == "swap":
+            pairs = self.block_manager.swap_out(seq)  # None: the CPU pool has no room
+        if pairs is not None:
+            out.blocks_to_swap_out += pairs
             seq.status = SWAPPED
             self.num_swap_outs += 1
             insort(self.swapped, seq, key=self._rank)
         else:
-            self._recompute(seq)
+            self._recompute(seq, out)
             self.num_recomputes += 1
 
-    def _recompute(self, seq: Sequence) -> None:
+    def _recompute(self, seq: Sequence, out: SchedulerOutputs) -> None:
         """Drop ``seq``'s blocks; it waits at the front of ``waiting`` and is prefilled again from its tokens.
-        Victims go newest first, so the front stays oldest first."""
+        Victims go newest first, so the front stays oldest first. One that grew too long to be admitted
+        again ends ``FINISHED_KV_EXHAUSTED`` instead (listed in ``out.exhausted``)."""
         self.block_manager.free(seq)
+        reason = self._no_room_reason(seq, "sequence")
+        if reason is not None:
+            self.finish(
+                seq, S.FINISHED_KV_EXHAUSTED, "KV cache exhausted: " + reason, out.exhausted
+            )
+            return
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
-
-    def _finish(self, seq: Sequence, reason: str, out: SchedulerOutputs) -> None:
-        """A waiting sequence that can never run: ignored if it never ran, exhausted if it was preempted."""
-        ran = len(seq) > seq.num_prompt_tokens
-        self._end(
-            seq,
-            SequenceStatus.FINISHED_KV_EXHAUSTED if ran else SequenceStatus.FINISHED_IGNORED,
-            ("KV cache exhausted: " if ran else "ignored: ") + reason,
-            out.exhausted if ran else out.ignored,
-        )
 
     def _exhaust(self, seq: Sequence, out: SchedulerOutputs) -> None:
         bs, total = self.cache_config.block_size, self.block_manager.num_gpu_blocks
         need = blocks_needed(seq.num_computed_tokens + 1, bs)
-        self._end(
+        self.finish(
             seq,
-            SequenceStatus.FINISHED_KV_EXHAUSTED,
+            S.FINISHED_KV_EXHAUSTED,
             f"KV cache exhausted: sequence {seq.seq_id} of request {seq.group.request_id!r} needs {need} "
             f"blocks of {bs} tokens to grow past {seq.num_computed_tokens} tokens, but it alone already "
             f"holds the whole cache of {total} blocks",
             out.exhausted,
         )
 
-    def _end(self, seq: Sequence, status: SequenceStatus, message: str, bucket: list) -> None:
-        """The one terminal path of ``schedule()``: finish ``seq`` with ``status`` and ``message``, free its
-        blocks, list it in ``bucket`` (``out.ignored`` or ``out.exhausted``), forget a finished request."""
-        seq.status, seq.finish_message = status, message
+    def finish(
+        self,
+        seq: Sequence,
+        status: SequenceStatus,
+        message: str | None = None,
+        bucket: list | None = None,
+    ) -> bool:
+        """The one way a sequence ends: set its ``FINISHED_*`` ``status`` (and ``finish_message``), free its
+        blocks, list it in ``bucket`` (``out.ignored`` / ``out.exhausted``), and drop its request once every
+        sequence of it is finished. The caller has taken it out of its queue. Returns whether the request
+        was dropped."""
+        seq.status = status
+        if message is not None:
+            seq.finish_message = message
         self.block_manager.free(seq)
-        bucket.append(seq)
-        self._forget(seq.group)
+        if bucket is not None:
+            bucket.append(seq)
+        return self._forget(seq.group)
 
     def _rank(self, seq: Sequence) -> tuple[int, int]:
         return self._order[seq.group.request_id], seq.seq_id

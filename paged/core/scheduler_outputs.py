@@ -59,7 +59,8 @@ class SchedulerOutputs:
         preempted: sequences preempted in this step (now ``SWAPPED``, or ``WAITING`` with
             ``num_computed_tokens == 0`` after recompute preemption).
         swapped_in: sequences brought back from the CPU pool in this step (also in ``scheduled``).
-        ignored: sequences that can never run, now ``FINISHED_IGNORED`` with ``finish_message``; no blocks.
+        ignored: sequences that can never run (decided by ``add_request`` since the last step), now
+            ``FINISHED_IGNORED`` with ``finish_message``; no blocks.
         exhausted: sequences that can never grow, now ``FINISHED_KV_EXHAUSTED`` with ``finish_message``;
             their blocks are already freed.
         blocks_to_swap_out: ``(gpu_block, cpu_block)`` pairs to copy GPU -> CPU.
@@ -75,12 +76,12 @@ class SchedulerOutputs:
     3. Run the model once on every scheduled sequence's ``token_ids`` at ``positions``, writing K/V to
        ``slot = table[p // bs] * bs + p % bs``. In each layer, write the K/V of *all* scheduled tokens
        before any attention reads: a prefix-cache hit may name blocks another sequence fills this step.
-    4. For each entry with ``samples``, sample one token from its last position and
-       ``seq.append_token_id(t)``. For ``n > 1``, at the request's first sample (``len(group.seqs) < n``)
-       fork the other samples: ``child = seq.fork(new_id)``, ``group.seqs.append(child)``,
-       ``scheduler.fork_seq(seq, child)``, then append each one's own token.
-    5. Set ``seq.status`` to a ``FINISHED_*`` value when a stop condition holds (stop token, ``max_tokens``,
-       or ``len(seq) >= max_model_len``); ``free_finished()`` (or the next ``schedule()``) frees its blocks.
+    4. For each entry with ``samples``, sample one token from its last position (``n`` at a request's
+       first sample, ``len(group.seqs) < n``) and hand them to ``scheduler.update_from_output``, which
+       appends them, forks the other samples (``scheduler.fork_seq``) and finishes sequences on a stop
+       condition (stop token, ``max_tokens``, or ``len(seq) >= max_model_len``). A simulated engine may
+       instead append and set ``seq.status`` itself; ``free_finished()`` (or the next ``schedule()``) then
+       frees the finished sequences' blocks.
 
     The scheduler has already advanced ``num_computed_tokens`` by ``num_tokens`` for every entry; the
     engine never changes it. Before the next ``schedule()`` every sequence that sampled must have its new
@@ -109,7 +110,16 @@ class SchedulerOutputs:
     def num_seqs(self) -> int:
         return len(self.scheduled)
 
-    @property
-    def is_empty(self) -> bool:
-        """True when the step computes nothing and moves no block."""
-        return not (self.scheduled or self.blocks_to_swap_out)
+
+@dataclass
+class StepResult:
+    """What ``Scheduler.update_from_output`` made of a step (vLLM v1 returns ``EngineCoreOutputs``).
+
+    Fields:
+        finished: requests whose sequences all finished in this step (ignored and exhausted ones
+            included), in the order they were touched.
+        sampled: the sequences that got a token in this step, forked children included.
+    """
+
+    finished: list = field(default_factory=list)
+    sampled: list[Sequence] = field(default_factory=list)

@@ -180,6 +180,11 @@ class SequenceGroup:
         self.arrival_time = arrival_time
         self.prompt = prompt
         self.prompt_token_ids = list(seqs[0].prompt_token_ids)
+        # tokens that end a sequence (the engine adds the model's EOS unless ``ignore_eos``)
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
+        self.generator = (
+            None  # the request's own sampling generator (``SamplingParams.seed``), or None
+        )
         for seq in self.seqs:
             seq.group = self
 

@@ -1,4 +1,9 @@
-"""Swap bookkeeping for ``BlockSpaceManager``: which blocks to copy when a sequence moves GPU <-> CPU.
+"""The CPU swap space: where a sequence preempted by swap keeps its KV blocks (vLLM v0's feature).
+
+``SwapSpace`` is the small component ``BlockSpaceManager`` delegates swapping to: the CPU pool's
+allocator, one CPU block table per swapped-out sequence, and ``SwapMaps``. Its two moves answer
+allocate-or-``None``: ``swap_out`` returns the block pairs to copy, or ``None`` when the CPU pool has no
+room (nothing changes); ``swap_in`` likewise for the GPU side (the block manager checks the watermark).
 
 Forked sequences share blocks. When the first of them is swapped out, a shared GPU block is copied to
 a new CPU block once; a sibling swapped out later reuses that CPU copy (one more reference) instead of
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from paged.core.allocator import BlockAllocator, NoFreeBlocksError
+from paged.core.allocator import BlockAllocator
 from paged.core.block_table import BlockTable
 
 
@@ -50,15 +55,10 @@ class SwapMaps:
         """Map every block of ``table`` to a block of the other pool: reuse a remembered copy (incref)
         or allocate one with ``allocate`` and record the pair to copy.
 
-        Returns ``(pairs, dst_ids)``: the ``(src, dst)`` copies to make and the new table's ids.
-        Raises ``NoFreeBlocksError`` before changing anything when the other pool is too small.
+        Returns ``(pairs, dst_ids)``: the ``(src, dst)`` copies to make and the new table's ids. The
+        caller has checked that the other pool has the blocks (``blocks_to_copy_out`` / ``_in``).
         """
         mapping, inverse = (self.out, self._out_by_cpu) if out else (self.in_, self._in_by_gpu)
-        needed = self.blocks_to_copy_out(table) if out else self.blocks_to_copy_in(table)
-        if needed > dst_allocator.num_free_blocks:
-            raise NoFreeBlocksError(
-                needed, dst_allocator.num_free_blocks, "CPU swap space" if out else "GPU KV cache"
-            )
         pairs, dst_ids = [], []
         for src in table:
             dst = mapping.get(src)
@@ -89,3 +89,58 @@ class SwapMaps:
         gpu = self._out_by_cpu.pop(block_id, None)
         if gpu is not None:
             del self.out[gpu]
+
+
+class SwapSpace:
+    """The CPU pool of ``num_cpu_blocks`` blocks and the tables of the sequences swapped out to it.
+
+    Args:
+        block_size: tokens per block (the GPU pool's; the config has checked it).
+        num_cpu_blocks: blocks of CPU swap space (>= 0; 0: nothing can be swapped out).
+        allocator_cls: the allocator part (``paged.engine.parts``).
+    """
+
+    def __init__(self, block_size: int, num_cpu_blocks: int, allocator_cls=BlockAllocator):
+        self.block_size = block_size
+        self.num_blocks = num_cpu_blocks
+        self.allocator = allocator_cls(num_cpu_blocks)
+        self.tables: dict[int, BlockTable] = {}  # seq_id -> CPU blocks of a swapped-out sequence
+        self.maps = SwapMaps()
+
+    def swap_out(self, seq_id: int, table: BlockTable) -> list[tuple[int, int]] | None:
+        """Copy ``table`` (GPU ids) into the CPU pool; returns ``(gpu_block, cpu_block)`` pairs (blocks shared
+        with an already swapped-out sibling are copied once), or ``None`` when the CPU pool has no room.
+        The caller releases the GPU blocks."""
+        if self.maps.blocks_to_copy_out(table) > self.allocator.num_free_blocks:
+            return None
+        pairs, cpu_ids = self.maps.move(table, self.allocator, self.allocator.allocate, out=True)
+        self.tables[seq_id] = BlockTable(self.block_size, cpu_ids, table.num_tokens)
+        return pairs
+
+    def swap_in(
+        self, seq_id: int, gpu_allocator, allocate_gpu: Callable[[], int]
+    ) -> tuple[list[tuple[int, int]], BlockTable]:
+        """Move ``seq_id``'s CPU table back: returns the ``(cpu_block, gpu_block)`` pairs to copy and the new
+        GPU table. The caller has checked the GPU blocks (``blocks_to_copy_in``)."""
+        cpu_table = self.tables.pop(seq_id)
+        pairs, gpu_ids = self.maps.move(cpu_table, gpu_allocator, allocate_gpu, out=False)
+        self.release(cpu_table)
+        return pairs, BlockTable(self.block_size, gpu_ids, cpu_table.num_tokens)
+
+    def blocks_to_copy_in(self, seq_id: int) -> int:
+        """New GPU blocks a swap-in of ``seq_id`` needs (copies a sibling brought back already are reused)."""
+        return self.maps.blocks_to_copy_in(self.tables[seq_id])
+
+    def free(self, seq_id: int) -> None:
+        """Release a swapped-out sequence's CPU blocks (a no-op when it has none)."""
+        table = self.tables.pop(seq_id, None)
+        if table is not None:
+            self.release(table)
+
+    def release(self, table: BlockTable) -> None:
+        """Drop one reference to each CPU block of ``table``, tail first; forget copies of freed blocks."""
+        self.allocator.free_many(reversed(table.block_ids))
+        if self.maps:
+            for b in table:
+                if self.allocator.ref_count(b) == 0:
+                    self.maps.forget_cpu(b)

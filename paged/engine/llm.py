@@ -345,6 +345,9 @@ class LLM:
             per batch size of ``paged.worker.model_runner.GRAPH_SIZES`` up to ``max_num_seqs``, and pads a
             step's batch to the next captured size (vLLM's flag and ladder); ``True`` runs every step
             eagerly. No effect on CPU.
+        profile: time each step phase (``stats()["seconds"]``; the device is synced after each phase) and
+            keep one record per step (``engine.metrics.history``). Off (default): ``seconds`` is empty and
+            the loop runs no clock.
 
     Raises:
         TypeError: ``model`` of another type than ``None`` / ``str`` / path / ``PreTrainedModel``.
@@ -378,6 +381,7 @@ class LLM:
         long_prefill_token_threshold: int = 0,
         parts: Parts | None = None,
         enforce_eager: bool = False,
+        profile: bool = False,
     ):
         device = resolve_device(device)  # before loading: a bad device fails fast
         model, found_tokenizer = load_model(model, dtype)
@@ -437,12 +441,11 @@ class LLM:
             watermark=watermark,
             enable_prefix_caching=enable_prefix_caching,
         )
-        graphs = (
-            device.type == "cuda" and not enforce_eager
-        )  # graphs: one more block, the padding rows'
+        # decode steps as CUDA graphs: the pool holds one block more, the padding rows'
+        cuda_graphs = device.type == "cuda" and not enforce_eager
         kv_cache = KVCache(
             layers,
-            num_gpu_blocks + graphs,
+            num_gpu_blocks + (1 if cuda_graphs else 0),
             block_size,
             kv_heads,
             head_dim,
@@ -467,7 +470,8 @@ class LLM:
             self.tokenizer,
             seed,
             parts,
-            graphs,
+            cuda_graphs,
+            profile,
         )
 
     def _encode(self, prompt, index: int) -> tuple[list[int], str | None]:

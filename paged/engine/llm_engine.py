@@ -1,20 +1,22 @@
 """The engine: continuous batching with chunked prefill over a paged KV cache, on a transformers model.
 
-``LLMEngine.step()`` is one iteration of the serving loop (vLLM ``vllm/v1/engine/core.py``, nano-vllm
-``engine/llm_engine.py``):
+``LLMEngine.step()`` is one iteration of the serving loop, in vLLM v1's three verbs
+(``vllm/v1/engine/core.py``, ``EngineCore.step``; nano-vllm ``engine/llm_engine.py``):
 
-1. **schedule**: the scheduler picks this step's decodes and prompt chunks under one token budget,
-   preempts when memory runs out, and says which blocks to swap and copy;
-2. **cache ops**: swap out, swap in, then copy-on-write copies on the ``KVCache`` pool;
-3. **forward**: one packed forward over every scheduled token (``ModelRunner``), the attention reading
-   and writing the pool through each sequence's block table;
-4. **sample**: one token per sequence whose tokens are all computed (``Sampler``); a request with
-   ``n > 1`` forks at its first sample, the children sharing the prompt's blocks (copy-on-write later);
-5. **update**: append the tokens, finish sequences on a stop token, EOS, ``max_tokens`` or
-   ``max_model_len``, free finished sequences' blocks, return finished requests.
+1. ``scheduler.schedule()`` (``paged/core/scheduler.py``): this step's decodes and prompt chunks under one
+   token budget, the block manager (``paged/core/block_manager.py``) giving each its slots or ``None``
+   (then the scheduler preempts), and which blocks to swap and copy;
+2. ``runner.execute_model(out)`` (``paged/worker/model_runner.py``): swap out, swap in and copy-on-write
+   copies on the ``KVCache`` pool, one packed forward over every scheduled token (the attention,
+   ``paged/worker/attention.py``, reading and writing the pool through each sequence's block table), then
+   the sampler (``paged/worker/sampler.py``): token ids for each sequence whose tokens are all computed;
+3. ``scheduler.update_from_output(out, sampled)``: append the tokens, fork a request's ``n`` samples at its
+   first token, finish sequences on a stop token, EOS, ``max_tokens`` or ``max_model_len`` and free
+   their blocks.
 
-Timing, counters and per-step history go to ``self.metrics`` (``paged/engine/stats.py``).
-``LLM`` (``paged/engine/llm.py``) wraps the engine with model loading, KV sizing and ``generate``.
+Then one stats snapshot per step (``paged/engine/stats.py``); with ``profile=True`` the step also times
+each phase (the device synced) and keeps a per-step history. ``LLM`` (``paged/engine/llm.py``) wraps the
+engine with model loading, KV sizing and ``generate``.
 """
 
 from __future__ import annotations
@@ -23,23 +25,19 @@ import itertools
 import time
 import warnings
 
-import torch
-
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_manager import BlockSpaceManager
-from paged.core.scheduler_outputs import ScheduledSeq
 from paged.core.sequence import (
     CompletionOutput,
     RequestOutput,
     SamplingParams,
     Sequence,
     SequenceGroup,
-    SequenceStatus,
 )
 from paged.engine.parts import Parts
 from paged.engine.stats import EngineStats
 from paged.worker.model_runner import ModelRunner
-from paged.worker.sampler import Sampler, make_generator
+from paged.worker.sampler import make_generator
 
 
 class MaxModelLenWarning(UserWarning):
@@ -60,6 +58,8 @@ class LLMEngine:
         parts: the engine's pieces (``paged.engine.parts.Parts``; default: the reference parts).
         cuda_graphs: capture decode steps as CUDA graphs (``paged.worker.model_runner.DecodeGraph``); the
             pool then holds one block more than ``cache_config.num_gpu_blocks``, the padding rows' block.
+        profile: time each step phase (``stats()["seconds"]``, the device synced after each) and keep
+            one record per step (``metrics.history``); off: neither.
     """
 
     def __init__(
@@ -73,6 +73,7 @@ class LLMEngine:
         seed: int | None = 0,
         parts: Parts | None = None,
         cuda_graphs: bool = False,
+        profile: bool = False,
     ):
         self.model, self.kv_cache, self.tokenizer = model, kv_cache, tokenizer
         self.scheduler_config, self.cache_config = scheduler_config, cache_config
@@ -97,15 +98,14 @@ class LLMEngine:
             scheduler_config.max_num_seqs,
             scheduler_config.max_model_len,
             cuda_graphs,
+            seed,
         )
-        self.sampler = Sampler(seed)
-        self.eos_token_ids = set(eos_token_ids or ())
+        self.sampler = self.runner.sampler
+        self.eos_token_ids = frozenset(eos_token_ids or ())
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.metrics = EngineStats()
-        self._seq_ids = itertools.count()
+        self.metrics = EngineStats(profile)
         self._request_ids = itertools.count()
         self._said_max_model_len = False  # MaxModelLenWarning comes once per engine
-        self._generators: dict[str, torch.Generator | None] = {}
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -162,16 +162,16 @@ class LLMEngine:
                 MaxModelLenWarning,
                 stacklevel=3,
             )
-        seq = Sequence(next(self._seq_ids), tokens, self.cache_config.block_size)
-        self.scheduler.add_request(
-            SequenceGroup(request_id, [seq], params, time.perf_counter(), prompt)
-        )
-        self._generators[request_id] = make_generator(params.seed)
+        seq = Sequence(next(self.scheduler.seq_ids), tokens, self.cache_config.block_size)
+        group = SequenceGroup(request_id, [seq], params, time.perf_counter(), prompt)
+        if not params.ignore_eos:
+            group.stop_token_ids |= self.eos_token_ids
+        group.generator = make_generator(params.seed)
+        self.scheduler.add_request(group)
         return request_id
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request wherever it is and free its blocks; False if it is not unfinished here."""
-        self._generators.pop(str(request_id), None)
         return self.scheduler.abort_request(str(request_id))
 
     def has_unfinished_requests(self) -> bool:
@@ -180,91 +180,26 @@ class LLMEngine:
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
         """Run one iteration (module docstring); returns the requests that finished in it."""
-        mark, begin = self.metrics.clock(), time.perf_counter()
+        if self.metrics.profile:
+            return self._profiled_step()
+        out = self.scheduler.schedule()
+        sampled = self.runner.execute_model(out)
+        result = self.scheduler.update_from_output(out, sampled)
+        self.metrics.on_step(out, result, self.scheduler.block_manager)
+        return [self._output(group) for group in result.finished]
+
+    def _profiled_step(self) -> list[RequestOutput]:
+        """``step`` with a clock: seconds per phase into ``metrics.seconds``, one ``metrics.history`` record."""
+        mark = self.metrics.clock(self.runner.device)
         out = self.scheduler.schedule()
         mark("schedule")
-        kv = self.kv_cache
-        for pairs, move in (
-            (out.blocks_to_swap_out, kv.swap_out),
-            (out.blocks_to_swap_in, kv.swap_in),
-            (out.blocks_to_copy, kv.copy_blocks),
-        ):
-            if pairs:
-                move(pairs)
-        mark("cache_ops")
-        sampled: list[Sequence] = []
-        if out.scheduled:
-            batch = self.runner.prepare(out.scheduled)
-            mark("prepare")
-            logits = self.runner.forward(batch)
-            mark("forward")
-            sampled = self._sample(batch.sampling, logits)
-            mark("sample")
-        finished = self._finish_requests(out, sampled)
-        if out.scheduled:
-            self.metrics.on_step(
-                out,
-                self.scheduler.block_manager.gpu_allocator.num_used_blocks,
-                self.cache_config.block_size,
-                len(finished),
-                time.perf_counter() - begin,
-            )
+        sampled = self.runner.execute_model(out, mark)
+        result = self.scheduler.update_from_output(out, sampled)
         mark("update")
-        return finished
-
-    def _sample(self, entries: list[ScheduledSeq], logits: torch.Tensor) -> list[Sequence]:
-        """One token per entry (``n`` at a request's first sample, forking the children); returns the
-        sequences that got a token, with stop conditions applied."""
-        rows, params, gens, copies = [], [], [], []
-        for row, entry in enumerate(entries):
-            group = entry.seq.group
-            sp = group.sampling_params
-            k = (
-                sp.n - len(group.seqs) + 1
-            )  # > 1 only at the request's first sample: parallel sampling
-            rows += [row] * k
-            params += [sp] * k
-            gens += [self._generators.get(group.request_id)] * k
-            copies.append(k)
-        tokens = self.sampler.sample(
-            logits[rows] if len(rows) != logits.shape[0] else logits, params, gens
-        )
-        sampled, i, now = [], 0, time.perf_counter()
-        for entry, k in zip(entries, copies):
-            seq, group = entry.seq, entry.seq.group
-            for token in tokens[i + 1 : i + k]:  # the children share the prompt's blocks
-                child = seq.fork(next(self._seq_ids))
-                group.seqs.append(child)
-                self.scheduler.fork_seq(seq, child)
-                sampled.append(self._append(child, token))
-            sampled.append(self._append(seq, tokens[i]))
-            i += k
-        self.metrics.on_tokens(sampled, now)
-        return sampled
-
-    def _append(self, seq: Sequence, token: int) -> Sequence:
-        """Append a sampled token and finish the sequence on a stop token, EOS, ``max_tokens`` or ``max_model_len``."""
-        sp = seq.group.sampling_params
-        seq.append_token_id(token)
-        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
-            seq.status = SequenceStatus.FINISHED_STOPPED
-        elif (
-            len(seq) - seq.num_prompt_tokens >= sp.max_tokens
-            or len(seq) >= self.scheduler_config.max_model_len
-        ):
-            seq.status = SequenceStatus.FINISHED_LENGTH
-        return seq
-
-    def _finish_requests(self, out, sampled: list[Sequence]) -> list[RequestOutput]:
-        """Outputs of the requests that finished in this step; their blocks are freed at once."""
-        touched = {s.group.request_id: s.group for s in [*out.ignored, *out.exhausted, *sampled]}
-        done = [g for g in touched.values() if g.is_finished]
-        if any(s.is_finished for s in sampled):
-            self.scheduler.free_finished()
-        return [self._output(g) for g in done]
+        self.metrics.on_step(out, result, self.scheduler.block_manager, mark.elapsed())
+        return [self._output(group) for group in result.finished]
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
-        self._generators.pop(group.request_id, None)
         outputs = []
         for i, seq in enumerate(sorted(group.seqs, key=lambda s: s.seq_id)):
             text = ""

@@ -1,7 +1,10 @@
-"""What the engine measures about itself: counters, seconds per step phase, per-step history, latencies.
+"""What the engine measures about itself: counters, latencies, and (when profiling) phases and history.
 
-``LLMEngine.step`` reports to one ``EngineStats``; benchmarks and plots read it (and may replace
-``history`` with ``None`` to stop recording). Latencies follow vLLM's metrics
+``LLMEngine.step`` hands one snapshot per step to ``EngineStats.on_step`` (vLLM v1's ``SchedulerStats``,
+``vllm/v1/metrics/stats.py``, made once per step by ``Scheduler.make_stats``). Only with ``profile=True``
+does the step run a clock: seconds per phase (``seconds``, the device synced after each phase so that
+each is charged its own time) and one ``history`` record per model step; without it ``seconds`` stays
+empty, ``history`` is ``None`` and nothing waits for the device. Latencies follow vLLM's metrics
 (``vllm/v1/metrics/stats.py``): **time to first token** (TTFT) is a request's first sampled token minus
 its arrival; **inter-token latency** (ITL) is the gap between consecutive tokens of one sequence. Both are
 kept for the requests of the current window (``LLM.generate`` opens one per call) and reported as p50 / p99.
@@ -24,13 +27,39 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-class EngineStats:
-    """Counters (``counters``), seconds per phase (``seconds``), one ``history`` record per model step."""
+class PhaseClock:
+    """``mark(phase)`` adds the seconds since the previous mark to ``seconds[phase]``; on CUDA it first
+    waits for the device, so that queued kernels are charged to the phase that launched them."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: dict[str, float], device=None):
+        self.seconds = seconds
+        self.sync = device is not None and getattr(device, "type", None) == "cuda"
+        self.device = device
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        if self.sync:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[phase] += now - self.last
+        self.last = now
+
+    def elapsed(self) -> float:
+        """Seconds from the clock's start to its last mark."""
+        return self.last - self.start
+
+
+class EngineStats:
+    """Counters (``counters``); with ``profile``, seconds per phase (``seconds``) and one ``history`` record
+    per model step."""
+
+    def __init__(self, profile: bool = False) -> None:
+        self.profile = profile
         self.seconds: dict[str, float] = defaultdict(float)
         self.counters: dict[str, int] = defaultdict(int)
-        self.history: list[dict] | None = []
+        self.history: list[dict] | None = [] if profile else None
         self.peak_used_blocks = 0
         self.util_sum = 0.0
         self.new_window()
@@ -41,35 +70,33 @@ class EngineStats:
         self.itl: list[float] = []
         self._last_token: dict[int, float] = {}
 
-    def clock(self):
-        """A function ``mark(phase)`` that adds the seconds since the previous mark to ``seconds[phase]``."""
-        last = [time.perf_counter()]
+    def clock(self, device=None) -> PhaseClock:
+        """A ``PhaseClock`` over ``seconds`` (the profiled step's)."""
+        return PhaseClock(self.seconds, device)
 
-        def mark(phase: str) -> None:
-            now = time.perf_counter()
-            self.seconds[phase] += now - last[0]
-            last[0] = now
-
-        return mark
-
-    def on_step(
-        self, out, used_blocks: int, block_size: int, num_finished: int, seconds: float
-    ) -> None:
-        """One model step: counts, peak blocks, the fraction of allocated slots that hold a token."""
+    def on_step(self, out, result, block_manager, seconds: float | None = None) -> None:
+        """One step's snapshot: counts, peak blocks, the fraction of allocated slots that hold a token,
+        token times (TTFT / ITL); with profiling, a ``history`` record (``seconds``: the step's)."""
+        if result.sampled:
+            self.on_tokens(result.sampled, time.perf_counter())
+        if not out.scheduled:
+            return
+        used_blocks, block_size = (
+            block_manager.gpu_allocator.num_used_blocks,
+            block_manager.block_size,
+        )
         prefill_tokens = chunks = empty = 0
         for s in out.scheduled:  # one pass over the step's sequences
             chunks += s.is_prefill
             prefill_tokens += s.num_tokens if s.is_prefill else 0
             empty += -(s.start + s.num_tokens) % block_size  # unfilled last-block slots
-        for key, n in (
-            ("steps", 1),
-            ("computed_tokens", out.num_batched_tokens),
-            ("prefill_chunks", chunks),
-            ("cow_copies", len(out.blocks_to_copy)),
-            ("swapped_out_blocks", len(out.blocks_to_swap_out)),
-            ("swapped_in_blocks", len(out.blocks_to_swap_in)),
-        ):
-            self.counters[key] += n
+        counters = self.counters
+        counters["steps"] += 1
+        counters["computed_tokens"] += out.num_batched_tokens
+        counters["prefill_chunks"] += chunks
+        counters["cow_copies"] += len(out.blocks_to_copy)
+        counters["swapped_out_blocks"] += len(out.blocks_to_swap_out)
+        counters["swapped_in_blocks"] += len(out.blocks_to_swap_in)
         self.peak_used_blocks = max(self.peak_used_blocks, used_blocks)
         if used_blocks:
             self.util_sum += max(0.0, 1.0 - empty / (used_blocks * block_size))
@@ -80,7 +107,7 @@ class EngineStats:
                     "decode_seqs": len(out.scheduled) - chunks,
                     "used_blocks": used_blocks,
                     "preempted": len(out.preempted),
-                    "finished": num_finished,
+                    "finished": len(result.finished),
                     "seconds": seconds,
                 }
             )

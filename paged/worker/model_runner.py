@@ -6,6 +6,8 @@ decode computes), chunks first and decodes last, and builds the step's ``Attenti
 slot mapping, block tables, context lengths) once. ``forward(batch)`` runs the model and returns the
 logits of the last token of each sequence that samples (a prompt's last chunk, or a decode),
 ``[K, vocab]`` float32. The K/V of the new tokens land in the pool inside the attention function.
+``execute_model(out)`` is the engine's one call per step (vLLM v1 ``GPUModelRunner.execute_model``): the
+step's KV moves, ``prepare``, ``forward``, then ``sample``, returning the sampled token ids.
 
 On CUDA, with ``cuda_graphs`` (``LLM(enforce_eager=False)``, the default there), a step of decodes only is
 served by a ``DecodeGraph``: the model's forward captured once per batch size of ``GRAPH_SIZES`` (vLLM's and
@@ -21,13 +23,15 @@ of GPU memory, and give the pool ``total x gpu_memory_utilization - peak`` bytes
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from paged.core.scheduler_outputs import ScheduledSeq
+from paged.core.scheduler_outputs import ScheduledSeq, SchedulerOutputs
 from paged.worker.attention import AttentionMetadata, forward_logits, use_paged_attention
 from paged.worker.kv_cache import KVCache
+from paged.worker.sampler import Sampler
 
 GRAPH_SIZES = (
     1,
@@ -122,6 +126,7 @@ class ModelRunner:
         cuda_graphs: capture decode steps as CUDA graphs (``DecodeGraph``, ``GRAPH_SIZES`` up to
             ``max_num_seqs``); the pool's last block is then the padding rows' (the block manager must
             own one block fewer than ``kv_cache`` holds).
+        seed: seed of the sampler's shared generator (requests without a generator of their own).
     """
 
     def __init__(
@@ -134,7 +139,9 @@ class ModelRunner:
         max_num_seqs: int = 256,
         max_model_len: int = 2048,
         cuda_graphs: bool = False,
+        seed: int | None = 0,
     ):
+        self.sampler = Sampler(seed)
         self.model, self.kv_cache, self.parts, self.decode, self.prefill = (
             model,
             kv_cache,
@@ -199,19 +206,61 @@ class ModelRunner:
         )
         return Batch(meta, [batch[i] for i in keep])
 
+    def execute_model(
+        self, out: SchedulerOutputs, mark: Callable[[str], None] = lambda phase: None
+    ) -> dict[int, list[int]]:
+        """Run one scheduled step: move KV (swap out first, then swap in, then copy-on-write copies), one
+        forward over every scheduled token, then sampling.
+
+        Returns ``{seq_id: token ids}`` for each sequence that samples, in batch order: one token, or
+        ``n`` at a request's first sample (its first sequence keeps the first; the scheduler forks the
+        others). ``mark(phase)`` is called after each phase (the profiling engine's ``PhaseClock``).
+        """
+        kv = self.kv_cache
+        if out.blocks_to_swap_out:
+            kv.swap_out(out.blocks_to_swap_out)
+        if out.blocks_to_swap_in:
+            kv.swap_in(out.blocks_to_swap_in)
+        if out.blocks_to_copy:
+            kv.copy_blocks(out.blocks_to_copy)
+        mark("cache_ops")
+        if not out.scheduled:
+            return {}
+        batch = self.prepare(out.scheduled)
+        mark("prepare")
+        logits = self.forward(batch)
+        mark("forward")
+        sampled = self.sample(batch.sampling, logits)
+        mark("sample")
+        return sampled
+
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits ``[len(batch.sampling), vocab]`` float32 of the sampling entries, in their order."""
         use_paged_attention(self.model)
         if batch.graph is not None:
-            logits = batch.graph.run(batch.host)[: len(batch.sampling)]
-        else:
-            logits = forward_logits(self.model, batch.meta.input_ids, batch.meta)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(
-                self.device
-            )  # so that the step's clock charges the forward to the model
-        return logits
+            return batch.graph.run(batch.host)[: len(batch.sampling)]
+        return forward_logits(self.model, batch.meta.input_ids, batch.meta)
+
+    def sample(self, entries: list[ScheduledSeq], logits: torch.Tensor) -> dict[int, list[int]]:
+        """``{seq_id: token ids}`` for ``entries`` (the rows of ``logits``): ``n - len(group.seqs) + 1``
+        tokens each, so ``n`` at a request's first sample (parallel sampling) and 1 afterwards."""
+        rows, params, generators, counts = [], [], [], []
+        for row, entry in enumerate(entries):
+            group = entry.seq.group
+            k = group.sampling_params.n - len(group.seqs) + 1
+            rows += [row] * k
+            params += [group.sampling_params] * k
+            generators += [group.generator] * k
+            counts.append(k)
+        if len(rows) != logits.shape[0]:
+            logits = logits[rows]
+        tokens = self.sampler.sample(logits, params, generators)
+        sampled, i = {}, 0
+        for entry, k in zip(entries, counts):
+            sampled[entry.seq.seq_id] = tokens[i : i + k]
+            i += k
+        return sampled
 
 
 def kv_shape(model) -> tuple[int, int, int]:

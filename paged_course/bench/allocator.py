@@ -4,7 +4,7 @@
    (the least a free list can cost in Python), one block at a time and 64 blocks at a time
    (``allocate_many`` / ``free_many``). The ratio is what the bookkeeping (reference counts, checks)
    costs on top of the bare free list.
-2. ``BlockSpaceManager.allocate`` + ``free`` of 64 / 256 / 1024 sequences of 64 blocks each (block
+2. ``BlockSpaceManager.allocate_slots`` + ``free`` of 64 / 256 / 1024 sequences of 64 blocks each (block
    size 16, 1,024-token prompts, caching off): does the time stay linear in the number of blocks? Reported:
    microseconds per block, and Python function calls per block (cProfile: the amount of work, exact and
    free of timing noise; it stays constant while the time per block rises somewhat as the working
@@ -132,7 +132,7 @@ def manager_allocate_free(
 
     def once():
         for s in seqs:
-            manager.allocate(s)
+            manager.allocate_slots(s)
         for s in seqs:
             manager.free(s)
 
@@ -167,7 +167,7 @@ def run(quick: bool, out: Path) -> dict:
         f"   ratio {pair['ratio_batch']:.2f}x"
     )
     rows = [manager_allocate_free(n) for n in (64, 256, 1024)]
-    print("BlockSpaceManager allocate + free, 64 blocks per sequence (block 16)")
+    print("BlockSpaceManager allocate_slots + free, 64 blocks per sequence (block 16)")
     for r in rows:
         print(
             f"  {r['num_seqs']:5d} seqs  {r['blocks']:6d} blocks  {r['seconds'] * 1e3:8.2f} ms"

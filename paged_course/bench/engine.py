@@ -331,7 +331,7 @@ def agreement(model, work, ours, theirs) -> dict:
 def overhead(model, num_seqs: int = 64, prompt_len: int = 32, max_tokens: int = 48) -> dict:
     """Seconds per engine phase while ``num_seqs`` sequences decode together; overhead = 1 - forward share."""
     work = make_workload(num_seqs, (prompt_len, prompt_len), (max_tokens, max_tokens), seed=1)
-    _, seconds, stats = run_paged(model, work, max_num_seqs=num_seqs)
+    _, seconds, stats = run_paged(model, work, max_num_seqs=num_seqs, profile=True)
     phases = stats["seconds"]
     total = sum(phases.values())
     return {
@@ -475,7 +475,8 @@ def profile_engine(model, work, top: int = 15) -> dict:
     from paged.engine.llm import LLM
 
     run_paged(model, work[:4])
-    llm = LLM(model, verbose=False)  # built outside the profile: only the generate call is profiled
+    # built outside cProfile: only the generate call is profiled; profile=True: seconds per step phase
+    llm = LLM(model, verbose=False, profile=True)
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for _, m in work]
     profiler, start = cProfile.Profile(), time.perf_counter()
     profiler.enable()

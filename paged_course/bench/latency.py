@@ -154,6 +154,7 @@ def run_engine(
         max_num_seqs=max_num_seqs,
         enable_chunked_prefill=chunked,
         max_num_batched_tokens=budget if chunked else None,
+        profile=True,  # the step history and phase seconds
         **llm_kwargs,
     )
     engine = llm.engine

@@ -1,13 +1,13 @@
 """``python -m paged bench prefix``: what prefix caching costs and what it saves (block manager only).
 
-1. Cost: ``allocate`` of a 2,000-token prompt (block size 16) whose first 1,500 tokens are cached,
+1. Cost: ``allocate_slots`` of a 2,000-token prompt (block size 16) whose first 1,500 tokens are cached,
    against the same allocation with caching off: the ratio is the price of a hit. Each repeat uses a
    fresh random suffix, so exactly the 93 full blocks of the shared 1,500-token prefix hit (1,488
-   tokens). What is timed: ``allocate`` alone, the request's block keys already computed (the scheduler
+   tokens). What is timed: ``allocate_slots`` alone, the request's block keys already computed (the scheduler
    hashes a prompt's full blocks once, kept on the sequence, as vLLM v1 does: ``seq.block_hashes``); so the
    timed work is 93 dict lookups with token checks, taking the 93 hit blocks, 32 new blocks and
    registering 31 newly full ones. Also printed: the same allocation of a prompt never hashed before
-   (hashing its 124 full blocks inside ``allocate``).
+   (hashing its 124 full blocks inside ``allocate_slots``).
 2. Savings (seed claim C5, error E4): 100 requests hold the same system prompt plus a 50-token question
    of their own, all at once. Blocks in use with caching vs without, for several system-prompt
    lengths; and the prefill tokens computed, whose ratio bounds the prompt-phase speed-up.
@@ -60,7 +60,7 @@ def shared_prompt_savings(
         computed = 0
         for i, prompt in enumerate(prompts):
             seq = Sequence(i, prompt, block_size)
-            manager.allocate(seq)
+            manager.allocate_slots(seq)
             computed += len(seq) - seq.num_computed_tokens
         suffix = "with" if caching else "without"
         out[f"blocks_{suffix}"] = total - manager.get_num_free_gpu_blocks()
@@ -78,10 +78,10 @@ def allocation_cost(
     repeats: int = 200,
     seed: int = 0,
 ) -> dict:
-    """Microseconds for ``allocate`` of a ``prompt_len`` prompt, caching on (prefix cached) vs off.
+    """Microseconds for ``allocate_slots`` of a ``prompt_len`` prompt, caching on (prefix cached) vs off.
 
     ``us_on``: the request's block keys computed beforehand (when it is added); ``us_on_with_hashing``:
-    a prompt never seen, hashed inside ``allocate``. Best of ``repeats`` each, interleaved.
+    a prompt never seen, hashed inside ``allocate_slots``. Best of ``repeats`` each, interleaved.
     """
     rng = random.Random(seed)
     prefix = [rng.randrange(1, 32_000) for _ in range(cached_len)]
@@ -98,7 +98,7 @@ def allocation_cost(
             enable_prefix_caching=caching,
         )
         warm = Sequence(0, prompts[0], block_size)
-        manager.allocate(warm)
+        manager.allocate_slots(warm)
         manager.free(warm)
         managers[case] = manager
     best = dict.fromkeys(managers, float("inf"))
@@ -114,7 +114,7 @@ def allocation_cost(
                 if case == "us_on":
                     manager.prefix_cache.update_hashes(seq)  # hashed once beforehand (not timed)
                 t0 = time.perf_counter()
-                manager.allocate(seq)
+                manager.allocate_slots(seq)
                 best[case] = min(best[case], time.perf_counter() - t0)
                 cached[case] = seq.num_cached_tokens
                 manager.free(seq)
@@ -129,13 +129,15 @@ def allocation_cost(
 
 def run(quick: bool, out: Path) -> dict:
     cost = allocation_cost(repeats=100 if quick else 500)
-    print(f"allocate a 2,000-token prompt (block 16), best of {100 if quick else 500}, CPU:")
+    print(
+        f"allocate_slots for a 2,000-token prompt (block 16), best of {100 if quick else 500}, CPU:"
+    )
     print(
         f"  caching off {cost['us_off']:7.1f} us | caching on, {cost['cached_tokens']} tokens cached, "
         f"keys hashed when the request was added {cost['us_on']:7.1f} us | ratio {cost['ratio']:.2f}x"
     )
     print(
-        f"  caching on, prompt hashed inside allocate (never seen before) {cost['us_on_with_hashing']:7.1f} us"
+        f"  caching on, prompt hashed inside allocate_slots (never seen before) {cost['us_on_with_hashing']:7.1f} us"
         f" | ratio {cost['ratio_with_hashing']:.2f}x"
     )
     lengths = [9, 16, 100, 500, 1000, 2000]
@@ -193,15 +195,15 @@ def plot_results(cost: dict, rows: list[dict], path: Path) -> Path:
         ("caching off", cost["us_off"], "#8d99ae"),
         (f"on, keys\nprecomputed\n({cost['ratio']:.1f}x)", cost["us_on"], "#2a9d8f"),
         (
-            f"on, hashed in\nallocate\n({cost['ratio_with_hashing']:.1f}x)",
+            f"on, hashed in\nallocate_slots\n({cost['ratio_with_hashing']:.1f}x)",
             cost["us_on_with_hashing"],
             "#e9c46a",
         ),
     ]
     ax2.bar([c[0] for c in cases], [c[1] for c in cases], color=[c[2] for c in cases])
     ax2.set(
-        ylabel="us per allocate (best run, CPU)",
-        title=f"allocate 2,000 tokens, {cost['cached_tokens']} cached (ratio vs off)",
+        ylabel="us per allocate_slots (best run, CPU)",
+        title=f"allocate_slots for 2,000 tokens, {cost['cached_tokens']} cached (ratio vs off)",
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -118,7 +118,9 @@ def engine_budget_sweep(
     for budget in budgets:
         runs = []
         for _ in range(repeats):
-            llm = LLM(model, max_num_batched_tokens=budget, verbose=False, **llm_kwargs)
+            llm = LLM(
+                model, max_num_batched_tokens=budget, verbose=False, profile=True, **llm_kwargs
+            )
             llm.generate(prompts, sampling_params, use_tqdm=False)
             stats, history = llm.stats(), llm.engine.metrics.history
             runs.append(

@@ -492,23 +492,23 @@ def _block_manager_run(allocator_cls):
     ]
     log = []
     for seq in seqs:
-        bm.allocate(seq)
+        bm.allocate_slots(seq)
         log.append(("allocate", seq.seq_id, bm.get_block_table(seq)))
     for t in range(5):
         seqs[0].append_token_id(40 + t)
-        bm.append_slots(seqs[0])
+        bm.allocate_slots(seqs[0])
     log.append(("grow", bm.get_block_table(seqs[0])))
     for seq in seqs[:2]:
         bm.free(seq)
     again = Sequence(
         3, shared + [5, 6, 1, 40, 41, 42], 4
     )  # hits the freed cached blocks of sequence 0
-    bm.allocate(again)
-    log.append(("hit freed", bm.get_block_table(again), bm.num_cached_tokens(again)))
+    bm.allocate_slots(again)
+    log.append(("hit freed", bm.get_block_table(again), again.num_cached_tokens))
     fresh = Sequence(
         4, list(range(60, 75)), 4
     )  # needs blocks: evicts from the front of the free queue
-    bm.allocate(fresh)
+    bm.allocate_slots(fresh)
     log.append(("evict", bm.get_block_table(fresh)))
     for seq in (seqs[2], again, fresh):
         bm.free(seq)

@@ -98,15 +98,13 @@ def lockstep(cls, copy_on_write, seed, bs, num_blocks, hash_fn, ops=120):
                 rng.randrange(1, 6)
             ] * rng.randrange(3)
             a, b = seq_of(prompt, bs), Sequence(next(_ids), list(prompt), bs)
-            can = ref.can_allocate(a)
-            assert you.can_allocate(b) == can, (
-                f"{where}: can_allocate differs from the reference (cached prefix)"
-            )
-            if not can:
-                continue
             cached_before = {x for x in range(num_blocks) if x in ref.prefix_cache}
-            ref.allocate(a)
-            you.allocate(b)
+            admitted = ref.allocate_slots(a) is not None
+            assert (you.allocate_slots(b) is not None) == admitted, (
+                f"{where}: admission differs from the reference (cached prefix)"
+            )
+            if not admitted:
+                continue
             fresh = ref.get_block_table(a)[a.num_cached_tokens // bs :]
             evictions += any(x in cached_before for x in fresh)
             assert b.num_cached_tokens == a.num_cached_tokens, (
@@ -120,11 +118,12 @@ def lockstep(cls, copy_on_write, seed, bs, num_blocks, hash_fn, ops=120):
             t = rng.randrange(1, 6)
             a.append_token_id(t)
             b.append_token_id(t)
-            if not ref.can_append_slots(a, 1):  # no room to grow: take the token back
+            na = ref.allocate_slots(a, 1)
+            if na is None:  # no room to grow: take the token back
                 a.token_ids.pop()
                 b.token_ids.pop()
                 continue
-            pa, pb = ref.append_slots(a, 1), you.append_slots(b, 1)
+            pa, pb = na.copies, you.allocate_slots(b, 1).copies
             assert len(pb) == len(pa), f"{where}: copy-on-write pairs {pb}, the reference {pa}"
         elif kind < 0.85:
             a, b = rng.choice(live)
@@ -553,7 +552,7 @@ def test_eviction_order_shared_head_stays_longest(impl):
         )
     )
     for s in (a, b, c):
-        m.allocate(s)
+        m.allocate_slots(s)
     queue, refs, cached = _manager_state(m)
     tables = [m.get_block_table(s) for s in (c, a, b)]
     got = ex.eviction_order(queue, refs, tables, cached)
@@ -592,13 +591,12 @@ def test_eviction_order_predicts_the_block_manager(impl, seed):
             rng.randrange(4, 9) for _ in range(rng.randrange(3))
         ]
         seq = Sequence(next(ids), prompt, bs)
-        if not m.can_allocate(seq):
+        if m.allocate_slots(seq) is None:
             break
-        m.allocate(seq)
         seqs.append(seq)
         for _ in range(rng.randrange(3)):
             seq.append_token_id(rng.randrange(4, 9))
-            m.append_slots(seq, 1)
+            m.allocate_slots(seq, 1)
         if rng.random() < 0.3:
             child = seq.fork(next(ids))
             m.fork(seq, child)
@@ -619,7 +617,7 @@ def test_eviction_order_predicts_the_block_manager(impl, seed):
     while m.get_num_free_gpu_blocks():
         filler = Sequence(next(ids), [100 + len(evicted)] * bs, bs)
         before = {b for b in range(m.num_gpu_blocks) if b in m.prefix_cache}
-        m.allocate(filler)
+        m.allocate_slots(filler)
         evicted += [b for b in m.get_block_table(filler) if b in before]
     assert evicted == want
 

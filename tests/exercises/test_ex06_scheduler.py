@@ -620,6 +620,27 @@ def test_prefix_cached_tokens_cost_no_budget(impl):
     )
 
 
+@pytest.mark.exercise("ch06.ex5", points=1)
+def test_one_prefix_lookup_per_admission(impl):
+    ex = impl("ex06_scheduler")
+    s = sched(
+        mix(ex, "_schedule_waiting"), 8, max_model_len=16, max_num_batched_tokens=16, prefix=True
+    )
+    lookups = []
+    lookup = s.block_manager.prefix_cache.lookup
+    s.block_manager.prefix_cache.lookup = lambda *a: lookups.append(a[0].seq_id) or lookup(*a)
+    x, y = make("X", range(100, 116), 1), make("Y", range(100, 112), 1)
+    s.add_request(x)
+    s.add_request(y)
+    assert plan(s.schedule()) == [("X", 0, 16)] and lookups == [
+        x.seqs[0].seq_id,
+        y.seqs[0].seq_id,
+    ], (
+        "one get_computed_blocks per admission attempt (X admitted, Y tried and stopped by the "
+        f"budget), its blocks passed on to allocate_slots: got lookups by sequence {lookups}"
+    )
+
+
 @pytest.mark.exercise("ch06.ex5", points=3)
 def test_admission_matches_the_reference_on_random_runs(impl):
     ex = impl("ex06_scheduler")

@@ -33,7 +33,7 @@ MUTANTS = {
                 if n == 0:
                     self.running.append(seq)
                     continue
-                while not bm.can_append_slots(seq, n):
+                while (new_blocks := bm.allocate_slots(seq, n)) is None:
                     if queue:
                         self._preempt(queue.popleft(), out)
                     elif self.running:
@@ -43,7 +43,7 @@ MUTANTS = {
                         self._exhaust(seq, out)
                         break
                 else:
-                    out.blocks_to_copy += bm.append_slots(seq, n)
+                    out.blocks_to_copy += new_blocks.copies
                     self.running.append(seq)
                     budget -= self._mark_scheduled(seq, n, out)
         """,
@@ -55,7 +55,7 @@ MUTANTS = {
                 if n == 0:
                     self.running.appendleft(seq)
                     continue
-                while not bm.can_append_slots(seq, n):
+                while (new_blocks := bm.allocate_slots(seq, n)) is None:
                     if queue:
                         self._preempt(queue.popleft(), out)
                     elif self.running:
@@ -65,7 +65,7 @@ MUTANTS = {
                         self._exhaust(seq, out)
                         break
                 else:
-                    out.blocks_to_copy += bm.append_slots(seq, n)
+                    out.blocks_to_copy += new_blocks.copies
                     self.running.appendleft(seq)
                     budget -= self._mark_scheduled(seq, n, out)
         """,
@@ -76,7 +76,7 @@ MUTANTS = {
                 if n == 0:
                     self.running.append(seq)
                     continue
-                while not bm.can_append_slots(seq, n):
+                while (new_blocks := bm.allocate_slots(seq, n)) is None:
                     if queue:
                         self._preempt(queue.pop(), out)
                     elif self.running:
@@ -86,7 +86,7 @@ MUTANTS = {
                         self._exhaust(seq, out)
                         break
                 else:
-                    out.blocks_to_copy += bm.append_slots(seq, n)
+                    out.blocks_to_copy += new_blocks.copies
                     self.running.append(seq)
                     self._mark_scheduled(seq, n, out)
         """,
@@ -97,14 +97,14 @@ MUTANTS = {
                 if n == 0:
                     self.running.append(seq)
                     continue
-                while not bm.can_append_slots(seq, n):
+                while (new_blocks := bm.allocate_slots(seq, n)) is None:
                     if queue:
                         self._preempt(queue.pop(), out)
                     else:
                         self._preempt(seq, out)
                         break
                 else:
-                    out.blocks_to_copy += bm.append_slots(seq, n)
+                    out.blocks_to_copy += new_blocks.copies
                     self.running.append(seq)
                     budget -= self._mark_scheduled(seq, n, out)
         """,
@@ -115,14 +115,14 @@ MUTANTS = {
                 if n == 0:
                     self.running.append(seq)
                     continue
-                while not bm.can_append_slots(seq, n):
+                while (new_blocks := bm.allocate_slots(seq, n)) is None:
                     if queue:
                         self._preempt(queue.pop(), out)
                     else:
                         self._exhaust(seq, out)
                         break
                 else:
-                    out.blocks_to_copy += bm.append_slots(seq, n)
+                    out.blocks_to_copy += new_blocks.copies
                     self.running.append(seq)
                     budget -= self._mark_scheduled(seq, n, out)
         """,
@@ -133,7 +133,7 @@ MUTANTS = {
                 if n == 0:
                     self.running.append(seq)
                     continue
-                while not bm.can_append_slots(seq, n):
+                while (new_blocks := bm.allocate_slots(seq, n)) is None:
                     if queue:
                         self._preempt(queue.pop(), out)
                     elif self.running:
@@ -143,74 +143,66 @@ MUTANTS = {
                         self._exhaust(seq, out)
                         break
                 else:
-                    bm.append_slots(seq, n)
                     self.running.append(seq)
                     budget -= self._mark_scheduled(seq, n, out)
         """,
     },
     "ch06.ex3": {
-        "a preempted sequence not reset for recompute": """
-            if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
-                out.blocks_to_swap_out += self.block_manager.swap_out(seq)
-                seq.status = SWAPPED
-                self.num_swap_outs += 1
-                insort(self.swapped, seq, key=self._rank)
-            else:
-                self.block_manager.free(seq)
-                self.waiting.appendleft(seq)
-                self.num_recomputes += 1
-        """,
         "swap without bookkeeping (blocks never copied out)": """
-            if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
-                self.block_manager.swap_out(seq)
+            pairs = None
+            if self.config.preemption_mode == "swap":
+                pairs = self.block_manager.swap_out(seq)
+            if pairs is not None:
                 seq.status = SWAPPED
                 self.num_swap_outs += 1
                 insort(self.swapped, seq, key=self._rank)
             else:
-                self.block_manager.free(seq)
-                seq.reset_for_recompute()
-                self.waiting.appendleft(seq)
+                self._recompute(seq, out)
                 self.num_recomputes += 1
         """,
         "swapped queue in eviction order": """
-            if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
-                out.blocks_to_swap_out += self.block_manager.swap_out(seq)
+            pairs = None
+            if self.config.preemption_mode == "swap":
+                pairs = self.block_manager.swap_out(seq)
+            if pairs is not None:
+                out.blocks_to_swap_out += pairs
                 seq.status = SWAPPED
                 self.num_swap_outs += 1
                 self.swapped.append(seq)
             else:
-                self.block_manager.free(seq)
-                seq.reset_for_recompute()
-                self.waiting.appendleft(seq)
+                self._recompute(seq, out)
                 self.num_recomputes += 1
         """,
-        "recomputed victims go to the back of waiting": """
-            if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
-                out.blocks_to_swap_out += self.block_manager.swap_out(seq)
-                seq.status = SWAPPED
-                self.num_swap_outs += 1
-                insort(self.swapped, seq, key=self._rank)
-            else:
-                self.block_manager.free(seq)
-                seq.reset_for_recompute()
-                self.waiting.append(seq)
-                self.num_recomputes += 1
-        """,
-        "swaps without asking whether the CPU pool has room": """
+        "a swapped sequence left in the running state": """
+            pairs = None
             if self.config.preemption_mode == "swap":
-                out.blocks_to_swap_out += self.block_manager.swap_out(seq)
-                seq.status = SWAPPED
+                pairs = self.block_manager.swap_out(seq)
+            if pairs is not None:
+                out.blocks_to_swap_out += pairs
                 self.num_swap_outs += 1
                 insort(self.swapped, seq, key=self._rank)
             else:
-                self.block_manager.free(seq)
-                seq.reset_for_recompute()
-                self.waiting.appendleft(seq)
+                self._recompute(seq, out)
+                self.num_recomputes += 1
+        """,
+        "swap mode never falls back to recompute (a full CPU pool drops the victim)": """
+            if self.config.preemption_mode == "swap":
+                pairs = self.block_manager.swap_out(seq)
+                if pairs is not None:
+                    out.blocks_to_swap_out += pairs
+                    seq.status = SWAPPED
+                    self.num_swap_outs += 1
+                    insort(self.swapped, seq, key=self._rank)
+            else:
+                self._recompute(seq, out)
                 self.num_recomputes += 1
         """,
         "recompute keeps the blocks": """
-            if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
-                out.blocks_to_swap_out += self.block_manager.swap_out(seq)
+            pairs = None
+            if self.config.preemption_mode == "swap":
+                pairs = self.block_manager.swap_out(seq)
+            if pairs is not None:
+                out.blocks_to_swap_out += pairs
                 seq.status = SWAPPED
                 self.num_swap_outs += 1
                 insort(self.swapped, seq, key=self._rank)
@@ -218,6 +210,19 @@ MUTANTS = {
                 seq.reset_for_recompute()
                 self.waiting.appendleft(seq)
                 self.num_recomputes += 1
+        """,
+        "recompute counted as a swap": """
+            pairs = None
+            if self.config.preemption_mode == "swap":
+                pairs = self.block_manager.swap_out(seq)
+            if pairs is not None:
+                out.blocks_to_swap_out += pairs
+                seq.status = SWAPPED
+                self.num_swap_outs += 1
+                insort(self.swapped, seq, key=self._rank)
+            else:
+                self._recompute(seq, out)
+                self.num_swap_outs += 1
         """,
     },
     "ch06.ex4": {
@@ -227,15 +232,15 @@ MUTANTS = {
                 n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
                 if n == 0:
                     break
-                if not bm.can_swap_in(seq, n):
+                if (pairs := bm.swap_in(seq, n)) is None:
                     if self.running:
                         break
                     self.swapped.pop()
-                    self._recompute(seq)
+                    self._recompute(seq, out)
                     continue
                 self.swapped.pop()
-                out.blocks_to_swap_in += bm.swap_in(seq)
-                out.blocks_to_copy += bm.append_slots(seq, n)
+                out.blocks_to_swap_in += pairs
+                out.blocks_to_copy += bm.allocate_slots(seq, n).copies
                 seq.status = RUNNING
                 self.num_swap_ins += 1
                 self.running.append(seq)
@@ -246,11 +251,11 @@ MUTANTS = {
             while self.swapped and self._num_seats() < self.config.max_num_seqs:
                 seq = self.swapped[0]
                 n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
-                if n == 0 or not bm.can_swap_in(seq, n):
+                if n == 0 or (pairs := bm.swap_in(seq, n)) is None:
                     break
                 self.swapped.pop(0)
-                out.blocks_to_swap_in += bm.swap_in(seq)
-                out.blocks_to_copy += bm.append_slots(seq, n)
+                out.blocks_to_swap_in += pairs
+                out.blocks_to_copy += bm.allocate_slots(seq, n).copies
                 seq.status = RUNNING
                 self.num_swap_ins += 1
                 self.running.append(seq)
@@ -263,13 +268,13 @@ MUTANTS = {
                 n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
                 if n == 0:
                     break
-                if not bm.can_swap_in(seq, n):
+                if (pairs := bm.swap_in(seq, n)) is None:
                     self.swapped.pop(0)
-                    self._recompute(seq)
+                    self._recompute(seq, out)
                     continue
                 self.swapped.pop(0)
-                out.blocks_to_swap_in += bm.swap_in(seq)
-                out.blocks_to_copy += bm.append_slots(seq, n)
+                out.blocks_to_swap_in += pairs
+                out.blocks_to_copy += bm.allocate_slots(seq, n).copies
                 seq.status = RUNNING
                 self.num_swap_ins += 1
                 self.running.append(seq)
@@ -282,15 +287,14 @@ MUTANTS = {
                 n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
                 if n == 0:
                     break
-                if not bm.can_swap_in(seq, n):
+                if (pairs := bm.swap_in(seq, n)) is None:
                     if self.running:
                         break
                     self.swapped.pop(0)
-                    self._recompute(seq)
+                    self._recompute(seq, out)
                     continue
                 self.swapped.pop(0)
-                bm.swap_in(seq)
-                out.blocks_to_copy += bm.append_slots(seq, n)
+                out.blocks_to_copy += bm.allocate_slots(seq, n).copies
                 seq.status = RUNNING
                 self.num_swap_ins += 1
                 self.running.append(seq)
@@ -301,15 +305,15 @@ MUTANTS = {
             while self.swapped and self._num_seats() < self.config.max_num_seqs:
                 seq = self.swapped[0]
                 n = len(seq) - seq.num_computed_tokens
-                if not bm.can_swap_in(seq, n):
+                if (pairs := bm.swap_in(seq, n)) is None:
                     if self.running:
                         break
                     self.swapped.pop(0)
-                    self._recompute(seq)
+                    self._recompute(seq, out)
                     continue
                 self.swapped.pop(0)
-                out.blocks_to_swap_in += bm.swap_in(seq)
-                out.blocks_to_copy += bm.append_slots(seq, n)
+                out.blocks_to_swap_in += pairs
+                out.blocks_to_copy += bm.allocate_slots(seq, n).copies
                 seq.status = RUNNING
                 self.num_swap_ins += 1
                 self.running.append(seq)
@@ -321,19 +325,16 @@ MUTANTS = {
         "watermark ignored": """
             while self.waiting:
                 seq = self.waiting[0]
-                reason = self._never_reason(seq)
-                if reason is not None:
-                    self.waiting.popleft()
-                    self._finish(seq, reason, out)
-                    continue
                 if seats + self._seats(seq) > self.config.max_num_seqs:
                     break
-                n = self._chunk(len(seq) - bm.num_cached_tokens(seq), budget)
-                hits, new, free_hits = bm._admission_needs(seq, n)
-                if n == 0 or new + free_hits > bm.get_num_free_gpu_blocks():
+                computed = bm.get_computed_blocks(seq)
+                n = self._chunk(len(seq) - len(computed) * bm.block_size, budget)
+                watermark, bm.watermark_blocks = bm.watermark_blocks, 0
+                new_blocks = bm.allocate_slots(seq, n, computed) if n else None
+                bm.watermark_blocks = watermark
+                if new_blocks is None:
                     break
                 self.waiting.popleft()
-                bm.allocate(seq, n)
                 seq.status = RUNNING
                 seats += self._seats(seq)
                 self.running.append(seq)
@@ -343,37 +344,28 @@ MUTANTS = {
             skipped = []
             while self.waiting:
                 seq = self.waiting.popleft()
-                reason = self._never_reason(seq)
-                if reason is not None:
-                    self._finish(seq, reason, out)
-                    continue
-                n = self._chunk(len(seq) - bm.num_cached_tokens(seq), budget)
+                computed = bm.get_computed_blocks(seq)
+                n = self._chunk(len(seq) - len(computed) * bm.block_size, budget)
                 if (seats + self._seats(seq) > self.config.max_num_seqs or n == 0
-                        or bm.can_allocate(seq, n) is not AllocStatus.OK):
+                        or bm.allocate_slots(seq, n, computed) is None):
                     skipped.append(seq)
                     continue
-                bm.allocate(seq, n)
                 seq.status = RUNNING
                 seats += self._seats(seq)
                 self.running.append(seq)
                 budget -= self._mark_scheduled(seq, n, out)
             self.waiting.extend(skipped)
         """,
-        "a prompt that can never run blocks the queue": """
+        "the prefix looked up twice per admission": """
             while self.waiting:
                 seq = self.waiting[0]
                 if seats + self._seats(seq) > self.config.max_num_seqs:
                     break
-                n = self._chunk(len(seq) - bm.num_cached_tokens(seq), budget)
-                if n == 0 or bm.can_allocate(seq, n) is not AllocStatus.OK:
-                    reason = self._never_reason(seq)
-                    if reason is not None and not self.running:
-                        self.waiting.popleft()
-                        self._finish(seq, reason, out)
-                        continue
+                computed = bm.get_computed_blocks(seq)
+                n = self._chunk(len(seq) - len(computed) * bm.block_size, budget)
+                if n == 0 or bm.allocate_slots(seq, n) is None:
                     break
                 self.waiting.popleft()
-                bm.allocate(seq, n)
                 seq.status = RUNNING
                 seats += self._seats(seq)
                 self.running.append(seq)
@@ -382,18 +374,13 @@ MUTANTS = {
         "no budget cap at admission": """
             while self.waiting:
                 seq = self.waiting[0]
-                reason = self._never_reason(seq)
-                if reason is not None:
-                    self.waiting.popleft()
-                    self._finish(seq, reason, out)
-                    continue
                 if seats + self._seats(seq) > self.config.max_num_seqs:
                     break
-                n = len(seq) - bm.num_cached_tokens(seq)
-                if bm.can_allocate(seq, n) is not AllocStatus.OK:
+                computed = bm.get_computed_blocks(seq)
+                n = len(seq) - len(computed) * bm.block_size
+                if bm.allocate_slots(seq, n, computed) is None:
                     break
                 self.waiting.popleft()
-                bm.allocate(seq, n)
                 seq.status = RUNNING
                 seats += self._seats(seq)
                 self.running.append(seq)
@@ -402,18 +389,13 @@ MUTANTS = {
         "seats ignored (n samples count once)": """
             while self.waiting:
                 seq = self.waiting[0]
-                reason = self._never_reason(seq)
-                if reason is not None:
-                    self.waiting.popleft()
-                    self._finish(seq, reason, out)
-                    continue
                 if seats + 1 > self.config.max_num_seqs:
                     break
-                n = self._chunk(len(seq) - bm.num_cached_tokens(seq), budget)
-                if n == 0 or bm.can_allocate(seq, n) is not AllocStatus.OK:
+                computed = bm.get_computed_blocks(seq)
+                n = self._chunk(len(seq) - len(computed) * bm.block_size, budget)
+                if n == 0 or bm.allocate_slots(seq, n, computed) is None:
                     break
                 self.waiting.popleft()
-                bm.allocate(seq, n)
                 seq.status = RUNNING
                 seats += 1
                 self.running.append(seq)
@@ -422,19 +404,13 @@ MUTANTS = {
         "cached tokens charged to the budget": """
             while self.waiting:
                 seq = self.waiting[0]
-                reason = self._never_reason(seq)
-                if reason is not None:
-                    self.waiting.popleft()
-                    self._finish(seq, reason, out)
-                    continue
                 if seats + self._seats(seq) > self.config.max_num_seqs:
                     break
-                cached = bm.num_cached_tokens(seq)
-                n = self._chunk(len(seq), budget) - cached
-                if n <= 0 or bm.can_allocate(seq, n) is not AllocStatus.OK:
+                computed = bm.get_computed_blocks(seq)
+                n = self._chunk(len(seq), budget) - len(computed) * bm.block_size
+                if n <= 0 or bm.allocate_slots(seq, n, computed) is None:
                     break
                 self.waiting.popleft()
-                bm.allocate(seq, n)
                 seq.status = RUNNING
                 seats += self._seats(seq)
                 self.running.append(seq)

@@ -32,6 +32,7 @@ def _engine(model, graphs: bool, max_num_seqs: int = 12) -> LLMEngine:
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32, max_model_len=64),
         CacheConfig(block_size=BS, num_gpu_blocks=BLOCKS, enable_prefix_caching=True),
         cuda_graphs=graphs,
+        profile=True,  # the step history
     )
 
 

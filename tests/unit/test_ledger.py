@@ -73,7 +73,7 @@ def test_chained_keys_and_cow_and_block_tables():
 def test_watermark_admission_answers():
     trace = chat_trace(300, seed=0, max_seq_len=2048)
     r = ledger.measure_watermark(trace, pool_slots=8192, watermarks=(0.0, 0.05))
-    assert r["free_blocks"] == 12 and r["can_allocate"] == {10: "later", 7: "ok", 96: "never"}
+    assert r["free_blocks"] == 12 and r["admission"] == {10: "later", 7: "ok", 96: "never"}
     assert r["preemptions"][0.05] <= r["preemptions"][0.0], (
         "a watermark must not add preemptions here"
     )

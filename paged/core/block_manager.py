@@ -71,13 +71,13 @@ class AllocStatus(enum.Enum):
     NEVER = "never"
 
     def __bool__(self) -> bool:
-        """Truthy only when ``OK``, so ``if manager.can_allocate(n):`` reads right."""
+        """Truthy only when ``OK``, so ``if manager.can_allocate(n):`` (chapter 01's simulator) reads right."""
         return self is AllocStatus.OK
 
 
 @dataclass
 class NewBlocks:
-    """What ``allocate_slots`` gave a sequence (vLLM v1's ``KVCacheBlocks``).
+    """What ``allocate_slots`` gave a sequence (vLLM v1's ``KVCacheBlocks``, from 0.9.0).
 
     ``block_ids``: GPU blocks appended to its table (cached hits of an admission included);
     ``copies``: ``(src, dst)`` copy-on-write pairs (at most one): ``dst`` replaced the shared, partly

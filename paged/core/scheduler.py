@@ -33,7 +33,8 @@ with new prefills runs no decodes); vLLM v0 *with chunked prefill* and vLLM v1 r
 The scheduling unit is the sequence: the ``n`` samples of a request share the prompt's blocks after
 the fork but are scheduled, preempted and swapped one by one (vLLM v1 runs each sample as a request),
 so siblings never crowd each other into an exhausted state. The scheduler advances
-``num_computed_tokens`` when it schedules tokens (v1's ``_update_after_schedule``).
+``num_computed_tokens`` when it schedules tokens (v1's ``_update_after_schedule``, from 0.10.0: not
+in the 0.8.5 or 0.9.0 wheels).
 """
 
 from __future__ import annotations

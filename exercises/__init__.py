@@ -1,1 +1,1 @@
-"""Learner stubs (generated from solutions/; edit the marked regions)."""
+"""Learner stubs, generated from solutions/ by `python -m paged course sync`."""

@@ -1,5 +1,5 @@
-# Generated from solutions/ex01_fragmentation.py by `python -m paged course sync`. Edit only the marked regions;
-# grade with `python -m paged grade`.
+# Generated from solutions/ex01_fragmentation.py by `python -m paged course sync`. Write only where a region raises
+# NotImplementedError("chNN.exK: ...") or holds a starter; grade with `python -m paged grade`.
 
 """Exercise 01: the waste accounting and the paged manager of the fragmentation simulator (chapter 01).
 

@@ -1,5 +1,5 @@
-# Generated from solutions/ex02_allocator.py by `python -m paged course sync`. Edit only the marked regions;
-# grade with `python -m paged grade`.
+# Generated from solutions/ex02_allocator.py by `python -m paged course sync`. Write only where a region raises
+# NotImplementedError("chNN.exK: ...") or holds a starter; grade with `python -m paged grade`.
 
 """Exercise 02: the engine's block allocator (chapter 02).
 

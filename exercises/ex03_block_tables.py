@@ -1,5 +1,5 @@
-# Generated from solutions/ex03_block_tables.py by `python -m paged course sync`. Edit only the marked regions;
-# grade with `python -m paged grade`.
+# Generated from solutions/ex03_block_tables.py by `python -m paged course sync`. Write only where a region raises
+# NotImplementedError("chNN.exK: ...") or holds a starter; grade with `python -m paged grade`.
 
 """Exercise 03: three parts of the engine, built on the paged KV pool (chapter 03).
 

@@ -1,5 +1,5 @@
-# Generated from solutions/ex04_online_softmax.py by `python -m paged course sync`. Edit only the marked regions;
-# grade with `python -m paged grade`.
+# Generated from solutions/ex04_online_softmax.py by `python -m paged course sync`. Write only where a region raises
+# NotImplementedError("chNN.exK: ...") or holds a starter; grade with `python -m paged grade`.
 
 r"""Exercise 04: the online softmax, a Triton paged-decode kernel, and the split-K merge (chapter 04, part 1).
 

@@ -1,5 +1,5 @@
-# Generated from solutions/ex06_scheduler.py by `python -m paged course sync`. Edit only the marked regions;
-# grade with `python -m paged grade`.
+# Generated from solutions/ex06_scheduler.py by `python -m paged course sync`. Write only where a region raises
+# NotImplementedError("chNN.exK: ...") or holds a starter; grade with `python -m paged grade`.
 
 """Exercise 06: the engine's scheduling policy (chapter 06), a hybrid of vLLM v1 and v0.
 

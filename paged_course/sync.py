@@ -13,6 +13,10 @@ BEGIN line (``# BEGIN SOLUTION ch02.ex1 -- hint text``). Indentation is kept. Th
 unbalanced, nested or duplicate markers, checks that the output parses, and is idempotent.
 ``--check`` exits 1 when ``exercises/`` differs from what it would write (CI runs it).
 
+A learner's work is never overwritten: an exercise file that differs from the last commit (``git show
+HEAD:exercises/...``) is the learner's own. ``--check`` leaves it out when its committed version is up to
+date, and writing refuses (``LearnerWorkError``, nothing written) unless ``--force``.
+
 ``# HINT: text`` lines inside a region are its tiered hints, a nudge first and stronger ones after (one
 tier per ``# HINT:`` line; ``# HINT+ more text`` lines right after one continue that tier, so that a tier
 keeps the comment width); they leave the stub and go to ``exercises/hints.json``, which
@@ -35,8 +39,8 @@ STUB = re.compile(r"^(?P<indent>\s*)# STUB: ?(?P<code>.*)$")
 HINT = re.compile(r"^\s*# HINT(?P<kind>[:+]) ?(?P<text>.*)$")
 HINTS_FILE = "hints.json"
 HEADER = (
-    "# Generated from {name} by `python -m paged course sync`. Edit only the marked regions;\n"
-    "# grade with `python -m paged grade`.\n"
+    "# Generated from {name} by `python -m paged course sync`. Write only where a region raises\n"
+    '# NotImplementedError("chNN.exK: ...") or holds a starter; grade with `python -m paged grade`.\n'
 )
 #: The header of a student release's exercise files: the release has no solutions/ to generate them from.
 STUDENT_HEADER = (
@@ -182,8 +186,31 @@ def formatted(text: str) -> str:
     return done.stdout
 
 
-def sync(root: Path, check: bool = False) -> list[str]:
-    """Write (or with ``check`` only compare) every ``exercises/exNN_*.py``; return the stale names."""
+class LearnerWorkError(RuntimeError):
+    """Writing the stubs would overwrite exercise files the learner has changed since the last commit."""
+
+
+def _committed(root: Path, rel: str) -> str | None:
+    """``rel`` as the last commit holds it; ``None`` outside a git checkout or for an untracked file."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(root), "show", f"HEAD:{rel}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def sync(root: Path, check: bool = False, force: bool = False) -> list[str]:
+    """Write (or with ``check`` only compare) every ``exercises/exNN_*.py``; return the stale names.
+
+    A file the learner changed since the last commit is theirs: ``check`` does not count it while its
+    committed version is up to date, and writing raises ``LearnerWorkError`` naming such files, with
+    nothing written, unless ``force``.
+    """
     solutions, exercises = root / "solutions", root / "exercises"
     if not solutions.is_dir():
         raise FileNotFoundError(
@@ -193,19 +220,34 @@ def sync(root: Path, check: bool = False) -> list[str]:
     exercises.mkdir(exist_ok=True)
     stale = []
     wanted = {
-        "__init__.py": '"""Learner stubs (generated from solutions/; edit the marked regions)."""\n'
+        "__init__.py": '"""Learner stubs, generated from solutions/ by `python -m paged course sync`."""\n'
     }
     tiers: dict[str, list[str]] = {}
     for path in sorted(solutions.glob("ex*.py")):
         wanted[path.name] = make_stub(path.read_text(), f"solutions/{path.name}")
         tiers.update(hints(path.read_text()))
     wanted[HINTS_FILE] = json.dumps(dict(sorted(tiers.items())), indent=1) + "\n"
+    writes, theirs = {}, []
     for name, text in wanted.items():
         target = exercises / name
-        if not target.exists() or target.read_text() != text:
-            stale.append(name)
-            if not check:
-                target.write_text(text)
+        if target.exists() and (current := target.read_text()) != text:
+            committed = _committed(root, f"exercises/{name}")
+            if committed is not None and committed != current:
+                theirs.append(name)
+                if check and committed == text:
+                    continue
+        elif target.exists():
+            continue
+        stale.append(name)
+        writes[target] = text
+    if not check and theirs and not force:
+        raise LearnerWorkError(
+            f"not written: {', '.join(theirs)} in {exercises} changed since the last commit (your work; "
+            "`git diff exercises/` shows it). Commit or move it first, or pass --force to overwrite it"
+        )
+    if not check:
+        for target, text in writes.items():
+            target.write_text(text)
     for path in sorted(exercises.glob("ex*.py")):
         if path.name not in wanted:
             stale.append(path.name)
@@ -223,11 +265,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--check", action="store_true", help="only report stale files; exit 1 if any"
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite exercise files changed since the last commit",
+    )
     parser.add_argument("--root", type=Path, default=Path.cwd())
     args = parser.parse_args(argv)
     try:
-        stale = sync(args.root, check=args.check)
-    except FileNotFoundError as err:
+        stale = sync(args.root, check=args.check, force=args.force)
+    except (FileNotFoundError, LearnerWorkError) as err:
         print(err)
         return 1
     if args.check and stale:

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from paged_course.sync import BEGIN, END, MarkerError, exercise_ids, hints, main, make_stub, sync
+from paged_course.sync import (
+    BEGIN,
+    END,
+    LearnerWorkError,
+    MarkerError,
+    exercise_ids,
+    hints,
+    main,
+    make_stub,
+    sync,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +54,7 @@ def test_stub_replaces_regions_and_keeps_indentation():
     assert "        y = x  # starter code kept in the stub\n        pass\n" in stub, (
         "STUB lines become starter code"
     )
-    assert stub.startswith("# Generated from solutions/") and "Edit only the marked regions" in stub
+    assert stub.startswith("# Generated from solutions/") and "Write only where a region raises" in stub
     ast.parse(stub)
     assert exercise_ids(SOLUTION) == ["ch09.ex1", "ch09.ex2"]
     assert "HINT" not in stub and "what does + do" not in stub, "hints leave the stub"
@@ -107,6 +119,29 @@ def test_check_mode_reports_stale_files_without_writing(tmp_path, capsys):
 
 def test_repository_exercises_are_in_sync():
     assert sync(ROOT, check=True) == [], "run: python -m paged course sync"
+
+
+def test_sync_never_overwrites_the_learners_work(tmp_path):
+    """A learner's clone: an exercise changed since the last commit is theirs. The check leaves it out
+    (pytest stays green while they work), writing refuses with the file named and nothing written, and
+    only --force overwrites it."""
+    for folder in ("solutions", "exercises"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "course"], check=True)
+    mine = tmp_path / "exercises" / "ex03_block_tables.py"
+    work = mine.read_text() + "\n# my notes on ch03.ex1\n"
+    mine.write_text(work)
+    assert sync(tmp_path, check=True) == []
+    other = tmp_path / "exercises" / "ex02_allocator.py"
+    other.write_text(other.read_text() + "\n")  # a stale stub beside the learner's work
+    with pytest.raises(LearnerWorkError, match="ex03_block_tables.py"):
+        sync(tmp_path)
+    assert mine.read_text() == work and other.read_text().endswith("\n\n")
+    assert sync(tmp_path, force=True) == ["ex02_allocator.py", "ex03_block_tables.py"]
+    assert mine.read_text() != work
 
 
 def _code_lines(body: list[str]) -> list[str]:

@@ -23,20 +23,15 @@ def _same(prediction, answer, tolerance: float | None) -> bool:
     return prediction == answer
 
 
-def reveal(
-    prediction, answer, what: str, why: str = "", tolerance: float | None = None
-) -> bool | None:
+def reveal(prediction, answer, what: str, why: str = "", tolerance: float | None = None) -> None:
     """Print ``what`` and its ``answer``; with a ``prediction``, whether it matches (within ``tolerance`` for
-    numbers). Returns True or False, or None when no prediction was made. ``why`` is printed after it."""
+    numbers). ``why`` is printed after it. Returns nothing, so the cell shows only the printed lines."""
     if prediction is None:
         print(
             f"{what}: {answer!r} (set `prediction` in the cell above and run both again to test yourself)"
         )
-        verdict = None
     else:
-        verdict = _same(prediction, answer, tolerance)
-        said = "right" if verdict else "not this time"
+        said = "right" if _same(prediction, answer, tolerance) else "not this time"
         print(f"{what}: {answer!r}; you predicted {prediction!r}: {said}")
     if why:
         print(f"why: {why}")
-    return verdict

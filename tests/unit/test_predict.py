@@ -2,6 +2,7 @@ from paged_course.predict import reveal
 
 
 def test_reveal_without_a_prediction_just_shows_the_answer(capsys):
+    # None: a cell ending in reveal(...) shows no stray value
     assert reveal(None, 7, "the block handed out next", why="first in, first out") is None
     out = capsys.readouterr().out
     assert (
@@ -11,9 +12,17 @@ def test_reveal_without_a_prediction_just_shows_the_answer(capsys):
 
 
 def test_reveal_compares_a_prediction(capsys):
-    assert reveal(7, 7, "next block") is True
-    assert reveal(3, 7, "next block") is False
-    assert reveal(0.1353, 0.135335, "alpha", tolerance=1e-3) is True
-    assert reveal((4, 1), [4, 1], "blocks") is True
-    out = capsys.readouterr().out
-    assert "you predicted 7: right" in out and "you predicted 3: not this time" in out
+    for prediction, answer, tolerance in (
+        (7, 7, None),
+        (3, 7, None),
+        (0.1353, 0.135335, 1e-3),
+        ((4, 1), [4, 1], None),
+    ):
+        assert reveal(prediction, answer, "x", tolerance=tolerance) is None
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "x: 7; you predicted 7: right",
+        "x: 7; you predicted 3: not this time",
+        "x: 0.135335; you predicted 0.1353: right",
+        "x: [4, 1]; you predicted (4, 1): right",
+    ]

@@ -76,7 +76,8 @@ def slot_mapping(
     # BEGIN SOLUTION ch03.ex1 -- the slot of every token this step computes, in batch order
     # HINT: Which logical block and which offset hold position p? And where does the table say that logical block
     # HINT+ lives?
-    # HINT: For each sequence, for p in range(start, start + n): table[p // block_size] * block_size + p % block_size.
+    # HINT: The positions run from start to start + n - 1. Position p sits at offset p % block_size of logical
+    # HINT+ block p // block_size; the table names the physical block, whose first slot is its id times block_size.
     slots = []
     for table, start, n in zip(block_tables, start_positions, num_tokens):
         for p in range(start, start + n):

@@ -54,7 +54,10 @@ def test_stub_replaces_regions_and_keeps_indentation():
     assert "        y = x  # starter code kept in the stub\n        pass\n" in stub, (
         "STUB lines become starter code"
     )
-    assert stub.startswith("# Generated from solutions/") and "Write only where a region raises" in stub
+    assert (
+        stub.startswith("# Generated from solutions/")
+        and "Write only where a region raises" in stub
+    )
     ast.parse(stub)
     assert exercise_ids(SOLUTION) == ["ch09.ex1", "ch09.ex2"]
     assert "HINT" not in stub and "what does + do" not in stub, "hints leave the stub"

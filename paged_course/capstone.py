@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from dataclasses import fields
 
 from paged.engine.parts import Parts
 from paged_course.check import ROOT, exercise_module, impl_package, run_check
@@ -66,6 +67,16 @@ def learner_parts(
         whose = "reference answers" if impl == "solutions" else "yours"
         origin[part] = f"{whose} ({impl}/{module}.py: {attribute})"
     return Parts(**chosen), origin
+
+
+def origins(parts: Parts) -> dict[str, str]:
+    """``{part: "module.name"}``: where each part of ``parts`` comes from (a learner's or the reference;
+    ``"by device"`` for an attention left to ``Parts.attention``)."""
+    return {
+        f.name: (f"{value.__module__}.{value.__qualname__}" if value is not None else "by device")
+        for f in fields(parts)
+        for value in [getattr(parts, f.name)]
+    }
 
 
 def _load(module: str, impl: str, verify: bool):

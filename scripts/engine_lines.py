@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Counted on the formatted tree (`ruff format`, line length 100; CI checks the format). The budget
 # is a ceiling for the design, met by removing duplication, never by folding lines.
-TOTAL_LIMIT = 3396
+TOTAL_LIMIT = 3378
 MODULE_LIMIT = 429
 _SKIP = {
     tokenize.COMMENT,

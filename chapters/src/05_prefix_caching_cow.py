@@ -68,6 +68,7 @@ from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache
 from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
+from paged_course.capstone import origins
 from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
 from paged_course.reference import write_kv_checked
 from paged_course.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
@@ -710,7 +711,7 @@ reference_tokens, reference_stats, _ = run(Parts())
 your_tokens, your_stats, your_outs = run(your_parts)
 print(
     "parts:",
-    {k: v for k, v in your_parts.origins().items() if k in ("prefix_cache", "copy_on_write")},
+    {k: v for k, v in origins(your_parts).items() if k in ("prefix_cache", "copy_on_write")},
 )
 print("same tokens as the reference engine:", your_tokens == reference_tokens)
 print(

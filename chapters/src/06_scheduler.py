@@ -64,6 +64,7 @@ from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, Sequenc
 from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.models import load_default
+from paged_course.capstone import origins
 from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
 from paged_course.sim.kv_check import CheckedEngine
 from paged_course.sim.scheduling import (
@@ -793,7 +794,7 @@ def run_engine(parts):
 
 reference_tokens, reference_stats = run_engine(Parts())
 your_tokens, your_stats = run_engine(Parts(scheduler=your_part))
-print("scheduler:", Parts(scheduler=your_part).origins()["scheduler"])
+print("scheduler:", origins(Parts(scheduler=your_part))["scheduler"])
 print("same tokens as the reference engine:", your_tokens == reference_tokens)
 print({k: your_stats[k] for k in ("preemptions", "recomputes", "prefill_chunks", "steps")})
 

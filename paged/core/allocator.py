@@ -61,9 +61,8 @@ class BlockAllocator:
             raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
-        self._queue: deque[int] = deque(
-            range(num_blocks)
-        )  # free ids, front first (may hold dead entries)
+        # free ids, front first (may hold dead entries)
+        self._queue: deque[int] = deque(range(num_blocks))
         self._dead = [0] * num_blocks  # per block: its dead entries in _queue
         self._num_dead = 0
 
@@ -91,9 +90,8 @@ class BlockAllocator:
         if n > self.num_free_blocks:
             raise NoFreeBlocksError(n, self.num_free_blocks)
         pop, refs, dead = self._queue.popleft, self._ref_counts, self._dead
-        taken = (
-            [pop() for _ in range(n)] if not self._num_dead else []
-        )  # no dead entry: pop n at once
+        # no dead entry: pop n at once
+        taken = [pop() for _ in range(n)] if not self._num_dead else []
         for block_id in taken:
             refs[block_id] = 1
         while len(taken) < n:

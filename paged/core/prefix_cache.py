@@ -97,9 +97,8 @@ class PrefixCache:
                 if candidate.parent_uid == parent_uid and candidate.token_ids == block:
                     entry = candidate
                     break
-            if (
-                entry is None
-            ):  # no entry, or only collisions / other parents: a miss ends the prefix
+            # no entry, or only collisions / other parents: a miss ends the prefix
+            if entry is None:
                 break
             hits.append(entry.block_id)
             parent_uid = entry.uid

@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 from bisect import insort
 from collections import deque
+from collections.abc import Callable
 
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_manager import BlockSpaceManager
@@ -55,6 +56,21 @@ S = SequenceStatus
 RUNNING, SWAPPED, WAITING = S.RUNNING, S.SWAPPED, S.WAITING
 
 
+def update_sequence(seq: Sequence, token: int, max_model_len: int) -> None:
+    """Append a sampled ``token`` to ``seq`` and mark it finished on a stop token (``FINISHED_STOPPED``:
+    EOS unless ``ignore_eos``, and ``stop_token_ids``), on ``max_tokens`` output tokens or on
+    ``max_model_len`` tokens in all (``FINISHED_LENGTH``): the ``update`` part, which the scheduler's
+    ``update_from_output`` calls per sampled token (nano-vllm ``Scheduler.postprocess``)."""
+    seq.append_token_id(token)
+    if token in seq.group.stop_token_ids:
+        seq.status = S.FINISHED_STOPPED
+    elif (
+        len(seq) - seq.num_prompt_tokens >= seq.group.sampling_params.max_tokens
+        or len(seq) >= max_model_len
+    ):
+        seq.status = S.FINISHED_LENGTH
+
+
 class Scheduler:
     """Continuous batching with chunked prefill over a paged KV cache (module docstring).
 
@@ -62,6 +78,7 @@ class Scheduler:
         scheduler_config: step limits, chunking and the preemption mode.
         cache_config: pool sizes, block size, watermark, prefix caching.
         block_manager: the ``BlockSpaceManager`` (its only view of memory); default: built from ``cache_config``.
+        update: the ``update`` part, ``(seq, token, max_model_len) -> None`` (default ``update_sequence``).
 
     Raises:
         ValueError: ``cache_config.num_gpu_blocks`` unset, or swap mode without CPU blocks.
@@ -72,6 +89,7 @@ class Scheduler:
         scheduler_config: SchedulerConfig,
         cache_config: CacheConfig,
         block_manager: BlockSpaceManager | None = None,
+        update: Callable[[Sequence, int, int], None] | None = None,
     ):
         if cache_config.num_gpu_blocks is None:
             raise ValueError(
@@ -83,6 +101,7 @@ class Scheduler:
                 f"got {cache_config.num_cpu_blocks}; use 'recompute' or give CPU blocks"
             )
         self.config, self.cache_config = scheduler_config, cache_config
+        self.update = update or update_sequence
         self.block_manager = block_manager or BlockSpaceManager(
             cache_config.block_size,
             cache_config.num_gpu_blocks,
@@ -96,9 +115,8 @@ class Scheduler:
         self._requests: dict[str, SequenceGroup] = {}  # every unfinished request, by id
         self._order: dict[str, int] = {}  # arrival rank of each request (FCFS key)
         self._next_rank = 0
-        self.seq_ids = (
-            itertools.count()
-        )  # ids of new sequences: the engine's prompts and their forks
+        # ids of new sequences: the engine's prompts and their forks
+        self.seq_ids = itertools.count()
         self._ignored: list[Sequence] = []  # ended by add_request, reported by the next schedule()
         self._exhausted: list[Sequence] = []  # preempted sequences that can never return (idem)
         self.num_preemptions = self.num_recomputes = self.num_swap_outs = self.num_swap_ins = 0
@@ -198,15 +216,8 @@ class Scheduler:
         return StepResult([g for g in touched.values() if g.is_finished], got)
 
     def _append(self, seq: Sequence, token: int) -> Sequence:
-        """Append a sampled token; mark ``seq`` finished on a stop token, ``max_tokens`` or ``max_model_len``."""
-        seq.append_token_id(token)
-        if token in seq.group.stop_token_ids:
-            seq.status = S.FINISHED_STOPPED
-        elif (
-            len(seq) - seq.num_prompt_tokens >= seq.group.sampling_params.max_tokens
-            or len(seq) >= self.config.max_model_len
-        ):
-            seq.status = S.FINISHED_LENGTH
+        """Apply the ``update`` part to ``seq`` (append ``token``, decide whether it stops)."""
+        self.update(seq, token, self.config.max_model_len)
         return seq
 
     def has_unfinished_requests(self) -> bool:

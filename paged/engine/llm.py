@@ -116,9 +116,8 @@ def _check_hub(name: str) -> None:
     thread.join(HUB_TIMEOUT_S + 0.5)
     err = answer.get("error")
     offline = "; check the network, or pass a local folder"
-    if (
-        not answer or "Timeout" in type(err).__name__
-    ):  # httpx / requests ReadTimeout, ConnectTimeout, ...
+    # httpx / requests ReadTimeout, ConnectTimeout, ...
+    if not answer or "Timeout" in type(err).__name__:
         raise ValueError(
             f"the Hugging Face hub ({hub}) is unreachable: no answer within {HUB_TIMEOUT_S:g} s "
             "(paged.engine.llm.HUB_TIMEOUT_S), "
@@ -184,12 +183,10 @@ def load_model(model, dtype: torch.dtype | None):
 
     kwargs = {"dtype": dtype or torch.float32}
     try:
-        loaded = from_pretrained(
-            AutoModelForCausalLM, local_files_only=True, **kwargs
-        )  # no network
-    except (
-        OSError
-    ) as err:  # not (fully) in the local cache; for a folder: no config.json or weights
+        # no network
+        loaded = from_pretrained(AutoModelForCausalLM, local_files_only=True, **kwargs)
+    # not (fully) in the local cache; for a folder: no config.json or weights
+    except OSError as err:
         if local:
             raise _load_error(model, err) from err
         loaded = None
@@ -531,9 +528,8 @@ class LLM:
             )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
-        encoded = [
-            self._encode(p, i) for i, p in enumerate(prompts)
-        ]  # every prompt checked before any is queued
+        # every prompt checked before any is queued
+        encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
         results: dict[str, RequestOutput] = {}
         order = []
         self.engine.metrics.new_window()  # TTFT / ITL of this call

@@ -26,7 +26,6 @@ import time
 import warnings
 
 from paged.config import CacheConfig, SchedulerConfig
-from paged.core.block_manager import BlockSpaceManager
 from paged.core.sequence import (
     CompletionOutput,
     RequestOutput,
@@ -78,7 +77,7 @@ class LLMEngine:
         self.model, self.kv_cache, self.tokenizer = model, kv_cache, tokenizer
         self.scheduler_config, self.cache_config = scheduler_config, cache_config
         self.parts = parts = parts or Parts()
-        block_manager = BlockSpaceManager(
+        block_manager = parts.block_manager(
             cache_config.block_size,
             cache_config.num_gpu_blocks,
             cache_config.num_cpu_blocks,
@@ -88,13 +87,13 @@ class LLMEngine:
             prefix_cache_cls=parts.prefix_cache,
             copy_on_write=parts.copy_on_write,
         )
-        self.scheduler = parts.scheduler(scheduler_config, cache_config, block_manager)
+        self.scheduler = parts.scheduler(
+            scheduler_config, cache_config, block_manager, parts.update
+        )
         self.runner = ModelRunner(
             model,
             kv_cache,
             parts,
-            parts.decode_for(kv_cache.device),
-            parts.prefill_for(kv_cache.device),
             scheduler_config.max_num_seqs,
             scheduler_config.max_model_len,
             cuda_graphs,

@@ -2,7 +2,9 @@
 
 ``LLM(..., parts=Parts(allocator=MyAllocator))`` runs the engine with a learner's allocator and the
 reference for everything else. Each field is a class or a function with exactly the interface below
-(the methods the engine calls, nothing more); the defaults are this package's reference parts.
+(the methods the engine calls, nothing more: the Protocols below); the defaults are this package's
+reference parts. ``Parts.attention(kv_cache)`` resolves the attention parts once per engine into the
+``AttentionBackend`` the model runner owns.
 
 - ``allocator`` (chapter 02): a class ``Allocator(num_blocks)`` with ``allocate_many(n) -> list[int]``,
   ``free_many(ids)``, ``incref(b)``, ``take(b)``, ``ref_count(b)`` and ``num_free_blocks``
@@ -13,13 +15,30 @@ reference for everything else. Each field is a class or a function with exactly 
   (``paged/worker/attention.py``).
 - ``decode_attention`` (chapters 03 and 04): ``(query, key_cache, value_cache, block_tables, context_lens,
   scale) -> out``; ``None`` picks by device: ``paged/worker/attention.py`` on CPU, ``paged.kernels`` on CUDA.
+- ``prefill_attention`` (chapter 07): ``(query [T, H, D], key_cache, value_cache, block_tables [C, W] int,
+  query_start [C + 1] int, context_lens [C] int, max_query_len: int, scale: float) -> out [T, H, D]``, every
+  chunk's new K/V already in the pool; chunk ``c``'s row ``i`` sits at position ``context_lens[c] - chunk_len
+  + i`` and attends its cached prefix plus itself (GQA). ``None`` picks by device: ``prefill_attention`` in
+  ``paged/worker/attention.py`` on CPU, ``paged.kernels.launch_prefill`` on CUDA.
+- ``prepare_inputs`` (chapter 07): ``(block_tables, context_lens, query_lens, block_size, keep, slot_mapping,
+  token_ids, width) -> (host int64 tensor, StepLayout)``: one step's integers packed for one transfer
+  (``paged/worker/attention.py``; ``AttentionMetadata.from_buffer`` reads them back).
+- ``sampler`` (chapter 07): a class ``Sampler(seed)`` with ``sample(logits [S, V] float32, params:
+  list[SamplingParams], generators: list[torch.Generator | None] | None) -> list[int]``
+  (``paged/worker/sampler.py``).
 - ``prefix_cache`` (chapter 05): a class ``PrefixCache(block_size, hash_fn)`` with ``lookup(seq, max_blocks)``,
   ``insert(seq, block_ids, first, stop)``, ``evict(block_id)``, ``record_query``, ``hit_rate``, ``clear``
   (``paged/core/prefix_cache.py``).
 - ``copy_on_write`` (chapter 05): ``(table, allocator, allocate) -> [(src, dst)]`` (``paged/core/block_manager.py``).
-- ``scheduler`` (chapter 06): a class ``Scheduler(scheduler_config, cache_config, block_manager)`` with
-  ``schedule()`` and the request methods of ``paged/core/scheduler.py`` (a subclass that overrides the
-  policy methods is the usual learner's part).
+- ``block_manager`` (chapters 05 and 06): a class ``BlockSpaceManager(block_size, num_gpu_blocks,
+  num_cpu_blocks, watermark, enable_prefix_caching, allocator_cls=, prefix_cache_cls=, copy_on_write=)``
+  with the methods of ``BlockManager`` below (``paged/core/block_manager.py``).
+- ``scheduler`` (chapter 06): a class ``Scheduler(scheduler_config, cache_config, block_manager, update)`` with
+  ``schedule()``, ``update_from_output(out, sampled)`` and the request methods of ``paged/core/scheduler.py``
+  (a subclass that overrides the policy methods is the usual learner's part).
+- ``update`` (chapter 06): ``(seq, token, max_model_len) -> None``: append a sampled token to a sequence and
+  set its status when it stops (a stop token or EOS, ``max_tokens``, ``max_model_len``); the scheduler's
+  ``update_from_output`` calls it per token (``update_sequence`` in ``paged/core/scheduler.py``).
 
 Tensor shapes: query / out ``[S, H, D]``; caches ``[num_blocks, block_size, KVH, D]``; block_tables int32
 ``[S, W]`` (the width covers every context); context_lens int32 ``[S]``; key / value ``[T, KVH, D]``;
@@ -30,17 +49,30 @@ the hot loop and get no further checks.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from paged.core.allocator import BlockAllocator
-from paged.core.block_manager import copy_on_write
-from paged.core.block_table import slot_mapping
+from paged.core.block_manager import BlockSpaceManager, copy_on_write
+from paged.core.block_table import BlockTable, slot_mapping
 from paged.core.prefix_cache import PrefixCache
-from paged.core.scheduler import Scheduler
-from paged.worker.attention import decode_attention, select_backend, write_kv
+from paged.core.scheduler import Scheduler, update_sequence
+from paged.core.scheduler_outputs import SchedulerOutputs, StepResult
+from paged.core.sequence import SamplingParams, Sequence, SequenceGroup
+from paged.worker.attention import (
+    AttentionBackend,
+    decode_attention,
+    prefill_attention,
+    prepare_inputs,
+    select_backend,
+    write_kv,
+)
+from paged.worker.sampler import Sampler
+
+# The function parts (slot_mapping, write_kv, decode_attention, prefill_attention, prepare_inputs,
+# copy_on_write, update) have the signatures of the module docstring; the class parts these Protocols.
 
 
 class Allocator(Protocol):
@@ -55,47 +87,97 @@ class Allocator(Protocol):
     def ref_count(self, block_id: int) -> int: ...
 
 
-def _triton_decode(query, key_cache, value_cache, block_tables, context_lens, scale):
-    """The Triton decode kernel without input checks (the engine built the inputs)."""
+class PrefixCacheLike(Protocol):
+    """Full blocks by the hash of their tokens and everything before (chapter 05; ``core/prefix_cache.py``)."""
+
+    def lookup(self, seq: Sequence, max_blocks: int) -> list[int]: ...
+    def insert(self, seq: Sequence, block_ids: list[int], first: int, stop: int) -> None: ...
+    def evict(self, block_id: int) -> None: ...
+    def record_query(self, num_blocks: int, num_hits: int) -> None: ...
+    def hit_rate(self) -> float: ...
+    def clear(self) -> None: ...
+
+
+class BlockManager(Protocol):
+    """The scheduler's only view of memory: allocate or ``None`` (``core/block_manager.py``)."""
+
+    block_size: int
+    num_gpu_blocks: int
+    watermark_blocks: int
+    gpu_allocator: Allocator
+    block_tables: dict[int, BlockTable]
+    prefix_cache_hit_rate: float
+
+    def can_ever_fit(self, num_tokens: int) -> bool: ...
+    def get_computed_blocks(self, seq: Sequence) -> list[int]: ...
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed=None): ...
+    def fork(self, parent: Sequence, child: Sequence) -> None: ...
+    def free(self, seq: Sequence) -> None: ...
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None: ...
+    def swap_in(self, seq: Sequence, num_new_tokens: int = 0) -> list[tuple[int, int]] | None: ...
+
+
+class SchedulerLike(Protocol):
+    """What the engine calls on its scheduler (chapter 06; ``core/scheduler.py``)."""
+
+    block_manager: BlockManager
+    seq_ids: object  # an iterator of fresh sequence ids
+
+    def add_request(self, seq_group: SequenceGroup) -> None: ...
+    def abort_request(self, request_id: str) -> bool: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def schedule(self) -> SchedulerOutputs: ...
+    def update_from_output(
+        self, out: SchedulerOutputs, sampled: dict[int, list[int]]
+    ) -> StepResult: ...
+
+
+class SamplerLike(Protocol):
+    """One token id per row of ``logits`` (``worker/sampler.py``)."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None] | None = None,
+    ) -> list[int]: ...
+
+
+def _triton_decode(*args):
+    """The Triton decode kernel (``paged.kernels.launch_decode``), imported on first use."""
     from paged.kernels import launch_decode
 
-    return launch_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
+    return launch_decode(*args)
+
+
+def _triton_prefill(*args):
+    """The Triton prefill kernel: every chunk of a step in one launch (``paged.kernels.launch_prefill``)."""
+    from paged.kernels import launch_prefill
+
+    return launch_prefill(*args)
 
 
 @dataclass(frozen=True)
 class Parts:
-    """The engine's swappable pieces (module docstring). ``decode_attention=None`` picks by device:
-    the PyTorch ``decode_attention`` on CPU, the Triton kernel on CUDA (``select_backend``)."""
+    """The engine's swappable pieces (module docstring). ``decode_attention=None`` and
+    ``prefill_attention=None`` pick by device: PyTorch on CPU, the Triton kernels on CUDA (``select_backend``)."""
 
-    allocator: type = BlockAllocator
-    prefix_cache: type = PrefixCache
-    scheduler: type = Scheduler
+    allocator: type[Allocator] = BlockAllocator
+    prefix_cache: type[PrefixCacheLike] = PrefixCache
+    block_manager: type[BlockManager] = BlockSpaceManager
+    scheduler: type[SchedulerLike] = Scheduler
+    update: Callable = update_sequence
     copy_on_write: Callable = copy_on_write
     slot_mapping: Callable = slot_mapping
+    prepare_inputs: Callable = prepare_inputs
     write_kv: Callable = write_kv
     decode_attention: Callable | None = None
+    prefill_attention: Callable | None = None
+    sampler: type[SamplerLike] = Sampler
 
-    def decode_for(self, device: torch.device) -> Callable:
-        """The decode attention this engine runs on ``device``."""
-        if self.decode_attention is not None:
-            return self.decode_attention
-        return _triton_decode if select_backend(device) == "triton" else decode_attention
-
-    def prefill_for(self, device: torch.device) -> Callable | None:
-        """The chunk attention on ``device`` (not a part): the Triton kernel that serves every chunk of a step in
-        one call on CUDA (``paged.kernels.launch_prefill``), else ``None`` (one SDPA per chunk)."""
-        if select_backend(device) != "triton":
-            return None
-        from paged.kernels import launch_prefill
-
-        return launch_prefill
-
-    def origins(self) -> dict[str, str]:
-        """``{part: "module.name"}``: where each part comes from (a learner's or the reference)."""
-        return {
-            f.name: (
-                f"{value.__module__}.{value.__qualname__}" if value is not None else "by device"
-            )
-            for f in fields(self)
-            for value in [getattr(self, f.name)]
-        }
+    def attention(self, kv_cache) -> AttentionBackend:
+        """The attention parts resolved once for ``kv_cache``'s device: what the model runner owns."""
+        triton = select_backend(kv_cache.device) == "triton"
+        decode = self.decode_attention or (_triton_decode if triton else decode_attention)
+        prefill = self.prefill_attention or (_triton_prefill if triton else prefill_attention)
+        return AttentionBackend(kv_cache, self.write_kv, prefill, decode)

@@ -10,18 +10,19 @@ Nothing in transformers is patched. ``use_paged_attention(model)`` registers two
   transformers never builds a ``T x T`` mask: the metadata knows each sequence's extent.
 
 The model runner calls ``model(input_ids [1, T], position_ids [1, T], use_cache=False,
-logits_to_keep=<last token of each sampling sequence>, paged_metadata=AttentionMetadata(...))``; the
-extra keyword reaches the attention function unchanged (no globals), the layer is ``module.layer_idx``.
+logits_to_keep=<last token of each sampling sequence>, paged_metadata=AttentionMetadata(...),
+paged_backend=AttentionBackend(...))``; the extra keywords reach the attention function unchanged (no
+globals), the layer is ``module.layer_idx``. The metadata are the step's tensors; the backend is the
+engine's attention parts, resolved once per engine.
 
 A step packs **chunks** first (sequences computing several tokens: a prompt, a prompt chunk, a
 recomputed sequence) and **decodes** last (one token each). A chunk attends causally to itself and to its
-already computed context, read from the pool through its block table (vLLM v1's chunked prefill). On
-CPU each chunk is one SDPA call (a chunk with no computed context on its own new K/V, without touching
-the pool); on CUDA every chunk of the step goes through one call of the Triton prefill kernel
-(``paged.kernels.launch_prefill``). All decodes go through one call of the decode part
-(``paged.engine.parts``): the vectorized PyTorch ``decode_attention`` here on CPU, the Triton kernel on
-CUDA. The idea is vLLM's backend split (``vllm/v1/attention/backends/``): metadata built once per step
-(on the host, copied to the device in one transfer), read by every layer.
+already computed context, read from the pool through its block table (vLLM v1's chunked prefill). Every
+chunk of the step goes through one call of the prefill part (``prefill_attention`` here on CPU, one SDPA
+per chunk; the Triton kernel ``paged.kernels.launch_prefill`` on CUDA), all decodes through one call of
+the decode part (the vectorized ``decode_attention`` here on CPU, the Triton kernel on CUDA); the parts
+are resolved in ``paged.engine.parts``. The idea is vLLM's backend split (``vllm/v1/attention/backends/``):
+metadata built once per step (on the host, copied to the device in one transfer), read by every layer.
 
 Trap: ``set_attn_implementation`` writes into the model's config object, shared by every module and by
 any other model built from the same object. Deep-copy a config before building a reference model from it.
@@ -88,178 +89,190 @@ def decode_attention(
     bias = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device).masked_fill_(
         hidden, float("-inf")
     )
-    q = query.view(
-        num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim
-    )  # [S, KVH, group, D]
+    # [S, KVH, group, D]
+    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
         q, keys, values, attn_mask=bias[:, None, None], scale=scale
     )
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
-@dataclass
-class _Chunk:
-    """Packed tokens ``start:end`` of one sequence computing several tokens. With computed context before
-    them, ``block_index`` [B] lists the blocks to gather and ``bias`` [1, 1, q, B * block_size] is causal."""
+def prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of ``C`` chunks over their paged contexts, read from the pool: ``[T, H, D]``.
 
-    start: int
-    end: int
-    block_index: torch.Tensor | None = None
-    bias: torch.Tensor | None = None
+    query ``[T, H, D]`` (chunk ``c`` is rows ``query_start[c]:query_start[c + 1]``); caches
+    ``[num_blocks, block_size, KVH, D]`` already holding every chunk's new K/V; block_tables int ``[C, W]``;
+    query_start int ``[C + 1]``; context_lens int ``[C]``: each chunk's tokens after this step, so its row
+    ``i`` sits at position ``context_lens[c] - chunk_len + i`` and sees positions ``0 ..`` that one
+    (its cached prefix plus itself; vLLM v1's chunked prefill). ``max_query_len`` is unused here (it
+    sizes the Triton kernel's grid, ``paged.kernels.launch_prefill``, which has this signature). One
+    ``scaled_dot_product_attention`` per chunk, the ``H / KVH`` query heads of a KV head sharing it (GQA).
+    Unchecked (the engine's inputs).
+    """
+    block_size = key_cache.shape[1]
+    starts, lens = query_start.tolist(), context_lens.tolist()
+    outs = []
+    for c, ctx in enumerate(lens):
+        q = query[starts[c] : starts[c + 1]].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        blocks = block_tables[c, : -(-ctx // block_size)].long()
+        keys, values = (
+            cache.index_select(0, blocks).flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)
+            for cache in (key_cache, value_cache)
+        )  # [1, KVH, ctx, D]
+        num_new = q.shape[2]
+        mask = None
+        if num_new < ctx:  # a cached prefix: row i sees positions <= ctx - num_new + i
+            rows = torch.arange(ctx - num_new, ctx, device=query.device)
+            mask = torch.arange(ctx, device=query.device)[None, :] <= rows[:, None]
+        out = F.scaled_dot_product_attention(
+            q,
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=q.shape[1] != keys.shape[1],
+        )
+        outs.append(out[0].transpose(0, 1))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """How ``prepare_inputs``'s int64 buffer splits into ``AttentionMetadata``'s fields: the field
+    ``sizes`` in order, table columns ``width`` (``decode_width`` for the decodes), the number of chunks
+    and the longest chunk."""
+
+    sizes: tuple[int, ...]
+    width: int
+    decode_width: int
+    num_chunks: int
+    max_query_len: int
+
+
+def prepare_inputs(
+    block_tables: list[list[int]],
+    context_lens: list[int],
+    query_lens: list[int],
+    block_size: int,
+    keep: list[int] | None = None,
+    slot_mapping: Callable | None = None,
+    token_ids: list[int] | None = None,
+    width: int | None = None,
+) -> tuple[torch.Tensor, StepLayout]:
+    """The step's integers in one host int64 tensor, and the ``StepLayout`` ``AttentionMetadata.from_buffer``
+    reads it with (arguments as ``AttentionMetadata.build``; ``width``: table columns, default the widest).
+
+    Raises:
+        ValueError: mismatched lengths, a query longer than its context, a table too short for its
+            context, or a multi-token sequence after a decode.
+    """
+    num_seqs = len(block_tables)
+    if not (len(context_lens) == len(query_lens) == num_seqs) or num_seqs == 0:
+        raise ValueError(
+            f"need one block table, context length and query length per sequence, got "
+            f"{num_seqs}, {len(context_lens)}, {len(query_lens)}"
+        )
+    starts = [c - q for c, q in zip(context_lens, query_lens)]
+    for s, (table, ctx, q) in enumerate(zip(block_tables, context_lens, query_lens)):
+        if not 0 < q <= ctx or len(table) * block_size < ctx:
+            raise ValueError(
+                f"sequence {s}: query {q} tokens, context {ctx} tokens, block table of "
+                f"{len(table)} blocks x {block_size} slots"
+            )
+    num_chunks = sum(q > 1 for q in query_lens)
+    if any(q > 1 for q in query_lens[num_chunks:]):
+        raise ValueError("pack the multi-token sequences (chunks) before the one-token decodes")
+    offsets = list(itertools.accumulate(query_lens, initial=0))
+    # a fixed width (a CUDA graph's buffers) holds for the decodes too
+    decode_width = width or max((len(t) for t in block_tables[num_chunks:]), default=0)
+    width = width or max(len(t) for t in block_tables)
+    keep = range(num_seqs) if keep is None else keep
+    # one int64 buffer, field after field (from_buffer's order)
+    flat = array.array("q", token_ids or ())
+    for start, q in zip(starts, query_lens):
+        flat.extend(range(start, start + q))
+    flat.extend(
+        (slot_mapping or compute_slot_mapping)(block_tables, starts, query_lens, block_size)
+    )
+    flat.extend([*(offsets[s + 1] - 1 for s in keep), *context_lens, *offsets])
+    for table in block_tables:
+        flat.extend(table + [0] * (width - len(table)))
+    num_tokens = offsets[-1]
+    sizes = (len(token_ids or ()), num_tokens, num_tokens, len(keep), num_seqs, num_seqs + 1)
+    layout = StepLayout(
+        (*sizes, num_seqs * width), width, decode_width, num_chunks, max(query_lens)
+    )
+    return torch.frombuffer(flat, dtype=torch.int64), layout
 
 
 @dataclass
 class AttentionMetadata:
     """What every layer needs for one engine step over a packed batch of ``T`` tokens from ``S`` sequences
-    (``C`` chunks, then decodes).
+    (``C`` chunks, then ``S - C`` decodes): tensors and host ints only (nano-vllm's ``Context``).
 
-    Fields (on the model's device; every integer tensor is a view of one int64 buffer, built on the host
-    and copied to the device in one transfer):
-        kv_cache: the ``KVCache`` pool; layer ``l`` uses ``key_cache[l]`` / ``value_cache[l]``.
+    Fields (on the model's device; every int64 tensor is a view of one buffer, built on the host and
+    copied to the device in one transfer):
         input_ids [T] int64: the packed tokens (empty when ``build`` got no ``token_ids``).
         positions [T] int64: each token's position in its own sequence (``position_ids``).
         slot_mapping [T] int64: pool slot of each new token, ``block * block_size + offset``.
         keep [K] int64: packed index of the last token of each sequence whose logits are kept.
-        seq_lens [S] / query_start [S + 1] / tables [S, W] int64: every sequence's tokens after this step,
-            packed offsets of its new tokens, block table (zero-padded); the chunk kernel reads the first ``C``.
-        chunks: one ``_Chunk`` per multi-token sequence (the per-chunk PyTorch path).
-        decode_start: packed index of the first decode token (``T`` when there are none).
-        block_tables [D, W'] int32 / context_lens [D] int32: the decodes' tables and lengths.
-        max_query_len: the longest chunk (host int; sizes the chunk kernel's grid).
-        write_kv, decode: the parts that write the K/V and attend the decodes; ``prefill``: ``None`` (one
-            SDPA per chunk) or a kernel attending every chunk in one call (CUDA: ``paged.kernels``).
+        query_start [S + 1] / context_lens [S] / block_tables [S, W] int64: packed offsets of each
+            sequence's new tokens, its tokens after this step, its block table (zero-padded); the chunk
+            attention reads the first ``C``.
+        num_chunks: ``C``; decode_start: packed index of the first decode token (``T`` when none).
+        max_query_len: the longest chunk (sizes the chunk kernel's grid).
+        decode_block_tables [S - C, W'] int32 / decode_context_lens [S - C] int32: the decodes' copies.
     """
 
-    kv_cache: object
     input_ids: torch.Tensor
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     keep: torch.Tensor
-    seq_lens: torch.Tensor
     query_start: torch.Tensor
-    tables: torch.Tensor
-    chunks: list[_Chunk]
-    decode_start: int
-    block_tables: torch.Tensor
     context_lens: torch.Tensor
-    max_query_len: int = 1
-    write_kv: Callable = write_kv
-    decode: Callable = decode_attention
-    prefill: Callable | None = None
-
-    @staticmethod
-    def pack(
-        block_tables: list[list[int]],
-        context_lens: list[int],
-        query_lens: list[int],
-        block_size: int,
-        keep: list[int] | None = None,
-        slot_mapping: Callable | None = None,
-        token_ids: list[int] | None = None,
-        width: int | None = None,
-    ) -> tuple[torch.Tensor, dict]:
-        """The step's integers in one host int64 tensor, and the layout ``from_buffer`` reads it with
-        (arguments as ``build``; ``width``: table columns, default the widest table).
-
-        Raises:
-            ValueError: mismatched lengths, a query longer than its context, a table too short for its
-                context, or a multi-token sequence after a decode.
-        """
-        num_seqs = len(block_tables)
-        if not (len(context_lens) == len(query_lens) == num_seqs) or num_seqs == 0:
-            raise ValueError(
-                f"need one block table, context length and query length per sequence, got "
-                f"{num_seqs}, {len(context_lens)}, {len(query_lens)}"
-            )
-        starts = [c - q for c, q in zip(context_lens, query_lens)]
-        for s, (table, ctx, q) in enumerate(zip(block_tables, context_lens, query_lens)):
-            if not 0 < q <= ctx or len(table) * block_size < ctx:
-                raise ValueError(
-                    f"sequence {s}: query {q} tokens, context {ctx} tokens, block table of "
-                    f"{len(table)} blocks x {block_size} slots"
-                )
-        num_chunks = sum(q > 1 for q in query_lens)
-        if any(q > 1 for q in query_lens[num_chunks:]):
-            raise ValueError("pack the multi-token sequences (chunks) before the one-token decodes")
-        offsets = list(itertools.accumulate(query_lens, initial=0))
-        decode_width = width or max(
-            (len(t) for t in block_tables[num_chunks:]), default=0
-        )  # a fixed width
-        width = width or max(
-            len(t) for t in block_tables
-        )  # (a CUDA graph's buffers) holds for the decodes too
-        keep = range(num_seqs) if keep is None else keep
-        flat = array.array(
-            "q", token_ids or ()
-        )  # one int64 buffer, field after field (from_buffer's order)
-        for start, q in zip(starts, query_lens):
-            flat.extend(range(start, start + q))
-        flat.extend(
-            (slot_mapping or compute_slot_mapping)(block_tables, starts, query_lens, block_size)
-        )
-        flat.extend([*(offsets[s + 1] - 1 for s in keep), *context_lens, *offsets])
-        for table in block_tables:
-            flat.extend(table + [0] * (width - len(table)))
-        layout = {
-            "sizes": [
-                len(token_ids or ()),
-                offsets[-1],
-                offsets[-1],
-                len(keep),
-                num_seqs,
-                num_seqs + 1,
-                num_seqs * width,
-            ],
-            "width": width,
-            "decode_width": decode_width,
-            "chunks": [(offsets[s], offsets[s + 1], starts[s]) for s in range(num_chunks)],
-            "max_query_len": max(query_lens),
-        }
-        return torch.frombuffer(flat, dtype=torch.int64), layout
+    block_tables: torch.Tensor
+    num_chunks: int
+    decode_start: int
+    max_query_len: int
+    decode_block_tables: torch.Tensor
+    decode_context_lens: torch.Tensor
 
     @classmethod
-    def from_buffer(
-        cls, kv_cache, buf: torch.Tensor, layout: dict, block_size: int, **parts
-    ) -> AttentionMetadata:
-        """Views of ``buf`` (the device copy of ``pack``'s tensor); only the decodes' int32 tables are copies."""
-        ids, positions, slots, keep, lens, query_start, tables = buf.split(layout["sizes"])
-        tables = tables.view(len(lens), layout["width"])
-        chunks = []
-        for i, (first, last, start) in enumerate(layout["chunks"]):
-            chunks.append(_Chunk(first, last))
-            if (
-                start and parts.get("prefill") is None
-            ):  # computed context first: read it from the pool
-                ctx, width = start + last - first, -(-(start + last - first) // block_size)
-                visible = torch.arange(width * block_size, device=buf.device)
-                chunks[-1].block_index = tables[i, :width]
-                chunks[-1].bias = torch.zeros(
-                    visible.shape, dtype=kv_cache.dtype, device=buf.device
-                ).masked_fill(
-                    visible > torch.arange(start, ctx, device=buf.device)[:, None], float("-inf")
-                )[None, None]
-        c = len(chunks)
+    def from_buffer(cls, buf: torch.Tensor, layout: StepLayout) -> AttentionMetadata:
+        """Views of ``buf`` (the device copy of ``prepare_inputs``'s tensor); only the decodes' int32
+        tables are copies. ``decode_start`` is read from the host (no device sync)."""
+        ids, positions, slots, keep, lens, query_start, tables = buf.split(layout.sizes)
+        tables = tables.view(len(lens), layout.width)
+        c = layout.num_chunks
+        decode_start = layout.sizes[1] - (len(lens) - c)  # every decode computes one token
         return cls(
-            kv_cache,
             ids,
             positions,
             slots,
             keep,
-            lens,
             query_start,
+            lens,
             tables,
-            chunks,
-            chunks[-1].end if c else 0,
-            tables[c:, : layout["decode_width"]].to(torch.int32),
+            c,
+            decode_start,
+            layout.max_query_len,
+            tables[c:, : layout.decode_width].to(torch.int32),
             lens[c:].to(torch.int32),
-            layout["max_query_len"],
-            **parts,
         )
 
     @classmethod
     def build(
         cls,
-        kv_cache,
         block_tables: list[list[int]],
         context_lens: list[int],
         query_lens: list[int],
@@ -268,7 +281,7 @@ class AttentionMetadata:
         keep: list[int] | None = None,
         slot_mapping: Callable | None = None,
         token_ids: list[int] | None = None,
-        **parts,
+        prepare: Callable = prepare_inputs,
     ) -> AttentionMetadata:
         """Tensors for one step from per-sequence lists (``S`` entries each; multi-token sequences first).
 
@@ -276,46 +289,68 @@ class AttentionMetadata:
         computed now, at positions ``context_lens[s] - query_lens[s] ..``. ``keep``: sequences whose
         logits are kept (default all). ``slot_mapping``: the part that computes the slots (default
         ``paged.core.block_table.slot_mapping``); ``token_ids``: the packed input ids (they travel in the
-        same transfer); ``parts``: ``write_kv=`` / ``decode=`` / ``prefill=``. Errors as ``pack``.
+        same transfer); ``prepare``: the part that packs them (``prepare_inputs``). Errors as
+        ``prepare_inputs``.
         """
-        host, layout = cls.pack(
+        host, layout = prepare(
             block_tables, context_lens, query_lens, block_size, keep, slot_mapping, token_ids
         )
         if torch.device(device).type == "cuda":  # pinned host memory: one asynchronous copy
             host = host.pin_memory().to(device, non_blocking=True)
-        return cls.from_buffer(kv_cache, host, layout, block_size, **parts)
+        return cls.from_buffer(host, layout)
 
 
-def _attend_chunk(
-    c: _Chunk,
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """One chunk: ``[q, H, D]`` for its packed tokens ``c.start:c.end``."""
-    qs = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-    if c.block_index is None:  # nothing computed before: its own new K/V, causal
-        ks, vs = (x[c.start : c.end].transpose(0, 1).unsqueeze(0) for x in (k_new, v_new))
-        mask, causal = None, True
-    else:  # computed context + the chunk's own tokens, all read from the pool
-        ks, vs = (
-            cache.index_select(0, c.block_index).flatten(0, 1).transpose(0, 1).unsqueeze(0)
-            for cache in (key_cache, value_cache)
-        )
-        mask, causal = c.bias, False
-    out = F.scaled_dot_product_attention(
-        qs,
-        ks,
-        vs,
-        attn_mask=mask,
-        is_causal=causal,
-        scale=scale,
-        enable_gqa=qs.shape[1] != ks.shape[1],
-    )
-    return out[0].transpose(0, 1)
+@dataclass(frozen=True)
+class AttentionBackend:
+    """The engine's attention parts resolved once for its pool (``paged.engine.parts.Parts.attention``):
+    ``write_kv`` stores the new K/V, ``prefill`` attends every chunk of a step in one call, ``decode``
+    every decode in one call. ``forward`` is one layer's attention over a packed step."""
+
+    kv_cache: object
+    write_kv: Callable
+    prefill: Callable
+    decode: Callable
+
+    def forward(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """query ``[T, H, D]``, key / value ``[T, KVH, D]`` of layer ``layer`` -> ``[T, H, D]`` in
+        packed-token order: the new K/V written to the pool first, then the chunks, then the decodes."""
+        key_cache = self.kv_cache.key_cache[layer]
+        value_cache = self.kv_cache.value_cache[layer]
+        self.write_kv(key_cache, value_cache, key, value, meta.slot_mapping)
+        c, outs = meta.num_chunks, []
+        if c:
+            outs.append(
+                self.prefill(
+                    query[: meta.decode_start],
+                    key_cache,
+                    value_cache,
+                    meta.block_tables[:c],
+                    meta.query_start[: c + 1],
+                    meta.context_lens[:c],
+                    meta.max_query_len,
+                    scale,
+                )
+            )
+        if meta.decode_start < query.shape[0]:
+            outs.append(
+                self.decode(
+                    query[meta.decode_start :].contiguous(),
+                    key_cache,
+                    value_cache,
+                    meta.decode_block_tables,
+                    meta.decode_context_lens,
+                    scale,
+                )
+            )
+        return outs[0] if len(outs) == 1 else torch.cat(outs)  # one kind needs no copy
 
 
 def paged_attention_forward(
@@ -331,14 +366,16 @@ def paged_attention_forward(
     """The function registered as ``"paged"`` in ``AttentionInterface`` (signature set by transformers).
 
     query [1, H, T, D], key/value [1, KVH, T, D]; ``kwargs["paged_metadata"]`` is the step's
-    ``AttentionMetadata``. Returns ``([1, T, H, D], None)``.
+    ``AttentionMetadata``, ``kwargs["paged_backend"]`` the engine's ``AttentionBackend``.
+    Returns ``([1, T, H, D], None)``.
 
     Raises:
-        RuntimeError: called without ``paged_metadata`` (e.g. ``model.generate`` on a model switched to
-            ``"paged"``; switch it back with ``use_attention(model)``).
+        RuntimeError: called without ``paged_metadata`` / ``paged_backend`` (e.g. ``model.generate`` on
+            a model switched to ``"paged"``; switch it back with ``use_attention(model)``).
     """
     meta: AttentionMetadata | None = kwargs.get("paged_metadata")
-    if meta is None:
+    backend: AttentionBackend | None = kwargs.get("paged_backend")
+    if meta is None or backend is None:
         raise RuntimeError(
             "paged attention called without paged_metadata: this model is switched to the paged "
             "engine; call model.set_attn_implementation('sdpa') to use it with transformers"
@@ -346,45 +383,7 @@ def paged_attention_forward(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, KVH, D]
-    key_cache, value_cache = (
-        meta.kv_cache.key_cache[module.layer_idx],
-        meta.kv_cache.value_cache[module.layer_idx],
-    )
-    meta.write_kv(
-        key_cache, value_cache, k_new, v_new, meta.slot_mapping
-    )  # every new token before any read
-    if meta.prefill is not None and meta.chunks:  # every chunk in one kernel call
-        c = len(meta.chunks)
-        parts = [
-            meta.prefill(
-                q[: meta.decode_start],
-                key_cache,
-                value_cache,
-                meta.tables[:c],
-                meta.query_start[: c + 1],
-                meta.seq_lens[:c],
-                meta.max_query_len,
-                scale,
-            )
-        ]
-    else:
-        parts = [
-            _attend_chunk(c, q, k_new, v_new, key_cache, value_cache, scale) for c in meta.chunks
-        ]
-    if meta.decode_start < q.shape[0]:
-        parts.append(
-            meta.decode(
-                q[meta.decode_start :].contiguous(),
-                key_cache,
-                value_cache,
-                meta.block_tables,
-                meta.context_lens,
-                scale,
-            )
-        )
-    out = (
-        parts[0] if len(parts) == 1 else torch.cat(parts)
-    )  # packed-token order; one kind needs no copy
+    out = backend.forward(module.layer_idx, q, k_new, v_new, meta, scale)
     return out.to(q.dtype).unsqueeze(0), None
 
 
@@ -425,15 +424,3 @@ def use_attention(model, name: str = "sdpa") -> None:
     """Switch ``model`` back to a transformers attention (``"sdpa"``, ``"eager"``) for ``generate``."""
     if getattr(model.config, "_attn_implementation", None) != name:
         model.set_attn_implementation(name)
-
-
-def forward_logits(model, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """One packed forward: ``input_ids [T]`` -> logits ``[K, vocab]`` float32 of the kept sequences."""
-    out = model(
-        input_ids=input_ids.unsqueeze(0),
-        position_ids=meta.positions.unsqueeze(0),
-        use_cache=False,
-        logits_to_keep=meta.keep,
-        paged_metadata=meta,
-    )
-    return out.logits[0].float()

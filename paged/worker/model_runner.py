@@ -29,17 +29,18 @@ from dataclasses import dataclass
 import torch
 
 from paged.core.scheduler_outputs import ScheduledSeq, SchedulerOutputs
-from paged.worker.attention import AttentionMetadata, forward_logits, use_paged_attention
+from paged.worker.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    decode_attention,
+    prefill_attention,
+    use_paged_attention,
+    write_kv,
+)
 from paged.worker.kv_cache import KVCache
-from paged.worker.sampler import Sampler
 
-GRAPH_SIZES = (
-    1,
-    2,
-    4,
-    8,
-    *range(16, 4097, 16),
-)  # decode batch sizes to capture, up to max_num_seqs
+# decode batch sizes to capture, up to max_num_seqs
+GRAPH_SIZES = (1, 2, 4, 8, *range(16, 4097, 16))
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Batch:
 class DecodeGraph:
     """The forward of a decode step of ``size`` sequences, captured once as a CUDA graph (vLLM, nano-vllm).
 
-    Its metadata are views of one int64 device buffer at a fixed address (``AttentionMetadata.pack`` layout
+    Its metadata are views of one int64 device buffer at a fixed address (``prepare_inputs`` layout
     with ``width`` table columns); ``run(host)`` copies a step's packed buffer into it and replays the graph.
     Rows past the step's sequences are padding: token 0 at position 0 with the table ``[pad_block]``, so
     their K/V go to the pool's last block, which no block table names. On CPU (tests) nothing is captured and
@@ -79,28 +80,20 @@ class DecodeGraph:
         self, tables: list[list[int]], lens: list[int], tokens: list[int] | None = None
     ) -> tuple:
         pad, r = self.size - len(tables), self.runner
-        return AttentionMetadata.pack(
+        return r.prepare_inputs(
             tables + [[r.pad_block]] * pad,
             lens + [1] * pad,
             [1] * self.size,
             r.kv_cache.block_size,
             None,
-            r.parts.slot_mapping,
+            r.slot_mapping,
             (tokens or []) + [0] * pad,
             self.width,
         )
 
     def step(self) -> torch.Tensor:
-        r = self.runner
-        meta = AttentionMetadata.from_buffer(
-            r.kv_cache,
-            self.buf,
-            self.layout,
-            r.kv_cache.block_size,
-            write_kv=r.parts.write_kv,
-            decode=r.decode,
-        )
-        return forward_logits(r.model, meta.input_ids, meta)
+        meta = AttentionMetadata.from_buffer(self.buf, self.layout)
+        return forward_logits(self.runner.model, meta.input_ids, meta, self.runner.attention)
 
     def run(self, host: torch.Tensor) -> torch.Tensor:
         """Logits ``[size, vocab]`` of the step packed in ``host`` (static until the next replay)."""
@@ -118,10 +111,9 @@ class ModelRunner:
         model: a ``PreTrainedModel`` (switched to the ``"paged"`` attention at every forward, so the same
             object can run ``model.generate`` in between after ``use_attention(model)``).
         kv_cache: the ``KVCache`` pool (same device and dtype as the model).
-        parts: the engine's ``Parts``; the runner uses ``slot_mapping``, ``write_kv`` and the decode attention.
-        decode: the decode attention to run (``parts.decode_attention`` resolved for the device).
-        prefill: ``None`` (one SDPA per chunk) or the kernel that attends all chunks of a step at once
-            (``paged.kernels.launch_prefill``, on CUDA).
+        parts: the engine's ``Parts``, resolved here once: ``parts.attention(kv_cache)`` (the
+            ``AttentionBackend``: write_kv, prefill and decode attention), ``parts.sampler(seed)``,
+            ``parts.prepare_inputs`` and ``parts.slot_mapping``.
         max_num_seqs, max_model_len: with ``cuda_graphs``, the largest decode batch and table width captured.
         cuda_graphs: capture decode steps as CUDA graphs (``DecodeGraph``, ``GRAPH_SIZES`` up to
             ``max_num_seqs``); the pool's last block is then the padding rows' (the block manager must
@@ -134,21 +126,15 @@ class ModelRunner:
         model,
         kv_cache: KVCache,
         parts,
-        decode,
-        prefill=None,
         max_num_seqs: int = 256,
         max_model_len: int = 2048,
         cuda_graphs: bool = False,
         seed: int | None = 0,
     ):
-        self.sampler = Sampler(seed)
-        self.model, self.kv_cache, self.parts, self.decode, self.prefill = (
-            model,
-            kv_cache,
-            parts,
-            decode,
-            prefill,
-        )
+        self.model, self.kv_cache = model, kv_cache
+        self.attention = parts.attention(kv_cache)
+        self.sampler = parts.sampler(seed)
+        self.prepare_inputs, self.slot_mapping = parts.prepare_inputs, parts.slot_mapping
         self.device = kv_cache.device
         self.pad_block = kv_cache.num_blocks - 1
         self.graphs: dict[int, DecodeGraph] = {}
@@ -158,15 +144,13 @@ class ModelRunner:
             use_paged_attention(model)
             try:
                 with torch.inference_mode():
-                    for size in reversed(
-                        sizes
-                    ):  # the largest first: the smaller ones reuse its memory
+                    # the largest first: the smaller ones reuse its memory
+                    for size in reversed(sizes):
                         self.graphs[size] = DecodeGraph(
                             self, size, -(-max_model_len // kv_cache.block_size), pool
                         )
-            except (
-                RuntimeError
-            ) as err:  # a forward that cannot be captured (it syncs with the host): stay eager
+            # a forward that cannot be captured (it syncs with the host): stay eager
+            except RuntimeError as err:
                 warnings.warn(
                     f"CUDA graph capture failed, decode steps run eagerly: {err}", stacklevel=2
                 )
@@ -174,9 +158,8 @@ class ModelRunner:
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> Batch:
         """Pack a step (chunks first, decodes last) and build its metadata once for every layer."""
-        batch = sorted(
-            scheduled, key=lambda s: s.num_tokens == 1
-        )  # stable: chunks keep their order
+        # stable: chunks keep their order
+        batch = sorted(scheduled, key=lambda s: s.num_tokens == 1)
         keep = [i for i, s in enumerate(batch) if s.samples]
         tables, lens, tokens = (
             [s.block_table for s in batch],
@@ -184,25 +167,21 @@ class ModelRunner:
             [t for s in batch for t in s.token_ids],
         )
         size = min((b for b in self.graphs if b >= len(batch)), default=0)
-        if size and len(keep) == len(batch) == len(
-            tokens
-        ):  # decodes only, each samples: a captured size
+        # decodes only, each samples: a captured size
+        if size and len(keep) == len(batch) == len(tokens):
             return Batch(
                 None, batch, self.graphs[size], self.graphs[size].pack(tables, lens, tokens)[0]
             )
         meta = AttentionMetadata.build(
-            self.kv_cache,
             tables,
             lens,
             [s.num_tokens for s in batch],
             self.kv_cache.block_size,
             self.device,
             keep,
-            self.parts.slot_mapping,
+            self.slot_mapping,
             tokens,
-            write_kv=self.parts.write_kv,
-            decode=self.decode,
-            prefill=self.prefill,
+            self.prepare_inputs,
         )
         return Batch(meta, [batch[i] for i in keep])
 
@@ -240,7 +219,7 @@ class ModelRunner:
         use_paged_attention(self.model)
         if batch.graph is not None:
             return batch.graph.run(batch.host)[: len(batch.sampling)]
-        return forward_logits(self.model, batch.meta.input_ids, batch.meta)
+        return forward_logits(self.model, batch.meta.input_ids, batch.meta, self.attention)
 
     def sample(self, entries: list[ScheduledSeq], logits: torch.Tensor) -> dict[int, list[int]]:
         """``{seq_id: token ids}`` for ``entries`` (the rows of ``logits``): ``n - len(group.seqs) + 1``
@@ -261,6 +240,22 @@ class ModelRunner:
             sampled[entry.seq.seq_id] = tokens[i : i + k]
             i += k
         return sampled
+
+
+def forward_logits(
+    model, input_ids: torch.Tensor, meta: AttentionMetadata, attention: AttentionBackend
+) -> torch.Tensor:
+    """One packed forward of the whole model: ``input_ids [T]`` -> logits ``[K, vocab]`` float32 of the
+    kept sequences (``meta.keep``), every layer attending through ``attention``."""
+    out = model(
+        input_ids=input_ids.unsqueeze(0),
+        position_ids=meta.positions.unsqueeze(0),
+        use_cache=False,
+        logits_to_keep=meta.keep,
+        paged_metadata=meta,
+        paged_backend=attention,
+    )
+    return out.logits[0].float()
 
 
 def kv_shape(model) -> tuple[int, int, int]:
@@ -294,7 +289,7 @@ def profile_num_blocks(
     """GPU blocks that fit beside the model's peak activation memory (CUDA only).
 
     Runs one dummy forward of ``max_num_batched_tokens`` tokens split over up to ``max_num_seqs``
-    sequences through a 1-table-per-sequence scratch pool, then returns
+    sequences through a 1-table-per-sequence scratch pool (the PyTorch attention), then returns
     ``(total x utilization - peak bytes) // bytes_per_block`` and a one-line report.
 
     Raises:
@@ -314,15 +309,16 @@ def profile_num_blocks(
     torch.cuda.reset_peak_memory_stats(device)
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
     meta = AttentionMetadata.build(
-        scratch, tables, [per_seq] * num_seqs, [per_seq] * num_seqs, block_size, device
+        tables, [per_seq] * num_seqs, [per_seq] * num_seqs, block_size, device
     )
+    attention = AttentionBackend(scratch, write_kv, prefill_attention, decode_attention)
     use_paged_attention(model)
-    forward_logits(model, torch.zeros(per_seq * num_seqs, dtype=torch.long, device=device), meta)
+    input_ids = torch.zeros(per_seq * num_seqs, dtype=torch.long, device=device)
+    forward_logits(model, input_ids, meta, attention)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - scratch.bytes
-    block_bytes = (
-        scratch.bytes_per_block
-    )  # the real pool's blocks have the scratch pool's shape and dtype
+    # the real pool's blocks have the scratch pool's shape and dtype
+    block_bytes = scratch.bytes_per_block
     del scratch, meta
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory

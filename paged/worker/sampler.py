@@ -75,9 +75,8 @@ class Sampler:
             raise ValueError(
                 f"sample: {num_rows} logit rows but {len(params)} params and {len(generators)} generators"
             )
-        tokens = logits.max(
-            dim=-1
-        ).indices  # greedy: first maximal index (as argmax), faster on CPU
+        # greedy: first maximal index (as argmax), faster on CPU
+        tokens = logits.max(dim=-1).indices
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)

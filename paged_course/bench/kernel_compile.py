@@ -113,30 +113,36 @@ def engine_step(
 
     import torch
 
-    from paged.engine.parts import Parts
-    from paged.worker.attention import AttentionMetadata, paged_attention_forward
+    from paged.engine.parts import _triton_decode, _triton_prefill
+    from paged.worker.attention import (
+        AttentionBackend,
+        AttentionMetadata,
+        paged_attention_forward,
+        write_kv,
+    )
     from paged.worker.kv_cache import KVCache
 
-    cuda, kv_heads, torch_dtype = torch.device("cuda"), HEADS // group, getattr(torch, dtype)
+    kv_heads, torch_dtype = HEADS // group, getattr(torch, dtype)
     kv = KVCache(2, NUM_BLOCKS, block_size, kv_heads, head_dim, torch_dtype, device)
     seqs = STEPS[step]
     tables = [[b % NUM_BLOCKS for b in range(-(-ctx // block_size))] for ctx, _ in seqs]
     meta = AttentionMetadata.build(
-        kv,
-        tables,
-        [ctx for ctx, _ in seqs],
-        [q for _, q in seqs],
-        block_size,
-        device,
-        decode=Parts().decode_for(cuda),
-        prefill=Parts().prefill_for(cuda),
+        tables, [ctx for ctx, _ in seqs], [q for _, q in seqs], block_size, device
     )
+    backend = AttentionBackend(kv, write_kv, _triton_prefill, _triton_decode)  # as on CUDA
     tokens = sum(q for _, q in seqs)
     query = torch.zeros(1, HEADS, tokens, head_dim, dtype=torch_dtype, device=device)
     key = torch.zeros(1, kv_heads, tokens, head_dim, dtype=torch_dtype, device=device)
     with captured_launches() as launches:
         paged_attention_forward(
-            SimpleNamespace(layer_idx=1), query, key, key.clone(), None, None, paged_metadata=meta
+            SimpleNamespace(layer_idx=1),
+            query,
+            key,
+            key.clone(),
+            None,
+            None,
+            paged_metadata=meta,
+            paged_backend=backend,
         )
     return launches
 

@@ -30,8 +30,7 @@ def _runner(model, max_num_seqs: int, graphs: bool = True) -> ModelRunner:
     layers, kv_heads, head_dim = kv_shape(model)
     kv = KVCache(layers, BLOCKS + 1, BS, kv_heads, head_dim)  # + 1: the padding rows' block
     parts = Parts()
-    decode = parts.decode_for(torch.device("cpu"))
-    return ModelRunner(model, kv, parts, decode, None, max_num_seqs, MAX_LEN, cuda_graphs=graphs)
+    return ModelRunner(model, kv, parts, max_num_seqs, MAX_LEN, cuda_graphs=graphs)
 
 
 def _decodes(n: int, samples: bool = True) -> list[ScheduledSeq]:
@@ -61,9 +60,9 @@ def test_static_buffers_have_one_shape_per_bucket(model):
     for size, graph in runner.graphs.items():
         # token ids, positions, slots, kept rows, context lengths: one per row; query starts: rows + 1;
         # block tables: rows x the widest table max_model_len allows
-        assert graph.layout["sizes"] == [size] * 5 + [size + 1, size * width], size
-        assert graph.buf.shape == (sum(graph.layout["sizes"]),) and graph.buf.dtype == torch.int64
-        assert graph.layout["width"] == width and graph.width == width
+        assert graph.layout.sizes == (*[size] * 5, size + 1, size * width), size
+        assert graph.buf.shape == (sum(graph.layout.sizes),) and graph.buf.dtype == torch.int64
+        assert graph.layout.width == width and graph.width == width
 
 
 def test_padding_rows_hold_token_0_at_position_0_writing_the_padding_block(model):
@@ -71,13 +70,11 @@ def test_padding_rows_hold_token_0_at_position_0_writing_the_padding_block(model
     assert runner.pad_block == BLOCKS, "the pool's last block, which the block manager does not own"
     batch = runner.prepare(_decodes(5))
     assert batch.graph.size == 8
-    ids, positions, slots, keep, lens, starts, tables = batch.host.split(
-        batch.graph.layout["sizes"]
-    )
+    ids, positions, slots, keep, lens, starts, tables = batch.host.split(batch.graph.layout.sizes)
     assert ids[5:].tolist() == [0, 0, 0] and positions[5:].tolist() == [0, 0, 0]
     assert slots[5:].tolist() == [BLOCKS * BS] * 3 and lens[5:].tolist() == [1, 1, 1]
     assert starts.tolist() == list(range(9)), "one token per row, padding included"
-    width = batch.graph.layout["width"]
+    width = batch.graph.layout.width
     pads = tables.view(8, width)[5:]
     assert pads[:, 0].tolist() == [BLOCKS] * 3 and not pads[:, 1:].any()
     assert positions[:5].tolist() == [5] * 5 and lens[:5].tolist() == [6] * 5

@@ -85,15 +85,13 @@ def test_graph_buffer_layout_is_fixed_and_padded():
     assert host.shape == graph.buf.shape and layout == graph.layout, (
         "every step of a size has one layout"
     )
-    ids, positions, slots, keep, lens, starts, tables = host.split(layout["sizes"])
+    ids, positions, slots, keep, lens, starts, tables = host.split(layout.sizes)
     assert ids.tolist() == [11, 12, 0, 0] and positions.tolist() == [5, 1, 0, 0]
     assert slots.tolist() == [5 * BS + 1, 9 * BS + 1, BLOCKS * BS, BLOCKS * BS], (
         "padding rows: the padding block"
     )
     assert lens.tolist() == [6, 2, 1, 1] and keep.tolist() == [0, 1, 2, 3]
-    assert (
-        tables.view(4, -1)[:, 0].tolist() == [3, 9, BLOCKS, BLOCKS] and layout["width"] == 64 // BS
-    )
+    assert tables.view(4, -1)[:, 0].tolist() == [3, 9, BLOCKS, BLOCKS] and layout.width == 64 // BS
     with torch.inference_mode():  # as in ModelRunner.forward
         graph.run(host)
     assert graph.buf.data_ptr() == address, "the buffer stays at its address"

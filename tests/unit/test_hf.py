@@ -10,12 +10,12 @@ import torch
 from paged.engine.parts import Parts, _triton_decode
 from paged.worker.attention import (
     AttentionMetadata,
-    forward_logits,
+    prefill_attention,
     use_attention,
     use_paged_attention,
 )
 from paged.worker.kv_cache import KVCache
-from paged.worker.model_runner import kv_shape
+from paged.worker.model_runner import forward_logits, kv_shape
 from paged_course.models import TINY_ARCHS, tiny_model
 
 
@@ -45,16 +45,15 @@ def test_packed_prefill_prefix_hit_and_decode_match_contiguous_forward(arch):
     with torch.inference_mode():
         # step 1: write the history of sequences 1-3 (all but their last token / last 5 tokens)
         history = [None, seqs[1][:6], seqs[2][:-1], seqs[3][:-1]]
+        attention = Parts().attention(cache)
         meta = AttentionMetadata.build(
-            cache, tables[1:], [len(h) for h in history[1:]], [len(h) for h in history[1:]], bs
+            tables[1:], [len(h) for h in history[1:]], [len(h) for h in history[1:]], bs
         )
-        forward_logits(model, torch.tensor(sum(history[1:], [])), meta)
+        forward_logits(model, torch.tensor(sum(history[1:], [])), meta, attention)
         # step 2: seq 0 fresh prefill, seq 1 prefill of 5 tokens after 6 cached, seqs 2-3 decode
         new = [seqs[0], seqs[1][6:], seqs[2][-1:], seqs[3][-1:]]
-        meta = AttentionMetadata.build(
-            cache, tables, [len(s) for s in seqs], [len(n) for n in new], bs
-        )
-        logits = forward_logits(model, torch.tensor(sum(new, [])), meta)
+        meta = AttentionMetadata.build(tables, [len(s) for s in seqs], [len(n) for n in new], bs)
+        logits = forward_logits(model, torch.tensor(sum(new, [])), meta, attention)
     assert logits.shape == (4, model.config.vocab_size)
     for row, tokens in enumerate(seqs):
         torch.testing.assert_close(
@@ -70,31 +69,54 @@ def test_packed_prefill_prefix_hit_and_decode_match_contiguous_forward(arch):
 
 
 def test_metadata_slot_mapping_positions_and_boundaries():
-    cache = KVCache(1, 16, 4, 1, 8)
     meta = AttentionMetadata.build(
-        cache, [[10, 11, 12], [2, 9], [3, 1]], [8, 7, 5], [8, 3, 1], 4, keep=[0, 2]
+        [[10, 11, 12], [2, 9], [3, 1]], [8, 7, 5], [8, 3, 1], 4, keep=[0, 2]
     )
     assert meta.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 4]
     # case 5: bs 4, table [10, 11, 12], L = 8: the last token's slot is 11 * 4 + 3 = 47, not 43
     assert meta.slot_mapping.tolist() == [40, 41, 42, 43, 44, 45, 46, 47, 36, 37, 38, 4]
     assert meta.keep.tolist() == [7, 11], "logits only for the kept sequences' last tokens"
     assert meta.decode_start == 11
-    assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == [[3, 1]], (
-        "decodes only"
+    assert meta.decode_block_tables.dtype == torch.int32
+    assert meta.decode_block_tables.tolist() == [[3, 1]], "decodes only"
+    assert meta.decode_context_lens.tolist() == [5]
+    assert meta.num_chunks == 2 and meta.max_query_len == 8
+    assert meta.query_start.tolist() == [0, 8, 11, 12]
+    assert meta.context_lens.tolist() == [8, 7, 5]
+    assert meta.block_tables[:2].tolist() == [[10, 11, 12], [2, 9, 0]], "zero-padded tables"
+
+
+def test_prefill_attention_attends_cached_prefix_plus_itself_causally():
+    """Chunk c's row i sits at position context_lens[c] - chunk_len + i and sees positions 0 .. that one,
+    read from the pool (GQA: 4 query heads over 2 KV heads); checked against one softmax per row."""
+    gen = torch.Generator().manual_seed(3)
+    bs, heads, kv_heads, dim = 4, 4, 2, 8
+    key_cache = torch.randn(16, bs, kv_heads, dim, generator=gen)
+    value_cache = torch.randn(16, bs, kv_heads, dim, generator=gen)
+    tables = [[5, 2, 9], [7, 1]]
+    ctx, chunk = [10, 6], [3, 6]  # chunk 0: 7 cached tokens + 3 new; chunk 1: a fresh prompt
+    query = torch.randn(sum(chunk), heads, dim, generator=gen)
+    out = prefill_attention(
+        query,
+        key_cache,
+        value_cache,
+        torch.tensor([tables[0], tables[1] + [0]]),
+        torch.tensor([0, 3, 9]),
+        torch.tensor(ctx),
+        max(chunk),
+        0.5,
     )
-    assert meta.context_lens.tolist() == [5]
-    fresh, chunk = meta.chunks
-    assert (fresh.start, fresh.end, fresh.block_index) == (0, 8, None), (
-        "a fresh prefill needs no gather"
-    )
-    assert (chunk.start, chunk.end) == (8, 11) and chunk.block_index.tolist() == [2, 9]
-    # the chunk's queries sit at positions 4, 5, 6: each sees the 4 computed tokens and itself causally
-    visible = torch.isfinite(chunk.bias[0, 0])
-    assert visible.tolist() == [
-        [True] * 5 + [False] * 3,
-        [True] * 6 + [False] * 2,
-        [True] * 7 + [False],
-    ]
+    row = 0
+    for c in range(2):
+        slots = [tables[c][p // bs] * bs + p % bs for p in range(ctx[c])]
+        keys = key_cache.flatten(0, 1)[slots].repeat_interleave(heads // kv_heads, 1)
+        values = value_cache.flatten(0, 1)[slots].repeat_interleave(heads // kv_heads, 1)
+        for i in range(chunk[c]):
+            position = ctx[c] - chunk[c] + i
+            scores = torch.einsum("hd,khd->hk", query[row], keys[: position + 1]) * 0.5
+            want = torch.einsum("hk,khd->hd", scores.softmax(-1), values[: position + 1])
+            torch.testing.assert_close(out[row], want, rtol=1e-5, atol=1e-5)
+            row += 1
 
 
 @pytest.mark.parametrize(
@@ -108,7 +130,7 @@ def test_metadata_slot_mapping_positions_and_boundaries():
 )
 def test_metadata_bad_input(tables, ctx, q, match):
     with pytest.raises(ValueError, match=match):
-        AttentionMetadata.build(KVCache(1, 4, 4, 1, 8), tables, ctx, q, 4)
+        AttentionMetadata.build(tables, ctx, q, 4)
 
 
 def test_switched_model_without_metadata_raises_clearly():
@@ -136,16 +158,17 @@ def test_triton_decode_backend_matches_torch_backend():
         use_paged_attention(model)
         with torch.inference_mode():
             meta = AttentionMetadata.build(
-                cache, tables, [len(s) - 1 for s in seqs], [len(s) - 1 for s in seqs], 4
+                tables, [len(s) - 1 for s in seqs], [len(s) - 1 for s in seqs], 4
             )
-            forward_logits(model, torch.tensor(sum((s[:-1] for s in seqs), [])), meta)
-            decode = (
-                Parts().decode_for(torch.device("cpu")) if backend == "torch" else _triton_decode
+            forward_logits(
+                model, torch.tensor(sum((s[:-1] for s in seqs), [])), meta, Parts().attention(cache)
             )
-            meta = AttentionMetadata.build(
-                cache, tables, [len(s) for s in seqs], [1, 1], 4, decode=decode
+            decode = None if backend == "torch" else _triton_decode
+            attention = Parts(decode_attention=decode).attention(cache)
+            meta = AttentionMetadata.build(tables, [len(s) for s in seqs], [1, 1], 4)
+            results.append(
+                forward_logits(model, torch.tensor([s[-1] for s in seqs]), meta, attention)
             )
-            results.append(forward_logits(model, torch.tensor([s[-1] for s in seqs]), meta))
     torch.testing.assert_close(
         results[1],
         results[0],

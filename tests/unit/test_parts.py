@@ -3,8 +3,6 @@ from other implementations of the same interfaces produces the default engine's 
 
 from __future__ import annotations
 
-import torch
-
 from paged.core.allocator import BlockAllocator
 from paged.core.block_manager import copy_on_write
 from paged.core.block_table import slot_mapping
@@ -13,7 +11,9 @@ from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged.engine.parts import Parts
-from paged.worker.attention import decode_attention, write_kv
+from paged.worker.attention import decode_attention, prefill_attention, write_kv
+from paged.worker.kv_cache import KVCache
+from paged_course.capstone import origins as capstone_origins
 from paged_course.models import tiny_model
 from paged_course.reference import paged_attention_gather
 
@@ -106,12 +106,11 @@ def test_an_engine_from_parts_passed_in_gives_the_default_engines_tokens():
 
 def test_parts_default_to_the_reference_and_name_their_origins():
     parts = Parts()
-    assert parts.decode_for(torch.device("cpu")) is decode_attention
-    origins = parts.origins()
+    attention = parts.attention(KVCache(1, 4, 4, 1, 8))
+    assert attention.decode is decode_attention and attention.prefill is prefill_attention
+    origins = capstone_origins(parts)
     assert origins["allocator"] == "paged.core.allocator.BlockAllocator"
     assert origins["decode_attention"] == "by device"
-    assert (
-        Parts(decode_attention=gather_decode)
-        .origins()["decode_attention"]
-        .endswith("gather_decode")
+    assert capstone_origins(Parts(decode_attention=gather_decode))["decode_attention"].endswith(
+        "gather_decode"
     )

@@ -139,9 +139,10 @@ def test_query_and_kv_tiles_of_different_sizes(monkeypatch, block_m, block_n):
 def test_engine_chunks_through_the_kernel_match_the_torch_path():
     """A packed step (a fresh prompt, a chunk after cached context, two decodes) on a tiny Llama: the metadata
     with ``prefill=launch_prefill`` (one kernel call per layer) gives the per-chunk SDPA path's logits."""
-    from paged.worker.attention import AttentionMetadata, forward_logits, use_paged_attention
+    from paged.engine.parts import Parts
+    from paged.worker.attention import AttentionMetadata, use_paged_attention
     from paged.worker.kv_cache import KVCache
-    from paged.worker.model_runner import kv_shape
+    from paged.worker.model_runner import forward_logits, kv_shape
     from paged_course.models import tiny_model
 
     model = tiny_model("llama")
@@ -156,17 +157,15 @@ def test_engine_chunks_through_the_kernel_match_the_torch_path():
         layers, kv_heads, head_dim = kv_shape(model)
         cache = KVCache(layers, 32, bs, kv_heads, head_dim)
         with torch.inference_mode():
+            attention = Parts(prefill_attention=prefill).attention(cache)
             meta = AttentionMetadata.build(
-                cache, tables[1:], [len(h) for h in history], [len(h) for h in history], bs
+                tables[1:], [len(h) for h in history], [len(h) for h in history], bs
             )
-            forward_logits(model, torch.tensor(sum(history, [])), meta)
+            forward_logits(model, torch.tensor(sum(history, [])), meta, attention)
             meta = AttentionMetadata.build(
-                cache, tables, [len(s) for s in seqs], [len(n) for n in new], bs, prefill=prefill
+                tables, [len(s) for s in seqs], [len(n) for n in new], bs
             )
-            assert (prefill is None) == (meta.chunks[1].block_index is not None), (
-                "no per-chunk gather with the kernel"
-            )
-            results.append(forward_logits(model, torch.tensor(sum(new, [])), meta))
+            results.append(forward_logits(model, torch.tensor(sum(new, [])), meta, attention))
     torch.testing.assert_close(
         results[1],
         results[0],

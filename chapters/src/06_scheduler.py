@@ -416,7 +416,7 @@ def run_alone(scheduler_cls, prompt_len, new_tokens, num_blocks):
         out = s.schedule()
         steps += 1
         for e in out.scheduled:
-            if e.samples:
+            if e.samples_next_token:
                 e.seq.append_token_id(1)
                 if len(e.seq.output_token_ids) >= new_tokens:
                     e.seq.status = SequenceStatus.FINISHED_LENGTH

@@ -20,16 +20,16 @@ class ScheduledSeq:
     have K/V in the pool: earlier steps, earlier chunks or prefix-cache hits). A prefill chunk has
     ``num_tokens >= 1`` (a fully cached prompt still computes its last token), a decode exactly 1.
     ``block_table``: the sequence's physical GPU blocks, valid until the next ``schedule()``.
-    ``samples``: after this step every token of the sequence has K/V, so the engine samples its next token
-    (False for a prompt chunk that is not the last one); fixed when scheduled, so it stays true after the
-    engine appends the sampled token.
+    ``samples_next_token``: after this step every token of the sequence has K/V, so the engine samples its
+    next token (False for a prompt chunk that is not the last one); fixed when scheduled, so it stays true
+    after the engine appends the sampled token.
     """
 
     seq: Sequence
     start: int
     num_tokens: int
     block_table: list[int]
-    samples: bool
+    samples_next_token: bool
 
     @property
     def token_ids(self) -> list[int]:

@@ -160,7 +160,7 @@ class ModelRunner:
         """Pack a step (chunks first, decodes last) and build its metadata once for every layer."""
         # stable: chunks keep their order
         batch = sorted(scheduled, key=lambda s: s.num_tokens == 1)
-        keep = [i for i, s in enumerate(batch) if s.samples]
+        keep = [i for i, s in enumerate(batch) if s.samples_next_token]
         tables, lens, tokens = (
             [s.block_table for s in batch],
             [s.start + s.num_tokens for s in batch],

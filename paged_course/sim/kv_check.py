@@ -105,7 +105,7 @@ class CheckedEngine:
                     f"{'nothing' if got is None else 'another prefix'}: every token must attend to its own prefix"
                 )
         for s in out.scheduled:
-            if s.samples:
+            if s.samples_next_token:
                 self._sample(s.seq)
         return out
 

@@ -284,7 +284,7 @@ def simulate(
         ) in out.scheduled:  # the fake model: one token per sequence whose tokens are all computed
             rid, seq = s.seq_group.request_id, s.seq
             ran.add(rid)
-            if not s.samples:  # a prompt chunk that is not the last one
+            if not s.samples_next_token:  # a prompt chunk that is not the last one
                 continue
             info = res.requests[rid]
             seq.append_token_id((seq.token_ids[0] + len(seq)) % 30_000)

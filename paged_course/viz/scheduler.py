@@ -132,7 +132,8 @@ class Stepper:
                 self.sched.add_request(g)
         out = self.sched.schedule()
         for s in out.scheduled:
-            if s.samples:  # a prompt's last chunk or a decode: the fake model appends one token
+            # a prompt's last chunk or a decode: the fake model appends one token
+            if s.samples_next_token:
                 s.seq.append_token_id(1)
                 if len(s.seq.output_token_ids) >= s.seq_group.sampling_params.max_tokens:
                     s.seq.status = SequenceStatus.FINISHED_LENGTH

@@ -98,8 +98,8 @@ def _llm(model, **kwargs) -> LLM:
 
 def _spy(sched: Scheduler) -> list[tuple[dict, object, list[bool]]]:
     """Record every ``schedule()``: ``(num_computed_tokens by seq_id before it, its SchedulerOutputs, samples)``.
-    ``samples`` holds each entry's ``ScheduledSeq.samples`` as the step saw it (the property reads the
-    sequence's current length, which grows once the engine appends the sampled token)."""
+    ``samples`` holds each entry's ``ScheduledSeq.samples_next_token`` as the step saw it (the property
+    reads the sequence's current length, which grows once the engine appends the sampled token)."""
     log = []
     real = sched.schedule
 
@@ -110,7 +110,7 @@ def _spy(sched: Scheduler) -> list[tuple[dict, object, list[bool]]]:
             for s in q
         }
         out = real()
-        log.append((before, out, [s.samples for s in out.scheduled]))
+        log.append((before, out, [s.samples_next_token for s in out.scheduled]))
         return out
 
     sched.schedule = schedule

@@ -69,7 +69,8 @@ class FakeEngine:
                     f"seq {s.seq.seq_id} position {p}: wrong K/V in its slot"
                 )
         for s in out.scheduled:
-            if not s.samples:  # a prompt chunk that is not the last one: nothing to sample yet
+            # a prompt chunk that is not the last one: nothing to sample yet
+            if not s.samples_next_token:
                 continue
             group, seqs = s.seq.group, [s.seq]
             while group.sampling_params.n > len(

@@ -17,6 +17,11 @@ reference for everything else. Each field is a class or a function with exactly 
   ``insert(seq, block_ids, first, stop)``, ``evict(block_id)``, ``record_query``, ``hit_rate``, ``clear``
   (``paged/core/prefix_cache.py``).
 - ``copy_on_write`` (chapter 05): ``(table, allocator, allocate) -> [(src, dst)]`` (``paged/core/block_manager.py``).
+- ``prefill_attention`` (chapter 07): ``(query [T, H, D], key_cache, value_cache, block_tables [C, W],
+  query_start [C + 1], context_lens [C], max_query_len, scale) -> out [T, H, D]``, every prompt chunk of a step
+  in one call (the interface of ``paged.kernels.launch_prefill``); ``None`` picks by device.
+- ``sampler`` (chapter 07): a class ``Sampler(seed)`` with ``sample(logits [S, V], params, generators) ->
+  list[int]`` (``paged/worker/sampler.py``).
 - ``scheduler`` (chapter 06): a class ``Scheduler(scheduler_config, cache_config, block_manager)`` with
   ``schedule()`` and the request methods of ``paged/core/scheduler.py`` (a subclass that overrides the
   policy methods is the usual learner's part).
@@ -41,6 +46,7 @@ from paged.core.block_table import slot_mapping
 from paged.core.prefix_cache import PrefixCache
 from paged.core.scheduler import Scheduler
 from paged.worker.attention import decode_attention, select_backend, write_kv
+from paged.worker.sampler import Sampler
 
 
 class Allocator(Protocol):
@@ -74,6 +80,8 @@ class Parts:
     slot_mapping: Callable = slot_mapping
     write_kv: Callable = write_kv
     decode_attention: Callable | None = None
+    sampler: type = Sampler
+    prefill_attention: Callable | None = None
 
     def decode_for(self, device: torch.device) -> Callable:
         """The decode attention this engine runs on ``device``."""
@@ -82,8 +90,11 @@ class Parts:
         return _triton_decode if select_backend(device) == "triton" else decode_attention
 
     def prefill_for(self, device: torch.device) -> Callable | None:
-        """The chunk attention on ``device`` (not a part): the Triton kernel that serves every chunk of a step in
-        one call on CUDA (``paged.kernels.launch_prefill``), else ``None`` (one SDPA per chunk)."""
+        """The chunk attention on ``device``: the ``prefill_attention`` part when one is given, else the Triton
+        kernel that serves every chunk of a step in one call on CUDA (``paged.kernels.launch_prefill``), else
+        ``None`` (one SDPA per chunk)."""
+        if self.prefill_attention is not None:
+            return self.prefill_attention
         if select_backend(device) != "triton":
             return None
         from paged.kernels import launch_prefill

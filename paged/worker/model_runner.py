@@ -141,7 +141,7 @@ class ModelRunner:
         cuda_graphs: bool = False,
         seed: int | None = 0,
     ):
-        self.sampler = Sampler(seed)
+        self.sampler = getattr(parts, "sampler", Sampler)(seed)
         self.model, self.kv_cache, self.parts, self.decode, self.prefill = (
             model,
             kv_cache,

@@ -158,7 +158,11 @@ def _test_file(exercise: str) -> Path:
     if not files:
         raise ValueError(f"no graded tests for chapter {match.group(1)} in {TESTS}")
     # a chapter with several test files: the one that marks this region (a check collects one file only)
-    marking = [f for f in files if f'"{exercise}"' in f.read_text()]
+    marking = [
+        f
+        for f in files
+        if re.search(rf"exercise\(\s*[\"']{re.escape(exercise)}[\"']", f.read_text())
+    ]
     return (marking or files)[0]
 
 

@@ -1,7 +1,7 @@
 """Graded: chapter 07, the capstone. The engine assembled from *your* parts (chapters 02, 03, 05, 06 and 07:
-allocator, slot mapping, KV write, decode attention, prefix cache, copy-on-write, scheduler, prefill attention, sampler) serves the
-built-in model, and its greedy tokens equal transformers' ``generate`` on a workload that exercises
-chunked prefill, prefix caching, copy-on-write and preemption.
+allocator, slot mapping, KV write, decode attention, prefix cache, copy-on-write, scheduler, prefill attention,
+sampler) serves the built-in model, and its greedy tokens equal transformers' ``generate`` on a workload that
+exercises chunked prefill, prefix caching, copy-on-write and preemption.
 
 No part falls back to the reference here: a part that is missing or unfinished fails the capstone and is
 named. Tokens are compared as vLLM's tests do (``paged_course.compare``): equal, or parting only at a

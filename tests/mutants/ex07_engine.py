@@ -120,9 +120,8 @@ MUTANTS = {
         ),
         "a uniform drawn for greedy rows too": _swap(
             _DRAW,
-            "[torch.rand(1, generator=generators[i] or self.generator) for i in random_rows]",
-            "[torch.rand(1, generator=generators[i] or self.generator) for i in range(len(params))]"
-            ")[random_rows",
+            "for i in random_rows]\n        )",
+            "for i in range(num_rows)]\n        )[rows]",
         ),
         "top_k of -1 passed through (every token but the first removed)": _swap(
             _DRAW, "params[i].top_k if params[i].top_k > 0 else vocab", "params[i].top_k"

@@ -27,6 +27,8 @@ PART_SOURCES: dict[str, tuple[str, str]] = {
     "prefix_cache": ("ex05_prefix_cache", "PrefixCache"),
     "copy_on_write": ("ex05_prefix_cache", "copy_on_write"),
     "scheduler": ("ex06_scheduler", "Scheduler"),
+    "prefill_attention": ("ex07_engine", "prefill_attention"),
+    "sampler": ("ex07_engine", "Sampler"),
 }
 
 

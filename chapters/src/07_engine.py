@@ -266,11 +266,57 @@ print(
 )
 
 # %% [markdown]
-# ## 5. Your engine: the capstone
+# ## 5. Build steps: a prompt chunk's attention and the sampler
 #
-# Chapters 02-06 had you write seven parts of this engine, each with the interface the engine calls
+# Two parts of the step above are still the reference's: the attention of **prompt chunks** and the
+# **sampler**. You write both in `exercises/ex07_engine.py`, with the engine's interfaces.
+#
+# **Prefill attention over the paged pool.** With chunked prefill (chapter 06) a prompt is computed in pieces,
+# and a prompt that hits the prefix cache starts after its cached blocks. So a chunk of `n` new tokens is the
+# *end* of a sequence of `L` tokens whose first `L - n` were computed in earlier steps, or by another request.
+# Its keys and values are already in the pool (the engine writes every new token before attending), and so
+# are the cached prefix's: the chunk reads everything through its block table, and its token `i`, which sits
+# at position `L - n + i`, may look at positions up to its own and at none after. That offset is the whole
+# difference from the square causal mask of a prompt computed in one piece, and getting it wrong is silent
+# on a first chunk (where `L = n`). vLLM v1 runs every prefill this way, all chunks of a step packed into one
+# tensor with offsets `query_start` (`vllm/v1/attention/backends/`); the engine's Triton kernel
+# `paged.kernels.launch_prefill` has exactly the interface of your `prefill_attention`, whose loop over the
+# chunks is given. You write how one sequence's keys and values come out of the pool (`ch07.ex2`) and the
+# causal, grouped-query attention of one chunk (`ch07.ex3`). The graded tests compare with contiguous causal
+# attention on random chunkings.
+
+# %%
+from paged_course.check import check  # noqa: E402
+
+_ = check("ch07.ex2")
+
+# %%
+_ = check("ch07.ex3")
+
+# %% [markdown]
+# **The sampler.** One packed logits tensor holds a row per sequence, and every row has its own request:
+# greedy (temperature 0), or sampled at a temperature, cut to its `top_k` most likely tokens and to the
+# nucleus that holds `top_p` of their probability. Both filters are statements about *ranks*, so one sort
+# serves both; their order matters (the nucleus is measured over what top-k kept). Then one uniform number per
+# sampled row picks a token by inverse CDF. Where that number comes from is the subtle part: a request with a
+# `seed` owns a generator, and its tokens must not depend on which other requests share its batch, so each row
+# draws from its own generator, one number per step, and greedy rows draw none. Your sampler is graded token
+# for token against the reference under fixed seeds, and statistically against the filtered distribution
+# (`ch07.ex4` the filters, `ch07.ex5` the draw).
+
+# %%
+_ = check("ch07.ex4")
+
+# %%
+_ = check("ch07.ex5")
+
+# %% [markdown]
+# ## 6. Your engine: the capstone
+#
+# Chapters 02-07 had you write nine parts of this engine, each with the interface the engine calls
 # (`paged/engine/parts.py`): the **allocator** (02), **slot mapping**, the **KV write** and the **decode
-# attention** (03), the **prefix cache** and **copy-on-write** (05), and the **scheduler** (06). Chapter 04's
+# attention** (03), the **prefix cache** and **copy-on-write** (05), the **scheduler** (06), and the **prefill
+# attention** and the **sampler** (07). Chapter 04's
 # kernel is the same decode attention for a GPU; on this CPU the engine runs your chapter-03 version.
 # `learner_parts()` finds each part in your `exercises/` files, runs its checks, and takes yours when they pass,
 # the reference when they do not (it says which). Then the engine below is yours.
@@ -370,15 +416,15 @@ print(
 
 # %% [markdown]
 # Every output of your engine equals transformers' own `generate`: your allocator handed out and took back every
-# block, your slot mapping and KV write put each key and value where your decode attention and the reference's
-# prefill read them, your prefix cache served the system prompt's blocks, your copy-on-write kept the two
-# samples apart, and your scheduler chunked, preempted and resumed without losing a token. The time is for
+# block, your slot mapping and KV write put each key and value where your decode and prefill attention read
+# them, your sampler picked the tokens, your prefix cache served the system prompt's blocks, your copy-on-write
+# kept the two samples apart, and your scheduler chunked, preempted and resumed without losing a token. The time is for
 # comparison only: the reference parts are tuned for speed, yours for reading.
 #
 # The same check, graded: `python -m paged grade ch07` builds the engine from your parts *without* fallback
 # (every part must be yours) and runs this workload with preemption by recompute and by swap.
 #
-# ## 6. Ledger row C6: throughput against concurrency, ours against transformers
+# ## 7. Ledger row C6: throughput against concurrency, ours against transformers
 #
 # The fragmentation article (§4.3) reports for Llama-2-7B on an A100 that vLLM beats transformers' `generate` by 1.14x at one
 # request and more with concurrency, until `generate` runs out of memory at 32. We measure the shape at small scale
@@ -437,7 +483,7 @@ print(
 # `python -m paged bench engine` measures the full workload with the best of several runs per side (its numbers
 # are in `docs/results.md`).
 #
-# ## 7. What a GPU run shows
+# ## 8. What a GPU run shows
 #
 # The committed run of the benchmark on one H200 (`docs/gpu/h200-2026-11-30/engine.json`) measured the engine as it
 # was on that date: before its chunked prefill and batched prefill kernel, and decoding with chapter 04's teaching
@@ -476,7 +522,7 @@ print(
 # - `LLM(num_gpu_blocks=40, preemption_mode="swap", num_cpu_blocks=40)` in section 4: preemptions become
 #   swaps (`stats()["swap_outs"]`); the outputs stay the same.
 # - `enable_prefix_caching=False` in section 3: the hit rate drops to 0 and more tokens are computed.
-# - `enable_chunked_prefill=False` or `max_num_batched_tokens=16` in section 5: watch `stats()["prefill_chunks"]`,
+# - `enable_chunked_prefill=False` or `max_num_batched_tokens=16` in section 6: watch `stats()["prefill_chunks"]`,
 #   `itl_p99` and `ttft_p50` change (chapter 06 measures the trade-off).
 # - the main job on the command line: `python -m paged demo` (64 requests, report, check against transformers).
 #

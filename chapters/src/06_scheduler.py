@@ -67,6 +67,7 @@ from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.models import load_default
 from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
+from paged_course.predict import reveal
 from paged_course.sim.kv_check import CheckedEngine
 from paged_course.sim.scheduling import (
     CostModel,
@@ -329,6 +330,38 @@ for threshold in (0, 6):
 
 # %%
 _ = check("ch06.ex2")
+
+# %% [markdown]
+# **Predict, then run.** The pool has 3 blocks of 4 tokens. Requests A, B and C arrive in that order, each
+# with a 4-token prompt, and all three are prefilled in step 1 (one full block each). In step 2 each needs a
+# second block for its first decode. Which requests are preempted in step 2, in order? Set `prediction` to
+# a list of request ids, then run the next cell (it uses the reference scheduler).
+
+# %%
+prediction = None  # your guess, e.g. prediction = ["A"]
+
+# %%
+predict_sched = Scheduler(
+    SchedulerConfig(max_model_len=32, max_num_seqs=4),
+    CacheConfig(block_size=4, num_gpu_blocks=3, num_cpu_blocks=0),
+)
+for rid, first in (("A", 1), ("B", 11), ("C", 21)):
+    predict_sched.add_request(
+        SequenceGroup(
+            rid,
+            [Sequence(first, list(range(first, first + 4)), 4)],
+            SamplingParams(max_tokens=4),
+        )
+    )
+predict_engine = CheckedEngine(predict_sched)
+predict_engine.step()
+reveal(
+    prediction,
+    [seq.group.request_id for seq in predict_engine.step().preempted],
+    "preempted in step 2, in order",
+    why="A, the oldest, grows first and takes C's block (C is the newest); B then finds no block and "
+    "nobody younger, so it gives way itself; only A decodes",
+)
 
 # %% [markdown]
 # ## 5. Build step 3: preemption by recompute or swap

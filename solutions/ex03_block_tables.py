@@ -189,8 +189,10 @@ def gather_kv(
     # BEGIN SOLUTION ch03.ex3 -- (key, value, valid) for the whole batch at once (see the docstring)
     # HINT: Indexing the pool with the table reads every entry, used or not: which entries are used, row by row, and
     # HINT+ what can stand in for the others?
-    # HINT: used = arange(W) < ceil(context_lens / block_size)[:, None]; table = torch.where(used,
-    # HINT+ block_tables.long(), 0); key_cache[table] is [S, W, bs, KVH, D]: flatten dims 1 and 2.
+    # HINT: A table entry is used when its column comes before the number of blocks its context fills (rounded
+    # HINT+ up); put a harmless block id, such as 0, in every other entry, index the pool with the whole table at
+    # HINT+ once, then merge the block and slot dimensions into one token dimension. Valid is then a position
+    # HINT+ before the context length.
     width = block_tables.shape[1]
     lens = context_lens.long()
     used = (
@@ -259,9 +261,10 @@ def decode_attention(
     # BEGIN SOLUTION ch03.ex4 -- softmax(scale * q . k) over each context, GQA, in float32, garbage kept out
     # HINT: Which query heads share a KV head? A view of the query can put each group beside its KV head. And where
     # HINT+ can NaN get into the result, given that 0 * NaN is NaN?
-    # HINT: q as [S, KVH, group, D] in float32; zero key and value past the context with torch.where(valid...), scores
-    # HINT+ by einsum, masked_fill(-inf) where not valid, torch.softmax, einsum with the values, back to [S, H, D] and
-    # HINT+ the query's dtype.
+    # HINT: Split the query's heads into one group per KV head and compute in float32. Replace the keys and values
+    # HINT+ past each context by zeros (selecting, not multiplying), score every query against every key of its
+    # HINT+ group's KV head, set the invalid scores to minus infinity before the softmax, weight the values by it,
+    # HINT+ and return the heads in their original layout and the query's dtype.
     group = num_heads // num_kv_heads
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
     keep = valid[:, :, None, None]

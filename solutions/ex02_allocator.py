@@ -50,8 +50,10 @@ class FreeBlockQueue:
     # BEGIN SOLUTION ch02.ex1 -- FreeBlockQueue: FIFO with removal from anywhere, every operation constant time
     # HINT: A list or a deque gets the order right but walks itself in pop(0), remove or insert; what structure
     # HINT+ unlinks one id without searching for it?
-    # HINT: Give every id a prev and a next (two Python lists indexed by id) around a sentinel node num_blocks, or
-    # HINT+ keep an OrderedDict (popitem(last=False), del d[id]); keep a count for len.
+    # HINT: Link the ids to each other: for every id remember the one before it and the one after it, in a ring
+    # HINT+ closed by one extra node that stands for both ends; taking an id out then only relinks its two
+    # HINT+ neighbours. (An ordered dictionary that can drop its oldest key and any key also does it.) Count the ids
+    # HINT+ as you go rather than walking them for the length.
     # STUB: def __init__(self, num_blocks: int):
     # STUB:     raise NotImplementedError("ch02.ex1: write FreeBlockQueue (its docstring says what each method does)")
     # STUB: def popleft(self) -> int:
@@ -236,8 +238,9 @@ class BlockAllocator:
         """
         # BEGIN SOLUTION ch02.ex5 -- a given free block leaves the queue and is held once; a block in use is refused
         # HINT: The count already says whether the block is free: is there any need to look through the queue?
-        # HINT: _check(block_id, "take", in_use=False) gives the count; raise if it is not 0, else
-        # HINT+ self._free.remove(block_id) and set the count to 1.
+        # HINT: The id check you wrote in step 3, told that a free block is allowed here, hands you the count; a
+        # HINT+ count other than zero is the error to raise, otherwise take the block out of the free queue and give
+        # HINT+ it its one holder.
         count = self._check(block_id, "take", in_use=False)
         if count:
             raise ValueError(f"take: block {block_id} is in use (ref count {count})")

@@ -139,10 +139,17 @@ def write_kv(
             f"{num_blocks * block_size}) ({num_blocks} blocks x {block_size} slots)"
         )
     # BEGIN SOLUTION ch03.ex2 -- every token's K/V at its slot, in place; slot -1 stores nothing
-    # HINT: If the pool had one row per slot, a slot would be a row index. Which reshape gives that without a copy?
-    # HINT+ And what does index -1 do in PyTorch?
-    # HINT: flat = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim); keep = slot_mapping >= 0;
-    # HINT+ flat.index_copy_(0, slot_mapping[keep], key[keep].to(flat.dtype)), the same for values.
+    # STUB: # Spot the bug: this write_kv runs, writes in place and passes some of its checks, but one promise
+    # STUB: # of the docstring does not hold (chapter 03 shows the symptom). Fix it; the region counts only
+    # STUB: # when every one of its checks passes.
+    # STUB: flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    # STUB: flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    # STUB: flat_k[slot_mapping] = key.to(key_cache.dtype)
+    # STUB: flat_v[slot_mapping] = value.to(value_cache.dtype)
+    # HINT: Run the chapter's symptom cell: which slot changed that no token of the step was given? Which
+    # HINT+ slot does a row index of -1 name in PyTorch?
+    # HINT: Keep only the tokens whose slot is not negative (a boolean mask over the slots), and copy those
+    # HINT+ tokens' keys and values, in the pool's dtype, into the rows their slots name; the padding writes nothing.
     keep = slot_mapping >= 0  # -1: padding, store nothing
     slots = slot_mapping[keep]
     flat_k = key_cache.view(
@@ -182,8 +189,10 @@ def gather_kv(
     # BEGIN SOLUTION ch03.ex3 -- (key, value, valid) for the whole batch at once (see the docstring)
     # HINT: Indexing the pool with the table reads every entry, used or not: which entries are used, row by row, and
     # HINT+ what can stand in for the others?
-    # HINT: used = arange(W) < ceil(context_lens / block_size)[:, None]; table = torch.where(used,
-    # HINT+ block_tables.long(), 0); key_cache[table] is [S, W, bs, KVH, D]: flatten dims 1 and 2.
+    # HINT: A table entry is used when its column comes before the number of blocks its context fills (rounded
+    # HINT+ up); put a harmless block id, such as 0, in every other entry, index the pool with the whole table at
+    # HINT+ once, then merge the block and slot dimensions into one token dimension. Valid is then a position
+    # HINT+ before the context length.
     width = block_tables.shape[1]
     lens = context_lens.long()
     used = (
@@ -252,9 +261,10 @@ def decode_attention(
     # BEGIN SOLUTION ch03.ex4 -- softmax(scale * q . k) over each context, GQA, in float32, garbage kept out
     # HINT: Which query heads share a KV head? A view of the query can put each group beside its KV head. And where
     # HINT+ can NaN get into the result, given that 0 * NaN is NaN?
-    # HINT: q as [S, KVH, group, D] in float32; zero key and value past the context with torch.where(valid...), scores
-    # HINT+ by einsum, masked_fill(-inf) where not valid, torch.softmax, einsum with the values, back to [S, H, D] and
-    # HINT+ the query's dtype.
+    # HINT: Split the query's heads into one group per KV head and compute in float32. Replace the keys and values
+    # HINT+ past each context by zeros (selecting, not multiplying), score every query against every key of its
+    # HINT+ group's KV head, set the invalid scores to minus infinity before the softmax, weight the values by it,
+    # HINT+ and return the heads in their original layout and the query's dtype.
     group = num_heads // num_kv_heads
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
     keep = valid[:, :, None, None]

@@ -46,8 +46,10 @@ def online_softmax_update(
     # BEGIN SOLUTION ch04.ex1 -- the state (m, l, acc) after one more block, as new tensors
     # HINT: l and acc are relative to the old max. When the max grows, by what factor must they shrink? And what is
     # HINT+ that factor for a row that has seen no token yet?
-    # HINT: m_new = maximum(m, row max of scores); shift by m_new where it is finite (0 otherwise); alpha = exp(m -
-    # HINT+ shift); p = exp(scores - shift); l * alpha + p.sum(-1), acc * alpha + p @ values.
+    # HINT: The new max is the larger of the old one and the block's row max. Shift by it where it is finite and by
+    # HINT+ zero where the row has seen nothing; the old sum and accumulator shrink by the exponential of old max
+    # HINT+ minus shift, then gain this block's exponentiated scores (summed for the sum, times the values for the
+    # HINT+ accumulator).
     m_new = torch.maximum(m, scores.amax(dim=-1))
     m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # all masked so far
     alpha = torch.exp(m - m_safe)  # exp(-inf) = 0 for the first real block
@@ -114,9 +116,10 @@ def walk_blocks(
     # BEGIN SOLUTION ch04.ex2 -- fold this program's blocks into (m, l, acc)
     # HINT: Which logical blocks belong to this split, and which of them hold any token? For each: where does it live,
     # HINT+ which of its slots are real, what does a masked load read?
-    # HINT: for b in range(first, min(first + blocks_per_split, cdiv(context_len, BLOCK_SIZE))): physical from BT[seq,
-    # HINT+ b] (int64); t_mask = b * BLOCK_SIZE + offs_t < context_len; masked loads with other=0; scores -inf where
-    # HINT+ masked; the online update of ch04.ex1.
+    # HINT: Walk this split's logical blocks, stopping at the last one the context reaches. For each, read its
+    # HINT+ physical id from the block table (widened to 64 bits before computing addresses), mask the slots whose
+    # HINT+ position is past the context, load keys and values with zeros in the masked slots, give those slots a
+    # HINT+ score of minus infinity, and fold the block in with your online update from step 1.
     # STUB: pass  # your walk over this program's blocks: lookup, masked loads (other=), scores, online update
     num_blocks = tl.cdiv(context_len, BLOCK_SIZE)
     first = split * blocks_per_split

@@ -235,10 +235,33 @@ reveal(
 # - **a slot is a row**: that is why the engine hands over slots rather than (block, offset) pairs. Slot `x` is
 #   block `x // block_size`, offset `x % block_size`, so the whole step is one vectorized copy per cache, with
 #   no loop over tokens;
-# - **padding**: a token with slot `-1` writes nowhere. In PyTorch, index `-1` means the *last* row, so it must
-#   be left out, not passed on.
+# - **padding**: a token with slot `-1` writes nowhere (vLLM pads a batch with such tokens).
 #
-# Write region `ch03.ex2`, then check it:
+# **Spot the bug.** This step is already written in your file: `write_kv` runs, writes in place, one vectorized
+# copy per cache, and passes some of its checks, but one promise of its docstring does not hold. The symptom: a
+# pool of 2 blocks of 2 slots filled with zeros, a step of 3 tokens whose keys are all ones, their slots
+# `[0, -1, 2]`. Only slots 0 and 2 may change; as handed out, slot 3, which no token of the step was given and
+# which belongs to whatever sequence holds block 1, changes too. The cell below runs your `write_kv` on that
+# pool. Find the bug, fix it, and run the cell and the check again. This region scores only when all of its
+# checks pass.
+
+
+# %%
+def write_kv_symptom(write) -> str:
+    """The slots of a zeroed 2 x 2 pool that a step of slots ``[0, -1, 2]`` changes."""
+    key_cache, value_cache = torch.zeros(2, 2, 1, 1), torch.zeros(2, 2, 1, 1)
+    write(
+        key_cache, value_cache, torch.ones(3, 1, 1), torch.ones(3, 1, 1), torch.tensor([0, -1, 2])
+    )
+    return f"slots changed {torch.nonzero(key_cache.view(-1)).flatten().tolist()}"
+
+
+your_write_kv = getattr(exercise_module("ex03_block_tables"), "write_kv", None)
+print("the contract:  slots changed [0, 2]")
+print(
+    "your write_kv:",
+    write_kv_symptom(your_write_kv) if your_write_kv else "(your file does not import)",
+)
 
 # %%
 _ = check("ch03.ex2")

@@ -70,6 +70,7 @@ from paged.worker.kv_cache import KVCache
 from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
 from paged_course.capstone import origins
 from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
+from paged_course.predict import reveal
 from paged_course.reference import write_kv_checked
 from paged_course.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for
 
@@ -515,16 +516,27 @@ print(
     [x for x in alloc.free_queue() if x in manager.prefix_cache],
 )
 
+# %% [markdown]
+# **Predict, then run.** A new request D with 29 tokens and no prefix hit needs eight blocks of this
+# 12-block pool. Which cached blocks of A, B and C are still cached after D is admitted? Set `prediction`
+# to a sorted list of block ids, then run the next cell.
+
+# %%
+prediction = None  # your guess, e.g. prediction = [0, 1, 2]
+
 # %%
 print("free queue (front first):", manager.gpu_allocator.free_queue())
 d = Sequence(3, list(range(41, 70)), 4)  # 29 tokens: 8 blocks, no hit
 manager.allocate_slots(d)
 print("D took blocks", manager.get_block_table(d))
-print(
-    "cached blocks of A, B, C that survived:",
+reveal(
+    prediction,
     sorted(
         x for x in range(12) if x in manager.prefix_cache and x not in manager.get_block_table(d)
     ),
+    "cached blocks of A, B, C that survive D",
+    why="never-used blocks go first, then the front of the free queue: the least recently freed cached "
+    "blocks are evicted first, and each sequence was freed tail first",
 )
 e = Sequence(4, shared + [99], 4)
 manager.allocate_slots(e)

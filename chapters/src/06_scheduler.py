@@ -41,7 +41,9 @@
 # the reference `paged.core.scheduler.Scheduler` that keeps its plumbing (queues, requests in and out,
 # small helpers that its docstring lists). After each build step a cell `check("ch06.exK")` runs that
 # step's graded tests on your file: a fake engine executes every step and checks that each token attends
-# to its own sequence's K/V, and random runs must make exactly the reference's decisions. The chapter then
+# to its own sequence's K/V, and random runs check what any correct policy holds (no step over the token
+# budget, no block handed out twice, a preemption only when memory ran short, every victim's blocks freed,
+# every request ending with the same tokens as the reference's), not the reference's exact steps. The chapter then
 # goes on with your method when it passes, and with the reference (saying so in one line) when it does not.
 # Stuck? `solution("ch06.exK")` prints the reference answer, where your copy of the course ships it.
 
@@ -66,6 +68,7 @@ from paged.engine.parts import Parts
 from paged.models import load_default
 from paged_course.capstone import origins
 from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
+from paged_course.predict import reveal
 from paged_course.sim.kv_check import CheckedEngine
 from paged_course.sim.scheduling import (
     CostModel,
@@ -328,6 +331,38 @@ for threshold in (0, 6):
 
 # %%
 _ = check("ch06.ex2")
+
+# %% [markdown]
+# **Predict, then run.** The pool has 3 blocks of 4 tokens. Requests A, B and C arrive in that order, each
+# with a 4-token prompt, and all three are prefilled in step 1 (one full block each). In step 2 each needs a
+# second block for its first decode. Which requests are preempted in step 2, in order? Set `prediction` to
+# a list of request ids, then run the next cell (it uses the reference scheduler).
+
+# %%
+prediction = None  # your guess, e.g. prediction = ["A"]
+
+# %%
+predict_sched = Scheduler(
+    SchedulerConfig(max_model_len=32, max_num_seqs=4),
+    CacheConfig(block_size=4, num_gpu_blocks=3, num_cpu_blocks=0),
+)
+for rid, first in (("A", 1), ("B", 11), ("C", 21)):
+    predict_sched.add_request(
+        SequenceGroup(
+            rid,
+            [Sequence(first, list(range(first, first + 4)), 4)],
+            SamplingParams(max_tokens=4),
+        )
+    )
+predict_engine = CheckedEngine(predict_sched)
+predict_engine.step()
+reveal(
+    prediction,
+    [seq.group.request_id for seq in predict_engine.step().preempted],
+    "preempted in step 2, in order",
+    why="A, the oldest, grows first and takes C's block (C is the newest); B then finds no block and "
+    "nobody younger, so it gives way itself; only A decodes",
+)
 
 # %% [markdown]
 # ## 5. Build step 3: preemption by recompute or swap

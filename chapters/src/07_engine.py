@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from paged_course.compare import greedy_agreement
+from paged_course.predict import reveal
 from paged.worker.attention import AttentionMetadata, use_attention
 from paged.engine.llm import LLM
 from paged_course.models import tiny_model
@@ -99,6 +100,14 @@ for name, prompt in prompts.items():
     engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), request_id=name)
 
 # %% [markdown]
+# **Predict, then run.** Blocks hold 4 tokens, prefix caching is on, and the pool is empty. How many of the 12
+# blocks are in use once the first `schedule()` has admitted A (6 tokens), B (7 tokens, its first 4 the same
+# as A's) and C (3 tokens)? Set `prediction`, then run the next cells.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 6
+
+# %% [markdown]
 # **(1) Schedule.** The scheduler admits waiting requests while blocks (beyond the watermark) and the token budget
 # allow, allocates their blocks, and marks which tokens each sequence computes in this step. With prefix caching
 # on, B finds A's first block (tokens 11-14) already registered and starts at token 4.
@@ -111,6 +120,16 @@ for s in entries:
         f"request {s.seq.seq_id}: computes tokens {s.start}..{s.start + s.num_tokens - 1}, "
         f"block table {s.block_table}"
     )
+
+# %%
+bm = engine.scheduler.block_manager
+reveal(
+    prediction,
+    bm.num_gpu_blocks - bm.get_num_free_gpu_blocks(),
+    "blocks in use after the first schedule()",
+    why="A takes 2 blocks (4 + 2 tokens), B shares A's full first block and takes 1 for its last 3 tokens, "
+    "C takes 1: a block is allocated for a partial block too, but a shared full block only once",
+)
 
 # %%
 plot_block_tables(

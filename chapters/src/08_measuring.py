@@ -55,6 +55,7 @@ from IPython.display import Markdown, display
 
 from paged_course import ledger
 from paged_course.memory import KNOWN_MODELS, format_bytes
+from paged_course.predict import reveal
 from paged_course.sim.workload import chat_trace
 from paged_course.viz.measure import (
     block_size_widget,
@@ -107,6 +108,14 @@ def latest_result(name: str, on_gpu: bool = False) -> dict | None:
 # has. Both traces have 2,000 requests queued at step 0. "tokens/step" is the simulated throughput: generated tokens over decode
 # steps, which counts only memory effects (a step costs the same whatever the block size).
 
+# %% [markdown]
+# **Predict, then run.** On the short-request trace (about 78 tokens per request), which of the block sizes
+# in the study gives the pool the highest simulated throughput (tokens per step)? Set `prediction` to a block
+# size, then run the next cells.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 64
+
 # %% tags=["nbval-check-output"]
 chat = chat_trace(2000, seed=0, max_seq_len=2048)
 short = chat_trace(2000, seed=0, max_seq_len=2048, mean_prompt=19.3, mean_output=58.5)
@@ -129,6 +138,16 @@ for name, rows in studies.items():
             f"{r['block_size']:>6} {r['utilization']:>7.1%} {r['mean_running']:>8.1f} {r['steps']:>6} "
             f"{r['tokens_per_step']:>9.1f} {r['tokens_per_step'] / ref:>6.2f} {r['preemptions']:>8}"
         )
+
+# %%
+short_rows = studies["short requests (Alpaca means)"]
+reveal(
+    prediction,
+    max(short_rows, key=lambda r: r["tokens_per_step"])["block_size"],
+    "block size with the most tokens per step on short requests",
+    why="in memory alone smaller blocks waste fewer slots, so more requests run at once; what makes 16 the "
+    "default is the kernel's side, which this simulator cannot see",
+)
 
 # %%
 plot_block_size_study(studies)

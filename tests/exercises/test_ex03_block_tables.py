@@ -190,7 +190,7 @@ def _write_case(block_size, seed, dtype=torch.float32, num_kv_heads=2, head_dim=
     return key_cache, value_cache, key, value, slots.long()
 
 
-@pytest.mark.exercise("ch03.ex2", points=2)
+@pytest.mark.exercise("ch03.ex2", points=2, all_or_nothing=True)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_write_kv_stores_each_token_at_its_slot(impl, block_size):
     ex = impl("ex03_block_tables")
@@ -228,7 +228,7 @@ def test_write_kv_stores_each_token_at_its_slot(impl, block_size):
         )
 
 
-@pytest.mark.exercise("ch03.ex2", points=1)
+@pytest.mark.exercise("ch03.ex2", points=1, all_or_nothing=True)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_write_kv_into_one_layer_of_an_engine_pool(impl, dtype):
     # The engine's pool is one tensor [layers, 2, blocks, bs, KVH, D]; a layer's caches are views of it, and the
@@ -445,7 +445,7 @@ def test_slot_mapping_every_kind_at_every_position(impl, block_size):
         )
 
 
-@pytest.mark.exercise("ch03.ex2", points=2)
+@pytest.mark.exercise("ch03.ex2", points=2, all_or_nothing=True)
 def test_write_kv_padding_at_every_position_leaves_its_inputs_alone(impl):
     ex = impl("ex03_block_tables")
     block_size, num_tokens = 4, 6

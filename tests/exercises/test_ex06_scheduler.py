@@ -6,8 +6,12 @@ content-checked fake engine (``paged_course.sim.kv_check.CheckedEngine``) execut
 the blocks the step orders (swap out, swap in, copy-on-write), writes the scheduled tokens and checks
 that every token a sequence attends to holds that sequence's own prefix, and that no step exceeds the
 token budget. Hand-made cases pin each rule (the newest victim, decodes before a long prefill, a
-request alone that cannot grow, the watermark, recompute and swap bookkeeping); seeded random runs
-must make exactly the reference's decisions, step by step.
+request alone that cannot grow, the watermark, recompute and swap bookkeeping); seeded random runs check
+invariants any correct policy holds, not the reference's exact steps (``check_step``: no block
+over-committed, a preemption only when an allocation failed, every victim's GPU blocks freed, the victim
+no older than a sequence that kept running, nobody admitted in a step that preempted, swapped kept oldest
+first) and that every request ends as with the reference, same status and same tokens. A policy in vLLM
+v1's shape passes them (tests/unit/test_ch06_v1_policy.py).
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ def plan(out):
     return [(s.seq.group.request_id, s.start, s.num_tokens) for s in out.scheduled]
 
 
-# ---------------------------------------------------------------- random runs in lockstep with the reference
+# ---------------------------------------------------------------- random runs checked by invariants
 def random_spec(seed):
     rng = random.Random(seed)
     bs = rng.choice([2, 4])
@@ -109,9 +113,12 @@ def random_spec(seed):
 
 
 def run_spec(cls, cfg, reqs, max_steps=400):
-    """Run the requests through ``cls`` with a checked engine; one summary per step, then the outputs."""
+    """Run the requests through ``cls`` with a checked engine (budget, seats, K/V contents) and check the
+    invariants every correct policy holds after each step (``check_step``). Returns the kinds of decision
+    seen and each request's outcome ``[(status, output tokens)]``."""
     s = sched(cls, **cfg)
-    engine, pending, steps = CheckedEngine(s), list(reqs), []
+    engine, pending, seen = CheckedEngine(s), list(reqs), set()
+    failed = _watch_allocations(s.block_manager)
     seq_ids = itertools.count()
     groups = []
     for t in itertools.count():
@@ -128,48 +135,101 @@ def run_spec(cls, cfg, reqs, max_steps=400):
         if not pending and not s.has_unfinished_requests():
             break
         assert t < max_steps, f"no progress after {max_steps} steps: a livelock"
+        running, waiting = [x for x in s.running if not x.is_finished], list(s.waiting)
+        failed.clear()
         out = engine.step()
-        steps.append(
-            {
-                "scheduled": [(x.seq.seq_id, x.start, x.num_tokens) for x in out.scheduled],
-                "preempted": [x.seq_id for x in out.preempted],
-                "swapped in": [x.seq_id for x in out.swapped_in],
-                "ignored": [x.seq_id for x in out.ignored],
-                "exhausted": [x.seq_id for x in out.exhausted],
-                "swap out": list(out.blocks_to_swap_out),
-                "swap in": list(out.blocks_to_swap_in),
-                "copy": list(out.blocks_to_copy),
-                "waiting": [x.seq_id for x in s.waiting],
-                "running": [x.seq_id for x in s.running],
-                "swapped": [x.seq_id for x in s.swapped],
-            }
-        )
+        check_step(s, out, running, waiting, failed, f"step {t + 1}")
+        kinds = ("preempted", "swapped_in", "ignored", "exhausted", "blocks_to_copy")
+        seen |= {k for k in kinds if getattr(out, k)}
+        if any(x.num_tokens > 1 and x.start > 0 for x in out.scheduled):
+            seen.add("chunked")
     assert_all_free(s)
     outputs = {g.request_id: [(x.status.value, x.output_token_ids) for x in g.seqs] for g in groups}
-    return steps, outputs, (s.num_preemptions, s.num_recomputes, s.num_swap_outs, s.num_swap_ins)
+    return seen, outputs
 
 
-def assert_lockstep(cls, seeds):
+def _watch_allocations(bm):
+    """Record the allocations that failed (``allocate_slots`` / ``swap_in`` returned ``None``)."""
+    failed = []
+    for name in ("allocate_slots", "swap_in"):
+        original = getattr(bm, name)
+
+        def watched(seq, *args, _original=original, _name=name):
+            got = _original(seq, *args)
+            if got is None:
+                failed.append((_name, seq.seq_id))
+            return got
+
+        setattr(bm, name, watched)
+    return failed
+
+
+def check_step(s, out, running, waiting, failed, where):
+    """The invariants of one step, whatever the policy's shape: blocks never over-committed, a preemption
+    only when an allocation failed, every victim's GPU blocks freed (swapped: SWAPPED with its CPU blocks;
+    recomputed: WAITING from token 0, or ended kv_cache_exhausted), victims no older than any running
+    sequence that kept going, nobody admitted in a step that preempted."""
+    bm = s.block_manager
+    held = {b for x in s.running for b in bm.get_block_table(x)}
+    used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
+    assert len(held) <= used <= bm.num_gpu_blocks, (
+        f"{where}: running sequences hold {len(held)} GPU blocks, the pool counts {used} of "
+        f"{bm.num_gpu_blocks} in use: blocks over-committed"
+    )
+    if out.preempted:
+        assert failed, f"{where}: preempted {ids(out.preempted)} though no allocation failed"
+    order = {x.seq_id: i for i, x in enumerate(running)}
+    kept = [x for x in out.scheduled if x.seq.seq_id in order]
+    for victim in out.preempted:
+        name = f"{where}: preempted {victim.group.request_id!r} (sequence {victim.seq_id})"
+        assert victim.seq_id in order, f"{name} was not running"
+        assert victim not in s.running and not any(x.seq is victim for x in out.scheduled), (
+            f"{name} still runs"
+        )
+        assert victim.seq_id not in bm.block_tables, f"{name} still holds GPU blocks"
+        if victim.status is S.SWAPPED:
+            assert victim in s.swapped and victim.seq_id in bm.cpu_block_tables, (
+                f"{name}: swapped, it must wait in swapped with its CPU blocks"
+            )
+        elif victim.status is S.WAITING:
+            assert victim in s.waiting and victim.num_computed_tokens == 0, (
+                f"{name}: recomputed, it waits with num_computed_tokens 0"
+            )
+        else:
+            assert victim.status is S.FINISHED_KV_EXHAUSTED and victim in out.exhausted, (
+                f"{name} is {victim.status.value}: swapped, waiting again, or kv_cache_exhausted"
+            )
+        older = [x.seq.group.request_id for x in kept if order[x.seq.seq_id] > order[victim.seq_id]]
+        assert not older, (
+            f"{name} is older than {older}, which kept running: the victim is the most recently admitted"
+        )
+    if out.preempted:
+        admitted = [x.seq.group.request_id for x in out.scheduled if x.seq in waiting]
+        assert not admitted, f"{where}: admitted {admitted} in a step that preempted"
+    assert len(s.swapped) == len(set(map(id, s.swapped))) and list(s.swapped) == sorted(
+        s.swapped, key=s._rank
+    ), f"{where}: swapped must hold each sequence once, oldest first"
+
+
+def assert_invariants(cls, seeds, recompute_only=False):
+    """Seeded random runs: every step holds the invariants (``check_step``) and every request ends as
+    with the reference (same status, same tokens). Returns the kinds of decision the runs made."""
     seen = set()
     for seed in seeds:
         cfg, reqs = random_spec(seed)
-        want_steps, want_out, want_counts = run_spec(RefScheduler, cfg, reqs)
-        got_steps, got_out, got_counts = run_spec(cls, cfg, reqs)
-        for i, (got, want) in enumerate(zip(got_steps, want_steps)):
-            for key in want:
-                assert got[key] == want[key], (
-                    f"seed {seed} ({cfg}), step {i + 1}: {key} {got[key]}, the reference decides {want[key]}"
-                )
-        assert len(got_steps) == len(want_steps), (
-            f"seed {seed}: {len(got_steps)} steps, the reference {len(want_steps)}"
-        )
-        assert got_out == want_out and got_counts == want_counts, (
-            f"seed {seed}: outputs or counters differ"
-        )
-        kinds = ("preempted", "swapped in", "ignored", "exhausted", "copy")
-        seen |= {k for step in want_steps for k in kinds if step[k]}
-        if any(n > 1 and start > 0 for step in want_steps for _, start, n in step["scheduled"]):
-            seen.add("chunked")
+        if recompute_only:
+            cfg.update(mode="recompute", num_cpu_blocks=0)
+        _, want = run_spec(RefScheduler, cfg, reqs)
+        try:
+            got_seen, got = run_spec(cls, cfg, reqs)
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed} ({cfg}): {e}") from None
+        for rid, outcome in want.items():
+            assert got[rid] == outcome, (
+                f"seed {seed} ({cfg}): request {rid!r} ends {got[rid]}, the reference {outcome} "
+                "(status and generated tokens)"
+            )
+        seen |= got_seen
     return seen
 
 
@@ -242,7 +302,7 @@ def test_threshold_leaves_budget_to_decodes_and_other_prompts(impl):
         "the threshold caps the long prompt's chunk at 8, so B still fits the 16-token budget"
     )
     assert plan(second) == [("A", 2, 1), ("long", 8, 8), ("B", 3, 1)]
-    assert set(assert_lockstep(mix(ex, "_chunk"), range(12))) >= {"chunked"}
+    assert set(assert_invariants(mix(ex, "_chunk"), range(12))) >= {"chunked"}
 
 
 @pytest.mark.exercise("ch06.ex1", points=2)
@@ -333,8 +393,10 @@ def test_alone_and_cannot_grow_ends_kv_exhausted(impl):
         "finished_kv_exhausted with 3: a sequence alone in the pool that cannot grow ends kv_cache_exhausted "
         "(no preempt/re-prefill loop)"
     )
-    assert s.num_preemptions == 0, (
-        f"preemptions: got {s.num_preemptions}, expected 0 (nobody else runs, so nobody is preempted)"
+    prefills = [i + 1 for i, o in enumerate(engine.log) for x in o.scheduled if x.start == 0]
+    assert prefills == [1], (
+        f"steps that prefill X from its first token: got {prefills}, expected [1] (it is never prefilled "
+        "again: ended by _exhaust, or by recompute when it preempts itself, never waiting to run again)"
     )
     assert ids(engine.log[-1].exhausted) == ["X"], (
         f"requests listed in the last step's out.exhausted: got {ids(engine.log[-1].exhausted)}, expected ['X']"
@@ -366,10 +428,10 @@ def test_two_requests_the_later_one_is_preempted_and_both_finish(impl):
 
 
 @pytest.mark.exercise("ch06.ex2", points=3)
-def test_running_step_matches_the_reference_on_random_runs(impl):
+def test_running_step_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
-    seen = assert_lockstep(mix(ex, "_schedule_running"), range(40))
-    assert seen >= {"preempted", "exhausted", "copy", "chunked"}, (
+    seen = assert_invariants(mix(ex, "_schedule_running"), range(40))
+    assert seen >= {"preempted", "exhausted", "blocks_to_copy", "chunked"}, (
         f"the random runs must cover every decision: {seen}"
     )
 
@@ -443,10 +505,10 @@ def test_swap_falls_back_to_recompute_when_the_cpu_pool_is_full(impl):
 
 
 @pytest.mark.exercise("ch06.ex3", points=3)
-def test_preemption_matches_the_reference_on_random_runs(impl):
+def test_preemption_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
-    seen = assert_lockstep(mix(ex, "_preempt"), range(40))
-    assert seen >= {"preempted", "swapped in"}, f"the random runs must recompute and swap: {seen}"
+    seen = assert_invariants(mix(ex, "_preempt"), range(40))
+    assert seen >= {"preempted", "swapped_in"}, f"the random runs must recompute and swap: {seen}"
 
 
 # ================================================================ ch06.ex4: swapped sequences come back
@@ -519,10 +581,10 @@ def test_a_swapped_sequence_that_cannot_return_alone_is_recomputed(impl):
 
 
 @pytest.mark.exercise("ch06.ex4", points=3)
-def test_swap_in_matches_the_reference_on_random_runs(impl):
+def test_swap_in_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
-    seen = assert_lockstep(mix(ex, "_schedule_swapped"), range(40))
-    assert "swapped in" in seen
+    seen = assert_invariants(mix(ex, "_schedule_swapped"), range(40))
+    assert "swapped_in" in seen
 
 
 # ================================================================ ch06.ex5: admission, first come first served
@@ -642,7 +704,7 @@ def test_one_prefix_lookup_per_admission(impl):
 
 
 @pytest.mark.exercise("ch06.ex5", points=3)
-def test_admission_matches_the_reference_on_random_runs(impl):
+def test_admission_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
-    seen = assert_lockstep(mix(ex, "_schedule_waiting"), range(40))
+    seen = assert_invariants(mix(ex, "_schedule_waiting"), range(40))
     assert seen >= {"preempted", "ignored"}

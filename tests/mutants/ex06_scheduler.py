@@ -90,7 +90,7 @@ MUTANTS = {
                     self.running.append(seq)
                     self._mark_scheduled(seq, n, out)
         """,
-        "preempts itself even when alone (a preempt/re-prefill loop)": """
+        "victim taken among those already grown this step (the newest of all running)": """
             while queue:
                 seq = queue.popleft()
                 n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
@@ -100,13 +100,32 @@ MUTANTS = {
                 while (new_blocks := bm.allocate_slots(seq, n)) is None:
                     if queue:
                         self._preempt(queue.pop(), out)
+                    elif self.running:
+                        self._preempt(self.running.pop(), out)
                     else:
-                        self._preempt(seq, out)
+                        self._exhaust(seq, out)
                         break
                 else:
                     out.blocks_to_copy += new_blocks.copies
                     self.running.append(seq)
                     budget -= self._mark_scheduled(seq, n, out)
+        """,
+        "the sequence that cannot grow yields first, though younger ones hold memory": """
+            while queue:
+                seq = queue.popleft()
+                n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+                if n == 0:
+                    self.running.append(seq)
+                    continue
+                new_blocks = bm.allocate_slots(seq, n)
+                if new_blocks is not None:
+                    out.blocks_to_copy += new_blocks.copies
+                    self.running.append(seq)
+                    budget -= self._mark_scheduled(seq, n, out)
+                elif queue or self.running:
+                    self._preempt(seq, out)
+                else:
+                    self._exhaust(seq, out)
         """,
         "exhausts a sequence that older ones crowd out": """
             while queue:

@@ -175,7 +175,7 @@ def test_a_right_region_then_an_unwritten_one_then_a_wrong_answer_in_the_right_o
         from paged_course.check import check
         from paged_course.capstone import learner_parts
         out['right'] = said(check, 'ch03.ex1')
-        out['unwritten'] = said(check, 'ch03.ex2')
+        out['unwritten'] = said(check, 'ch03.ex3')
         import subprocess
         subprocess.run([sys.executable, '-c', {_TYPE_IN_WRONG!r}], check=True)
         out['wrong'] = said(check, 'ch03.ex1')
@@ -184,7 +184,7 @@ def test_a_right_region_then_an_unwritten_one_then_a_wrong_answer_in_the_right_o
     )
     assert out["right"][0] is True and out["right"][1].startswith("ch03.ex1 passes:"), out["right"]
     assert out["unwritten"][0] is False, "a check after a passing one still runs the learner's file"
-    assert out["unwritten"][1].startswith("ch03.ex2 is not written yet"), out["unwritten"]
+    assert out["unwritten"][1].startswith("ch03.ex3 is not written yet"), out["unwritten"]
     assert out["wrong"][0] is False, "the same region, now wrong (same size of file or not): fails"
     assert "checks pass; the first failing one" in out["wrong"][1], out["wrong"]
     assert out["origin"]["slot_mapping"].startswith("reference (ch03.ex1"), out["origin"]

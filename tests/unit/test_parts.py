@@ -14,8 +14,8 @@ from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.worker.attention import decode_attention, write_kv
-from paged_course.models import tiny_model
 from paged_course.reference import paged_attention_gather
+from paged_course.reference.models import tiny_model
 
 CALLS: dict[str, int] = {}
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TextIO
 from xml.etree import ElementTree as ET
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _LOG_ENV, _CHAPTERS_ENV = "PAGED_GRADE_LOG", "PAGED_GRADE_CHAPTERS"
 DEFAULT_TIMEOUT = (
     10.0  # seconds per graded test; a test that needs more carries @pytest.mark.timeout(N)

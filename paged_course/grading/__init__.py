@@ -24,6 +24,11 @@ counts as failed, with its reason), ``junit.xml`` and ``summary.md``. Learners g
 table of the tests that finished and exits with 130. The test process runs in its own process group,
 which the grader kills however it ends; on Linux the kernel also kills it if the grader itself is
 killed (``PR_SET_PDEATHSIG``).
+
+Sub-package ``grading`` owns grading: this grader and pytest plugin, the Gradescope bundle
+(``autograder``), the GitHub Classroom config (``classroom``) and the planted-bug runner (``mutants``). It may
+import ``check`` and ``publish`` (the sync markers, the release builder) but never ``bench``, ``sim``, ``viz``
+or ``tools``.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ import torch
 from paged.core.block_manager import BlockSpaceManager
 from paged.core.prefix_cache import hash_blocks
 from paged.core.sequence import Sequence
-from paged_course.bench.prefix import shared_prompt_savings
 from paged_course.reference.memory import KNOWN_MODELS, KVSpec
 from paged_course.sim.fragmentation import compare, simulate
+from paged_course.sim.prefix_savings import shared_prompt_savings
 from paged_course.sim.workload import Trace
 
 

@@ -6,7 +6,7 @@ thin entry point is the only engine file that imports it.
 
 import sys
 
-from paged_course.cli import main
+from paged_course.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -43,8 +43,8 @@ from check_lines import EXPECTATIONS
 from lab_browser import WINDOW, Lab, browser_session, kernel_cpu_seconds
 from learner_check import Expectation
 
-from paged_course import runtimes
-from paged_course.kernel_watch import SILENCE, Watch
+from paged_course.publish import runtimes
+from paged_course.publish.kernel_watch import SILENCE, Watch
 
 REPO = Path(__file__).resolve().parents[1]
 JS = (Path(__file__).parent / "browser_check.js").read_text()
@@ -413,7 +413,7 @@ def run_checks(
 
     A notebook whose kernel stalls (``silence`` seconds with no kernel message while idle) is checked once
     more from the top, with one line saying so; a second stall fails it naming the phase. With
-    ``PAGED_CHAPTER_BUDGET=1`` a chapter over its budget (``paged_course.runtimes``) fails."""
+    ``PAGED_CHAPTER_BUDGET=1`` a chapter over its budget (``paged_course.publish.runtimes``) fails."""
     out.mkdir(parents=True, exist_ok=True)
     root = serving_root(notebooks)
     overall = overall_timeout or 120 + (len(notebooks) + 1) * (chapter_timeout + 30)

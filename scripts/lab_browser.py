@@ -95,7 +95,7 @@ def kernel_pids(tmp: Path) -> list[int]:
 
 def kernel_cpu_seconds(tmp: Path) -> float:
     """CPU seconds (user + system, children included) of this server's live kernels: the watchdog's sign of work."""
-    from paged_course.kernel_watch import process_cpu_seconds
+    from paged_course.publish.kernel_watch import process_cpu_seconds
 
     return sum(process_cpu_seconds(pid) or 0.0 for pid in kernel_pids(tmp))
 

@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from paged_course import mutants  # noqa: E402
 from paged_course.capstone import PART_SOURCES  # noqa: E402
-from paged_course.sync import exercise_ids, make_stub  # noqa: E402
+from paged_course.grading import mutants  # noqa: E402
+from paged_course.publish.sync import exercise_ids, make_stub  # noqa: E402
 
 ROUND_TRIP = ("03", "ex03_block_tables", "ch03.ex1")  # chapter, exercise file, region
 

@@ -1,6 +1,6 @@
 """Start kernels and run a notebook N times in a row with the course's executor; count the stalls.
 
-Each run executes the notebook once with ``paged_course.kernel_watch.execute_once`` (the executor behind
+Each run executes the notebook once with ``paged_course.publish.kernel_watch.execute_once`` (the executor behind
 ``python -m paged course notebooks execute``, with the environment it sets: Triton's interpreter without
 a GPU, progress bars off, ``PAGED_IMPL``) and no restart. A run whose kernel sends no shell or iopub
 message for ``--silence`` seconds (default 30) while not using CPU is a stall, counted by its phase:
@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from paged_course import kernel_watch  # noqa: E402
+from paged_course.publish import kernel_watch  # noqa: E402
 
 
 def chapter_imports() -> list[str]:
@@ -67,7 +67,7 @@ def _burn() -> None:  # pragma: no cover - runs in a child process until killed
 
 
 def executor_environment(impl: str = "solutions") -> None:
-    """What ``paged_course.notebooks.execute`` sets before it starts kernels."""
+    """What ``paged_course.publish.notebooks.execute`` sets before it starts kernels."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("PYTHONHASHSEED", "0")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")

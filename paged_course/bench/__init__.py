@@ -12,6 +12,10 @@ Each benchmark lives in ``paged_course/bench/<name>.py`` with ``run(quick: bool,
 prints its table, returns JSON-able results, and reports every figure as a ratio against a baseline
 measured in the same run, or as an absolute time marked with its device. This module records the
 machine and versions with the results and writes ``<out>/<name>.json``.
+
+Sub-package ``bench`` owns measuring: each benchmark computes and returns data and may import ``sim`` and
+``reference``; it never imports ``grading``, ``publish`` or ``tools``, and ``viz``
+only where a benchmark still draws its own figure (listed in ``tests/unit/test_package_layout.py``).
 """
 
 from __future__ import annotations

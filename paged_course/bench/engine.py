@@ -23,7 +23,7 @@ is printed).
 
 Reported: useful tokens per second for each system and our speed-up over each (reported, never
 asserted), how many requests produced identical tokens (the rest must part at a near-tie,
-``paged_course.compare``), the engine's time per phase with 64 running sequences (overhead = everything
+``paged_course.reference.compare``), the engine's time per phase with 64 running sequences (overhead = everything
 but the model forward), throughput against concurrency 1..128 for seed claim C6 (ours vs static
 ``generate``, best of 3 each on CPU, one run each on a GPU or with ``--quick``), and with ``--profile``
 where our time goes (cProfile: top functions by cumulative and by self time, one ``generate`` of the
@@ -52,7 +52,7 @@ import torch
 from paged.core.sequence import SamplingParams
 from paged.worker.attention import use_attention
 from paged_course.bench import timing_threads
-from paged_course.compare import greedy_agreement
+from paged_course.reference.compare import greedy_agreement
 
 VLLM_PEER = Path(__file__).resolve().parents[2] / "scripts" / "vllm_peer.py"
 REPEATS = 3  # timed calls per system; the best one counts
@@ -318,7 +318,7 @@ def vllm_session(
 
 
 def agreement(model, work, ours, theirs) -> dict:
-    """Requests with identical tokens; the others must part at a near-tie (``paged_course.compare``)."""
+    """Requests with identical tokens; the others must part at a near-tie (``paged_course.reference.compare``)."""
     use_attention(model, "sdpa")
     equal = near = 0
     for (prompt, _), a, b in zip(work, ours, theirs):

@@ -12,6 +12,9 @@
 
 They import ``paged.kernels._triton`` first, so the interpreter is set up (``TRITON_INTERPRET=1`` without
 a GPU) before any of them is defined.
+
+Sub-package ``kernel_lab`` owns these teaching kernels; it imports only the engine and never another
+``paged_course`` sub-package.
 """
 
 from .cache_ops import reshape_and_cache

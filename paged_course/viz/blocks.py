@@ -264,11 +264,9 @@ def draw_prefix_savings(
 ) -> dict:
     """Bars of blocks in use and prompt tokens computed, prefix caching off vs on, for ``num_requests``
     concurrent requests = one shared ``system_len``-token prompt + a private ``question_len``-token
-    question each (``paged_course.bench.prefix.shared_prompt_savings``, the real ``BlockSpaceManager``).
+    question each (``paged_course.sim.prefix_savings.shared_prompt_savings``, the real ``BlockSpaceManager``).
     Returns that function's row (``block_saving``, ``speedup_bound``, ...)."""
-    from paged_course.bench.prefix import (
-        shared_prompt_savings,
-    )  # lazy: only this picture needs the benchmark
+    from paged_course.sim.prefix_savings import shared_prompt_savings  # lazy: only this picture
 
     r = shared_prompt_savings(system_len, num_requests, question_len, block_size)
     if axes is None:

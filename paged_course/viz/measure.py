@@ -1,7 +1,7 @@
 """Pictures for chapter 08 (measuring it): block-size study, throughput against concurrency, capacity.
 
 Each function draws into new axes (or the ``ax`` given) and returns the axes; the data come from
-``paged_course.ledger`` (``block_size_study``, ``capacity_at_scale``) and ``paged_course.bench.engine``
+``paged_course.reference.ledger`` (``block_size_study``, ``capacity_at_scale``) and ``paged_course.bench.engine``
 (``concurrency_sweep`` rows: ``concurrency``, ``paged_tok_s``, ``hf_tok_s``). ``block_size_widget`` re-runs
 the chapter-01 simulator (``paged_course.sim.fragmentation`` through ``ledger.block_size_study``) per trace and pool.
 """
@@ -13,14 +13,14 @@ from functools import lru_cache
 import matplotlib.pyplot as plt
 import numpy as np
 
-from paged_course import ledger
+from paged_course.reference import ledger
 from paged_course.sim.workload import chat_trace
 
 
 def plot_block_size_study(studies: dict[str, list[dict]], reference: int = 16, axes=None):
     """Two panels per trace name: slot utilization, and simulated throughput relative to ``reference``.
 
-    ``studies`` maps a trace name to ``paged_course.ledger.block_size_study`` rows.
+    ``studies`` maps a trace name to ``reference.ledger.block_size_study`` rows.
     """
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(10, 3.2))
@@ -127,7 +127,7 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
 @lru_cache(maxsize=16)
 def _study(trace_name: str, pool_slots: int, num_requests: int) -> tuple:
-    """``paged_course.ledger.block_size_study`` rows for one trace and pool (cached: a redraw after a block-size
+    """``reference.ledger.block_size_study`` rows for one trace and pool (cached: a redraw after a block-size
     move costs only the plot; a new trace or pool runs 7 simulations, ~0.1-0.3 s for 2,000 requests)."""
     trace = chat_trace(num_requests, seed=0, max_seq_len=2048, **TRACES[trace_name])
     return tuple(ledger.block_size_study(trace, pool_slots, BLOCK_SIZES))

@@ -4,7 +4,7 @@ sampler) serves the built-in model, and its greedy tokens equal transformers' ``
 exercises chunked prefill, prefix caching, copy-on-write and preemption.
 
 No part falls back to the reference here: a part that is missing or unfinished fails the capstone and is
-named. Tokens are compared as vLLM's tests do (``paged_course.compare``): equal, or parting only at a
+named. Tokens are compared as vLLM's tests do (``paged_course.reference.compare``): equal, or parting only at a
 logit near-tie.
 """
 
@@ -22,8 +22,8 @@ from paged.engine.parts import Parts
 from paged.models import load_default
 from paged.worker.attention import use_attention
 from paged_course.capstone import PART_SOURCES
-from paged_course.compare import greedy_agreement
-from paged_course.sync import course_order, unwritten_regions
+from paged_course.publish.sync import course_order, unwritten_regions
+from paged_course.reference.compare import greedy_agreement
 
 ALL_REGIONS = (
     "ch02.ex1",

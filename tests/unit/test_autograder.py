@@ -1,4 +1,4 @@
-"""The Gradescope bundle (paged_course/autograder.py) and the GitHub Classroom config (paged_course/classroom.py)."""
+"""The Gradescope bundle (grading/autograder.py) and the GitHub Classroom config (grading/classroom.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from paged_course import classroom
-from paged_course.autograder import build_bundle, find_submission_files
-from paged_course.release import ROOT
-from paged_course.sync import exercise_ids
+from paged_course.grading import classroom
+from paged_course.grading.autograder import build_bundle, find_submission_files
+from paged_course.publish.release import ROOT
+from paged_course.publish.sync import exercise_ids
 from tests.unit.test_release import write_hidden_tests
 
 
@@ -172,7 +172,7 @@ def test_run_autograder_scores_complete_and_empty_submissions(bundle, tmp_path):
 def test_committed_classroom_config_is_current():
     stale = classroom.write(ROOT, check=True)
     assert stale == [], (
-        "run `python -m paged_course.classroom`: .github/classroom/autograding.json is stale"
+        "run `python -m paged_course.grading.classroom`: .github/classroom/autograding.json is stale"
     )
 
 

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from paged_course.bench import engine as bench
-from paged_course.models import tiny_model
+from paged_course.reference.models import tiny_model
 
 FAKE_PEER = textwrap.dedent("""
     import json, sys

@@ -1,4 +1,4 @@
-"""The learner's loop (``paged_course.check``), the mutation check (``paged_course.mutants``) and the
+"""The learner's loop (``paged_course.check``), the mutation check (``paged_course.grading.mutants``) and the
 capstone's part loader (``paged_course.capstone``), on the repository's own chapter 02 exercise."""
 
 from __future__ import annotations

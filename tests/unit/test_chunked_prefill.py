@@ -1,6 +1,6 @@
 """Chunked prefill (vLLM v1 scheduling) proved on the real engine and at scheduler level.
 
-Engine level (the real ``LLM`` on the tiny models of ``paged_course.models``): greedy tokens equal
+Engine level (the real ``LLM`` on the tiny models of ``paged_course.reference.models``): greedy tokens equal
 transformers' ``generate`` with budgets of 5, 8 and 16 tokens; with a prefix-cache hit that ends inside
 a chunk; under recompute and swap preemption of a half-computed prompt; with ``n > 1`` (the fork comes
 after the last chunk); a decoding request keeps decoding every step while a long prompt is prefilled;
@@ -12,7 +12,7 @@ random arrivals, lengths, budgets, thresholds, pools, preemption modes and prefi
 finishes, no block leaks, and every request's tokens equal those of an unconstrained run of the same
 requests (the fake token rule depends only on a sequence's own tokens).
 
-Token comparison as in ``test_engine.py`` (``paged_course.compare``): equal, or parted at a near-tie.
+Token comparison as in ``test_engine.py`` (``paged_course.reference.compare``): equal, or parted at a near-tie.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from paged.core.scheduler import CacheConfig, Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from paged.engine.llm import LLM
 from paged.worker.attention import use_attention
-from paged_course.compare import greedy_agreement
-from paged_course.models import tiny_model
+from paged_course.reference.compare import greedy_agreement
+from paged_course.reference.models import tiny_model
 
 S = SequenceStatus
 MAX_TOKENS = 8

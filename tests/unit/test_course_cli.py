@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from paged_course import course
+from paged_course.tools import course
 
 
 @pytest.mark.parametrize("argv", [[], ["-h"], ["--help"]])

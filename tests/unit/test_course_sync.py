@@ -1,4 +1,4 @@
-"""paged_course/sync.py: exercises/ generated from solutions/ (stubs, STUB lines, bad markers, idempotence, --check)."""
+"""publish/sync.py: exercises/ generated from solutions/ (stubs, STUB lines, bad markers, idempotence, --check)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_course.sync import (
+from paged_course.publish.sync import (
     BEGIN,
     END,
     LearnerWorkError,

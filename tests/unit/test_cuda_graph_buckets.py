@@ -16,7 +16,7 @@ from paged.core.sequence import Sequence
 from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache
 from paged.worker.model_runner import GRAPH_SIZES, DecodeGraph, ModelRunner, kv_shape
-from paged_course.models import tiny_model
+from paged_course.reference.models import tiny_model
 
 BS, BLOCKS, MAX_LEN = 4, 48, 64
 

@@ -18,7 +18,7 @@ from paged.engine.llm import LLM
 from paged.engine.llm_engine import LLMEngine
 from paged.worker.kv_cache import KVCache
 from paged.worker.model_runner import GRAPH_SIZES, DecodeGraph, kv_shape
-from paged_course.models import tiny_model
+from paged_course.reference.models import tiny_model
 
 BLOCKS, BS = 48, 4
 

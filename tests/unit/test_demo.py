@@ -12,7 +12,7 @@ import torch
 
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM, group_finish_messages
-from paged_course import demo
+from paged_course.tools import demo
 
 
 @pytest.fixture(scope="module", autouse=True)

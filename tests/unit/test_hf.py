@@ -16,7 +16,7 @@ from paged.worker.attention import (
 )
 from paged.worker.kv_cache import KVCache
 from paged.worker.model_runner import forward_logits, kv_shape
-from paged_course.models import TINY_ARCHS, tiny_model
+from paged_course.reference.models import TINY_ARCHS, tiny_model
 
 
 def _pool(model, num_blocks=32, block_size=4, fill=1e4):

@@ -1,4 +1,4 @@
-"""The notebook watchdog (paged_course/kernel_watch.py): what counts as a stall, and a planted one caught.
+"""The notebook watchdog (paged_course/publish/kernel_watch.py): what counts as a stall, and a planted one caught.
 
 The fast tests drive :class:`Watch` with a fake clock and fake CPU readings. The slow one starts a real
 kernel process from a kernel spec (tests/unit/planted_stall_kernel.py) that answers the start-up
@@ -17,8 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from paged_course import kernel_watch, runtimes
-from paged_course.kernel_watch import KernelStall, Watch
+from paged_course.publish import kernel_watch, runtimes
+from paged_course.publish.kernel_watch import KernelStall, Watch
 
 HERE = Path(__file__).resolve().parent
 PLANTED_SILENCE = float(os.environ.get("PAGED_PLANTED_STALL_SILENCE", "10"))
@@ -140,7 +140,7 @@ def test_runtimes_record_merges_and_budget_is_three_times_plus_thirty(tmp_path):
 
 
 def test_committed_runtimes_cover_every_chapter():
-    from paged_course.notebooks import chapter_sources
+    from paged_course.publish.notebooks import chapter_sources
 
     table = runtimes.load()
     assert sorted(table) == sorted(p.stem for p in chapter_sources())
@@ -193,7 +193,7 @@ def test_planted_stall_is_reported_restarted_once_and_fails_naming_the_phase(
 
 @pytest.mark.slow
 def test_course_executor_writes_the_notebook_and_records_its_runtime(tmp_path, monkeypatch):
-    from paged_course import notebooks
+    from paged_course.publish import notebooks
 
     (tmp_path / "src").mkdir()
     source = tmp_path / "src" / "99_tiny.py"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from paged.worker.kv_cache import KVCache, block_bytes
-from paged_course.memory import KVSpec
 from paged_course.reference import kv_cache_from_budget, paged_attention_gather, write_kv_checked
+from paged_course.reference.memory import KVSpec
 
 
 def small_cache(**kw) -> KVCache:

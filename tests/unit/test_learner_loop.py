@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from paged_course import mutants
-from paged_course.sync import exercise_ids, make_stub
+from paged_course.grading import mutants
+from paged_course.publish.sync import exercise_ids, make_stub
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS_01_06 = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06")

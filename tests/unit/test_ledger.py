@@ -1,4 +1,4 @@
-"""The seed claims ledger (paged_course.ledger): each measurement's exact value on a fixed input, and a full table."""
+"""The seed claims ledger (reference/ledger.py): each measurement's exact value on a fixed input, and a full table."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from paged_course import ledger
-from paged_course.memory import KNOWN_MODELS
+from paged_course.reference import ledger
+from paged_course.reference.memory import KNOWN_MODELS
 from paged_course.sim.workload import Trace, chat_trace
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_course.memory import KNOWN_MODELS, KVSpec, dtype_bytes, kv_spec
+from paged_course.reference.memory import KNOWN_MODELS, KVSpec, dtype_bytes, kv_spec
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paged import models
-from paged_course import models as tiny_models
+from paged_course.reference import models as tiny_models
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_tiny_config_unknown_arch():
 
 
 def test_demo_runs_and_agrees_with_transformers(cache_dir, capsys):
-    from paged_course import demo
+    from paged_course.tools import demo
 
     assert (
         demo.main(["--num-requests", "6", "--check", "2", "--no-baseline", "--kv-memory-mb", "4"])

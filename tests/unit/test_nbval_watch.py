@@ -1,4 +1,4 @@
-"""nbval under paged_course/nbval_watch.py: a stalled chapter is restarted once, a second stall fails.
+"""nbval under paged_course/publish/nbval_watch.py: a stalled chapter is restarted once, a second stall fails.
 
 Each test runs pytest in a subprocess on a small notebook with a short ``--kernel-silence``: a cell
 whose kernel sleeps silently the first time (restarted, the earlier cells re-run, then it passes), and
@@ -26,7 +26,7 @@ def _pytest(
     tmp_path: Path, notebook: Path, *args: str
 ) -> tuple[subprocess.CompletedProcess, float]:
     cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider"]
-    cmd += ["-p", "paged_course.nbval_watch", "--nbval-lax", "--kernel-silence", SILENCE]
+    cmd += ["-p", "paged_course.publish.nbval_watch", "--nbval-lax", "--kernel-silence", SILENCE]
     cmd += [*args, str(notebook)]
     env = dict(os.environ, JUPYTER_PATH=str(tmp_path))
     start = time.monotonic()

@@ -14,8 +14,8 @@ from paged.engine.parts import Parts
 from paged.worker.attention import decode_attention, prefill_attention, write_kv
 from paged.worker.kv_cache import KVCache
 from paged_course.capstone import origins as capstone_origins
-from paged_course.models import tiny_model
 from paged_course.reference import paged_attention_gather
+from paged_course.reference.models import tiny_model
 
 CALLS: dict[str, int] = {}
 

@@ -418,9 +418,9 @@ def test_the_component_benchmarks_are_the_cpu_runs():
 
 
 def test_the_results_ledger_is_the_ledger_of_the_committed_runs():
-    """docs/results.md's ledger table is what ``python -m paged_course.ledger`` prints for the committed
+    """docs/results.md's ledger table is what ``python -m paged_course.reference.ledger`` prints for the committed
     CPU and GPU runs (the measurements of chapters 01-06 are recomputed: they are exact)."""
-    from paged_course import ledger
+    from paged_course.reference import ledger
 
     measured = ledger.measure_all()
     measured["concurrency"] = cpu("engine")["concurrency"]

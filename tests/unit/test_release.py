@@ -1,4 +1,4 @@
-"""The student release (paged_course/release.py): what the tree holds, and (slow) that it installs and grades."""
+"""The student release (publish/release.py): what the tree holds, and (slow) that it installs and grades."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from paged_course import classroom
-from paged_course.release import (
+from paged_course.grading import classroom
+from paged_course.publish.release import (
     HIDDEN_CONFTEST,
     ROOT,
     ReleaseError,
@@ -24,7 +24,7 @@ from paged_course.release import (
     set_default_impl,
     without_solution_tests,
 )
-from paged_course.sync import make_stub
+from paged_course.publish.sync import make_stub
 
 
 def _impl_default(conftest: str) -> str:
@@ -41,7 +41,7 @@ def _impl_default(conftest: str) -> str:
 
 def write_hidden_tests(folder: Path) -> tuple[str, int]:
     """An instructor's hidden-test folder for the first chapter with exercises; returns (chapter, points)."""
-    from paged_course.sync import exercise_ids
+    from paged_course.publish.sync import exercise_ids
 
     path = sorted(p for p in (ROOT / "solutions").glob("ex*.py") if exercise_ids(p.read_text()))[0]
     chapter = exercise_ids(path.read_text())[0].split(".")[0]
@@ -105,13 +105,13 @@ def test_student_tree_holds_every_exercise_and_the_package(student):
         "paged/__init__.py",
         "kernels/__init__.py",
         "tests/exercises/conftest.py",
-        "paged_course/grading.py",
+        "paged_course/grading/__init__.py",
     ):
         assert (out / rel).is_file(), f"the release misses {rel}"
     for rel in (
-        "paged_course/release.py",
-        "paged_course/classroom.py",
-        "paged_course/autograder.py",
+        "paged_course/publish/release.py",
+        "paged_course/grading/classroom.py",
+        "paged_course/grading/autograder.py",
     ):
         assert not (out / rel).exists(), f"the student release ships the instructor tool {rel}"
     graded = sorted(p.name for p in (out / "tests" / "exercises").glob("test_*.py"))

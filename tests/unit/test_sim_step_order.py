@@ -127,7 +127,7 @@ def test_chunk_budget_sweep_trades_ttft_for_itl():
 
 
 def test_engine_budget_sweep_and_plots():
-    from paged_course.models import tiny_model
+    from paged_course.reference.models import tiny_model
 
     model = tiny_model("llama", vocab_size=128)
     # r0 decodes for a while; the 40-token prompt is admitted when r1 is done, beside r0's decodes

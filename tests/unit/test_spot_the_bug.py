@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from paged_course import mutants
 from paged_course.check import run_check
-from paged_course.sync import BEGIN, END, STUB, make_stub
+from paged_course.grading import mutants
+from paged_course.publish.sync import BEGIN, END, STUB, make_stub
 
 ROOT = Path(__file__).resolve().parents[2]
 

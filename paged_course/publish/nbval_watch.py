@@ -1,7 +1,7 @@
-"""pytest plugin (``-p paged_course.nbval_watch`` in pyproject's addopts): nbval's kernel waits, bounded.
+"""pytest plugin (``-p paged_course.publish.nbval_watch`` in pyproject's addopts): nbval's kernel waits, bounded.
 
 nbval waits on its kernel with long timeouts (the start-up handshake, its ``kernel_info`` check, each
-cell's reply up to ``--nbval-cell-timeout``). This plugin applies ``paged_course.kernel_watch``'s rule to
+cell's reply up to ``--nbval-cell-timeout``). This plugin applies ``paged_course.publish.kernel_watch``'s rule to
 every one of those waits: a kernel that sends no shell or iopub message for ``--kernel-silence`` seconds
 (default 60; ``PAGED_KERNEL_SILENCE`` in the environment) while its CPU time does not advance has
 stalled. The chapter is then restarted once from the top (a fresh kernel; the cells before the stalled
@@ -9,7 +9,7 @@ one re-run without comparing outputs) with one line saying so; a second stall fa
 chapter and the phase. nbval's kernels use the ``ipc`` transport (POSIX) in a private temporary folder.
 
 It also sums each notebook's time (its cells' setup, call and teardown) and lists it after the run next
-to the chapter's budget (``paged_course.runtimes``); with ``PAGED_CHAPTER_BUDGET=1`` in the environment
+to the chapter's budget (``paged_course.publish.runtimes``); with ``PAGED_CHAPTER_BUDGET=1`` in the environment
 (CI sets it) a chapter over its budget fails the run.
 """
 
@@ -25,8 +25,8 @@ from queue import Empty
 
 import pytest
 
-from paged_course import runtimes
-from paged_course.kernel_watch import SILENCE, TRANSPORT, KernelStall, Watch
+from paged_course.publish import runtimes
+from paged_course.publish.kernel_watch import SILENCE, TRANSPORT, KernelStall, Watch
 
 _times: dict[str, float] = collections.defaultdict(float)
 _events: list[str] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-RUNTIMES = Path(__file__).resolve().parents[1] / "chapters" / "src" / "runtimes.json"
+RUNTIMES = Path(__file__).resolve().parents[2] / "chapters" / "src" / "runtimes.json"
 FACTOR = 3.0
 SLACK = 30.0  # seconds
 ABOUT = (

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
+CHAPTERS = Path(__file__).resolve().parents[2] / "chapters"
 SOURCES = CHAPTERS / "src"
 FORMATS = "ipynb,src//py:percent"  # jupytext pairing: chapters/NN.ipynb <-> chapters/src/NN.py
 
@@ -65,8 +65,8 @@ def execute(
     import jupytext
     import torch
 
-    from paged_course import runtimes
-    from paged_course.kernel_watch import run_notebook
+    from paged_course.publish import runtimes
+    from paged_course.publish.kernel_watch import run_notebook
 
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("PYTHONHASHSEED", "0")
@@ -150,7 +150,7 @@ def main(argv: list[str]) -> int:
         print("no chapter matched")
         return 1
     if args.action == "execute":
-        from paged_course.kernel_watch import KernelStall
+        from paged_course.publish.kernel_watch import KernelStall
 
         try:
             execute(paths, impl=args.impl, write=not args.no_write)

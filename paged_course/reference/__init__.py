@@ -36,6 +36,11 @@ mask would leak). A sequence with ``context_len == 0`` gets a zero output (nothi
 Errors: ``ValueError`` naming the offending sizes for wrong ranks, mismatched shapes, dtypes or devices,
 ``num_heads % num_kv_heads != 0``, a context longer than ``max_blocks_per_seq * block_size``, a negative
 context length, or a block id outside ``[0, num_blocks)`` among the blocks a context uses.
+
+Sub-package ``reference`` owns what the chapters compare against: these attentions, KV-memory arithmetic
+(``memory``), the tiny models (``models``), greedy agreement (``compare``) and the seed-claims ledger
+(``ledger``, which reads ``sim`` and bench results, never runs a ``bench`` module). It never imports ``bench``,
+``viz``, ``grading``, ``publish`` or ``tools``.
 """
 
 from __future__ import annotations

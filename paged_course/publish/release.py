@@ -5,7 +5,7 @@ The tree holds what a learner needs and nothing else: the chapters, the engine (
 autograder builders, which stay with the instructor), the exercise stubs, the public tests,
 ``pyproject.toml``, ``environment.yml``, a README and a CI script. Built caches (``__pycache__``,
 ``*.egg-info``, checkpoints) are left out. The stubs in ``exercises/`` are generated afresh from
-``solutions/`` (``paged_course/sync.py``), so an instructor's filled-in local copy never ships.
+``solutions/`` (``paged_course/publish/sync.py``), so an instructor's filled-in local copy never ships.
 
 ``--without-solutions`` leaves out ``solutions/`` and everything that needs it, and makes the tree
 grade the learner by default:
@@ -36,9 +36,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paged_course import classroom
+from paged_course.grading import classroom
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = (
     "README.md",
     "LICENSE",
@@ -59,15 +59,17 @@ INCLUDE = (
 INSTRUCTOR_ONLY = ("docs/instructor.md",)
 # never shipped: the tools that build releases and autograders, and their tests
 INSTRUCTOR_TOOLS = (
-    "paged_course/release.py",
-    "paged_course/classroom.py",
-    "paged_course/autograder.py",
+    "paged_course/publish/release.py",
+    "paged_course/grading/classroom.py",
+    "paged_course/grading/autograder.py",
     "tests/unit/test_release.py",
     "tests/unit/test_autograder.py",
 )
 SKIP_DIRS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".hypothesis", ".ruff_cache"}
 MARKER_FILE = ".paged-release"
-SOLUTION_READERS = {"sync"}  # functions that read solutions/ themselves (paged_course/sync.py)
+SOLUTION_READERS = {
+    "sync"
+}  # functions that read solutions/ themselves (paged_course/publish/sync.py)
 _SOLUTIONS_IMPORT = re.compile(
     r"^\s*(?:from\s+solutions\b|import\s+solutions\b)|import_module\(\s*['\"]solutions\b", re.M
 )
@@ -284,7 +286,7 @@ def _write_stubs(root: Path, out: Path, student: bool) -> None:
 
     ``student`` (a release without solutions): the files' headers and the package docstring say what a
     student does with them, not where they were generated from."""
-    from paged_course.sync import STUDENT_INIT, make_stub
+    from paged_course.publish.sync import STUDENT_INIT, make_stub
 
     target = out / "exercises"
     for path in target.glob("ex*.py"):

@@ -23,7 +23,7 @@ import textwrap
 from pathlib import Path
 
 from paged_course.check import ROOT, run_check
-from paged_course.sync import BEGIN, END
+from paged_course.publish.sync import BEGIN, END
 
 MIN_MUTANTS = 3
 MUTANTS_DIR = ROOT / "tests" / "mutants"
@@ -62,7 +62,7 @@ def load_mutants() -> dict[str, dict[str, dict[str, str]]]:
 
 def graded_regions() -> dict[str, str]:
     """``{exercise id: solutions file name}`` for every region whose graded tests carry points."""
-    from paged_course.classroom import collect
+    from paged_course.grading.classroom import collect
 
     graded = {t["id"] for t in collect(ROOT) if t["points"] > 0}
     found = {}

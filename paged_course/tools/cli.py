@@ -11,7 +11,7 @@ from importlib import import_module
 
 COMMANDS = {
     "demo": (
-        "paged_course.demo",
+        "paged_course.tools.demo",
         "run the engine on the built-in model and a built-in workload (the main job)",
     ),
     "bench": (
@@ -23,12 +23,12 @@ COMMANDS = {
         "grade your exercises/ (score table; --report DIR for instructors)",
     ),
     "doctor": (
-        "paged_course.doctor",
+        "paged_course.tools.doctor",
         "check the toolchain: python, torch, triton, device, a tiny kernel",
     ),
-    "info": ("paged_course.doctor", "print versions and the device (no kernel run)"),
+    "info": ("paged_course.tools.doctor", "print versions and the device (no kernel run)"),
     "course": (
-        "paged_course.course",
+        "paged_course.tools.course",
         "course tooling: sync exercises, execute notebooks, release, autograder",
     ),
 }

@@ -13,28 +13,28 @@ from importlib import import_module
 
 ACTIONS = {
     "sync": (
-        "paged_course.sync",
+        "paged_course.publish.sync",
         "write exercises/ from solutions/ (regions become stubs); --check: exit 1 if stale",
     ),
     "notebooks": (
-        "paged_course.notebooks",
+        "paged_course.publish.notebooks",
         "execute the chapter notebooks from chapters/src/ (execute [NN ...]) or check the pairs agree",
     ),
     "release": (
-        "paged_course.release",
+        "paged_course.publish.release",
         "write a student copy of the course: release OUT [--without-solutions] [--hidden-tests DIR]",
     ),
     "autograder": (
-        "paged_course.autograder",
+        "paged_course.grading.autograder",
         "build a Gradescope autograder bundle: autograder OUT.zip [--hidden-tests DIR]",
     ),
     "classroom": (
-        "paged_course.classroom",
+        "paged_course.grading.classroom",
         "write .github/classroom/autograding.json from the graded tests' markers; "
         "'classroom plan': points and sizes per chapter",
     ),
     "mutants": (
-        "paged_course.mutants",
+        "paged_course.grading.mutants",
         "plant wrong answers in a copy of solutions/ and check the graded tests catch each one",
     ),
 }

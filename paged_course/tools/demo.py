@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from paged.worker.attention import use_attention
     from paged.worker.kv_cache import block_bytes
     from paged.worker.model_runner import kv_shape
-    from paged_course.compare import greedy_agreement
+    from paged_course.reference.compare import greedy_agreement
 
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"

@@ -24,6 +24,11 @@ counts as failed, with its reason), ``junit.xml`` and ``summary.md``. Learners g
 table of the tests that finished and exits with 130. The test process runs in its own process group,
 which the grader kills however it ends; on Linux the kernel also kills it if the grader itself is
 killed (``PR_SET_PDEATHSIG``).
+
+Sub-package ``grading`` owns grading: this grader and pytest plugin, the Gradescope bundle
+(``autograder``), the GitHub Classroom config (``classroom``) and the planted-bug runner (``mutants``). It may
+import ``check`` and ``publish`` (the sync markers, the release builder) but never ``bench``, ``sim``, ``viz``
+or ``tools``.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from pathlib import Path
 from typing import TextIO
 from xml.etree import ElementTree as ET
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _LOG_ENV, _CHAPTERS_ENV = "PAGED_GRADE_LOG", "PAGED_GRADE_CHAPTERS"
 DEFAULT_TIMEOUT = (
     10.0  # seconds per graded test; a test that needs more carries @pytest.mark.timeout(N)

@@ -13,6 +13,7 @@ from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.worker.attention import decode_attention, prefill_attention, write_kv
 from paged.worker.kv_cache import KVCache
+from paged.worker.sampler import Sampler
 from paged_course.capstone import origins as capstone_origins
 from paged_course.reference import paged_attention_gather
 from paged_course.reference.models import tiny_model
@@ -44,6 +45,12 @@ class CountingScheduler(Scheduler):
     def schedule(self):
         CALLS["scheduler"] = CALLS.get("scheduler", 0) + 1
         return super().schedule()
+
+
+class CountingSampler(Sampler):
+    def sample(self, logits, params, generators=None):
+        CALLS["sampler"] = CALLS.get("sampler", 0) + 1
+        return super().sample(logits, params, generators)
 
 
 def gather_decode(query, key_cache, value_cache, block_tables, context_lens, scale):
@@ -84,6 +91,8 @@ def test_an_engine_from_parts_passed_in_gives_the_default_engines_tokens():
         slot_mapping=counted("slot_mapping", slot_mapping),
         write_kv=counted("write_kv", write_kv),
         decode_attention=gather_decode,
+        sampler=CountingSampler,
+        prefill_attention=counted("prefill_attention", prefill_attention),
     )
     custom, custom_stats = run(parts)
     assert custom == default, (
@@ -97,6 +106,8 @@ def test_an_engine_from_parts_passed_in_gives_the_default_engines_tokens():
         "slot_mapping",
         "write_kv",
         "decode_attention",
+        "sampler",
+        "prefill_attention",
     }, f"every part passed in must run, ran: {sorted(CALLS)}"
     assert default_stats["prefill_chunks"] > len(default), (
         "a budget of 8 tokens chunks the 13-token prompt"

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from paged_course import capstone, mutants
+from paged_course import capstone
+from paged_course.grading import mutants
 from paged_course.check import ROOT, check, learner_or_reference, run_check, solution
 
 EX = "ch02.ex1"

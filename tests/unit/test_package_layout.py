@@ -24,7 +24,7 @@ from engine_lines import code_lines  # noqa: E402
 OVER_LIMIT = {
     "paged_course.grading": 899,
     "paged_course.bench.kernel": 619,
-    "paged_course.bench.kernel_compile": 559,
+    "paged_course.bench.kernel_compile": 565,
     "paged_course.reference.ledger": 532,
     "paged_course.sim.fragmentation": 495,
     "paged_course.bench.engine": 443,

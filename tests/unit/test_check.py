@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from paged_course import capstone
-from paged_course.grading import mutants
 from paged_course.check import ROOT, check, learner_or_reference, run_check, solution
+from paged_course.grading import mutants
 
 EX = "ch02.ex1"
 FILE = "ex02_allocator.py"

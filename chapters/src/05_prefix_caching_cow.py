@@ -212,8 +212,8 @@ print(
 #
 # A sequence keeps its keys in `seq.block_hashes` and the cache extends that list as blocks fill, so
 # each block is hashed **once** in the life of a sequence, however often it is looked up. vLLM v1 keeps a
-# request's keys the same way (`KVCacheManager.req_to_block_hashes` up to 0.10.0, `Request.block_hashes` in
-# 0.10.1.1 and later; the keys come from `hash_block_tokens` in `vllm/v1/core/kv_cache_utils.py`).
+# request's keys the same way (`KVCacheManager.req_to_block_hashes` up to 0.10.0, `Request.block_hashes` from
+# 0.10.1; the keys come from `hash_block_tokens` in `vllm/v1/core/kv_cache_utils.py`).
 #
 # **Your turn.** In `exercises/ex05_prefix_cache.py`, write the region `ch05.ex1` of
 # `PrefixCache.update_hashes(seq)`: go on from the keys already in `seq.block_hashes`, and append one

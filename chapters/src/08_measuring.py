@@ -488,7 +488,7 @@ for r in rows:  # the deterministic rows (no wall-clock time, no GPU), for the n
 # | scheduler, chunked prefill, preemption | `paged/core/scheduler.py` | `vllm/core/scheduler.py` | `vllm/v1/core/sched/scheduler.py` |
 # | KV pool tensors, swap | `paged/worker/kv_cache.py` | `vllm/worker/cache_engine.py` | `vllm/v1/worker/gpu_model_runner.py` |
 # | KV budget | `paged/worker/model_runner.py` | `vllm/worker/worker.py` | `vllm/v1/worker/gpu_worker.py` |
-# | decode kernel | `kernels/paged_attention.py` (the teaching one: chapter 04's `exercises/ex04_online_softmax.py`) | `csrc/attention/attention_kernels.cu` | `vllm/attention/ops/triton_unified_attention.py` (`vllm/v1/attention/ops/` from 0.16.0), `vllm/v1/attention/backends/` |
+# | decode kernel | `kernels/paged_attention.py` (the teaching one: chapter 04's `exercises/ex04_online_softmax.py`) | `csrc/attention/attention_kernels.cu` | `vllm/attention/ops/triton_unified_attention.py` (0.10.2 to 0.11.1; `vllm/v1/attention/ops/` by 0.15.1), `vllm/v1/attention/backends/` |
 # | KV write | `write_kv` in `paged/worker/attention.py` (a Triton version: `paged_course/kernel_lab/cache_ops.py`) | `csrc/cache_kernels.cu` | the backends' `reshape_and_cache_flash` |
 # | engine, `LLM` | `paged/engine/llm_engine.py`, `paged/engine/llm.py` | `vllm/engine/llm_engine.py` | `vllm/v1/engine/core.py` |
 #

@@ -11,7 +11,8 @@ with ``ledger_markdown``.
 
 Paper: Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
 SOSP 2023 (arXiv 2309.06180). vLLM paths are from 0.10.2, the last release holding both the v0 and the
-v1 engine (0.11.0 removed v0's ``vllm/core/`` and ``vllm/worker/``).
+v1 engine (0.11.0 removed v0's ``vllm/core/`` and its worker: ``vllm/worker/`` keeps only
+``worker_base.py``).
 """
 
 from __future__ import annotations

@@ -492,7 +492,7 @@ for name, res in your_results.items():
 # simulator's own did, and your accounting split every held slot the same way. The claims below are measured
 # on the simulator's own run (`results`); once your pieces pass, that run and yours are the same.
 #
-# ## 4. The seed's claims, measured
+# ## 4. The fragmentation article's claims, measured
 #
 # **C1: "before vLLM, 20-40% of KV memory holds real tokens; vLLM 80-96%".** The paper measured 20.4%-38.2% for
 # the earlier systems (Kwon et al., SOSP 2023, §1 and Fig. 2) and "near-zero waste" for vLLM. Our `token_share` is
@@ -620,7 +620,7 @@ for bs in (1, 4, 16, 64, 256):
 #   seed's definitions its split (C2) holds for contiguous reservation on this trace; it depends on the trace and
 #   the reservation rule. Paging removes external fragmentation (any free block serves any request) and bounds
 #   the rest by `block_size - 1` slots per request (C3).
-# - You wrote the waste accounting (`slot_kinds`) and the paged manager (`can_allocate` with vLLM's watermark,
+# - You wrote the waste accounting (`slot_kinds`) and the paged manager (`can_allocate` with vLLM v0's watermark,
 #   `grow` with preemption of the newest request), and the simulator ran the whole trace on them with the same
 #   result at every step. `python -m paged grade ch01` grades the three regions from a terminal.
 # - Next, chapter 02 builds the block allocator that hands out those blocks: which block, not just how many.

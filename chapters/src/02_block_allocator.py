@@ -209,7 +209,8 @@ print(
 # A Python list or a `deque` gets the order right and still fails: `pop(0)`, `insert` and `remove` walk the
 # queue, so a pool of 100,000 blocks pays a hundred times what a pool of 1,000 pays, on every block of every
 # step. The check times each operation at both sizes and compares the two (absolute times mean nothing on a
-# busy machine). vLLM v1 keeps a doubly linked list over the free blocks (`FreeKVCacheBlockQueue`). The class
+# busy machine). vLLM v1 keeps a doubly linked list over the free blocks (`FreeKVCacheBlockQueue` in
+# `vllm/v1/core/kv_cache_utils.py`, 0.8.5 to 0.34.0). The class
 # docstring lists the six methods.
 
 # %%
@@ -466,7 +467,9 @@ print(
 # questions above give the same three answers.
 #
 # **Ledger row E9.** The fragmentation article (§3.2) says the watermark is a ratio "below which preemption is triggered". In
-# vLLM the watermark is an *admission* rule: a new prompt is admitted only if at least
+# vLLM v0 the watermark is an *admission* rule (`SelfAttnBlockSpaceManager.can_allocate` in
+# `vllm/core/block_manager.py`, 0.10.2; v1 has none up to 0.23.0 and an optional one, off by default, from
+# 0.24.0): a new prompt is admitted only if at least
 # `watermark_blocks = int(watermark * num_gpu_blocks)` blocks stay free afterwards, so that the running
 # sequences still have room to grow and the new prefill does not force an immediate preemption. A
 # prompt that cannot fit beside the watermark even in an empty pool is `NEVER`.
@@ -615,10 +618,10 @@ for cls in dict.fromkeys((BlockAllocator, Allocator)):
 # - Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
 #   (SOSP 2023): §4.1-4.3 (blocks, block tables and the KV cache manager, after virtual memory and paging),
 #   §4.4 (sharing blocks with reference counts, copy-on-write).
-# - vLLM v1: `vllm/v1/core/block_pool.py` (`BlockPool`: `get_new_blocks`, `free_blocks`, `touch`, the reference
+# - vLLM v1 (read in 0.8.5, 0.10.2 and 0.34.0): `vllm/v1/core/block_pool.py` (`BlockPool`: `get_new_blocks`, `free_blocks`, `touch`, the reference
 #   counts) and `vllm/v1/core/kv_cache_utils.py` (`FreeKVCacheBlockQueue`, the doubly linked free queue with
 #   `popleft`, `append` and `remove`).
-# - vLLM v0: `vllm/core/block/naive_block.py` (`NaiveBlockAllocator`: the free block ids and a `RefCounter`
+# - vLLM v0 (read in 0.10.2, the last release that ships it): `vllm/core/block/naive_block.py` (`NaiveBlockAllocator`: the free block ids and a `RefCounter`
 #   from `vllm/core/block/common.py`); `vllm/core/block_manager.py` (`SelfAttnBlockSpaceManager`, the
 #   watermark in `can_allocate`).
 

@@ -217,9 +217,11 @@ reveal(
 # ## 2. Writing K/V by slot mapping
 #
 # With the slot mapping built once per step, each attention layer scatters its new keys and values to those
-# slots with one vectorized copy: vLLM's `reshape_and_cache_flash` op (`csrc/cache_kernels.cu`). A slot of `-1`
-# means "store nothing for this token": vLLM pads the slot mapping with it (`PAD_SLOT_ID`) for tokens that only
-# fill a fixed-size batch.
+# slots with one vectorized copy: vLLM's `reshape_and_cache_flash` op (`csrc/cache_kernels.cu`, the op of v1's
+# FlashAttention backend, read in 0.10.2). A slot of `-1` means "store nothing for this token": vLLM pads the
+# slot mapping with it for tokens that only fill a fixed-size batch (v0: `PAD_SLOT_ID` in
+# `vllm/attention/backends/utils.py`; v1: `slot_mapping[...].fill_(-1)` in `vllm/v1/worker/gpu_model_runner.py`;
+# both 0.10.2).
 #
 # `KVCache` is one tensor `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`;
 # `key_cache[layer]` and `value_cache[layer]` are views of it, `[num_blocks, block_size, num_kv_heads, head_dim]`.
@@ -373,7 +375,9 @@ print(
 
 # %% [markdown]
 # `kv_cache_from_budget(budget_bytes, ...)` sizes the pool the way vLLM does: whole blocks that fit in the
-# memory left after the model (vLLM measures that budget by profiling a forward pass).
+# memory left after the model (vLLM measures that budget by profiling a forward pass: v0
+# `Worker.determine_num_available_blocks` in `vllm/worker/worker.py`, v1 `Worker.determine_available_memory` in
+# `vllm/v1/worker/gpu_worker.py`, both 0.10.2).
 
 # %%
 pool = kv_cache_from_budget(1_000_000, num_layers=2, block_size=16, num_kv_heads=2, head_dim=64)
@@ -721,10 +725,10 @@ print("same tokens as the reference engine:", your_tokens == reference_tokens)
 # - Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*, SOSP 2023:
 #   §4.1 (the PagedAttention algorithm: attention block by block through a block table), §4.2-4.3 (the KV cache
 #   manager, logical and physical blocks), §5.1 (the fused kernels: block read and attention, `reshape_and_cache`).
-# - vLLM v1: `vllm/v1/worker/block_table.py` (`BlockTable.compute_slot_mapping`: block tables and the slot
+# - vLLM v1 (read in 0.10.2): `vllm/v1/worker/block_table.py` (`BlockTable.compute_slot_mapping`: block tables and the slot
 #   mapping of a packed batch), `vllm/v1/worker/gpu_model_runner.py` (the step's packed inputs),
 #   `vllm/v1/attention/backends/flash_attn.py` (the NHD pool, the write, the attention call).
-# - vLLM v0: `vllm/core/block/block_table.py` (one table per sequence), `vllm/attention/backends/utils.py`
+# - vLLM v0 (read in 0.10.2, the last release that ships it): `vllm/core/block/block_table.py` (one table per sequence), `vllm/attention/backends/utils.py`
 #   (`compute_slot_mapping`, with `PAD_SLOT_ID = -1`), `vllm/worker/cache_engine.py` (the pool tensors per layer),
 #   `csrc/cache_kernels.cu` (`reshape_and_cache`, `reshape_and_cache_flash`).
 # - PyTorch: `torch.nn.functional.scaled_dot_product_attention` (`enable_gqa`, `scale`), the ground truth here.

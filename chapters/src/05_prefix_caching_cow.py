@@ -108,7 +108,7 @@ torch.set_num_threads(
 chapter_start = time.perf_counter()
 
 # %% [markdown]
-# ## 1. The seed's cache: one MD5 over the whole system prompt (E3)
+# ## 1. The implementation article's cache: one MD5 over the whole system prompt (E3)
 #
 # The implementation article (§3.2) keys its cache on an MD5 of the *whole* system prompt and shares all of that
 # prompt's blocks, the partially filled last one included. Here it is, reduced to its logic:

@@ -504,13 +504,15 @@ _ = check("ch06.ex4")
 #   `n = self._chunk(len(seq) - len(computed) * block_manager.block_size, budget)`;
 # * the **watermark**: `block_manager.allocate_slots(seq, n, computed)` shares the cached prefix and gives
 #   slots to `n` tokens only if that leaves at least `watermark × num_gpu_blocks` blocks free, else returns
-#   `None` (vLLM v1's `get_computed_blocks` then `allocate_slots`, `vllm/v1/core/kv_cache_manager.py`);
+#   `None` (the call shape of vLLM v1's `get_computed_blocks` then `allocate_slots`, `vllm/v1/core/kv_cache_manager.py`,
+#   0.8.5; the watermark itself is v0's);
 # * if it fits: status `RUNNING`, back of `self.running`, its seats taken, `self._mark_scheduled(...)`; if it does not, **stop**:
 #   nobody behind it overtakes (FCFS).
 #
 # **Ledger row E9.** The fragmentation article (§3.2) describes the block manager's `watermark=0.01` as *"the water line:
-# below this ratio, preemption is triggered"*. That is not what it does. In vLLM (`vllm/core/block_manager.py`,
-# `can_allocate`) the watermark applies only to **admission**. Running sequences may use the reserved blocks
+# below this ratio, preemption is triggered"*. That is not what it does. In vLLM v0 (`SelfAttnBlockSpaceManager.can_allocate`
+# in `vllm/core/block_manager.py`, 0.10.2) the watermark applies only to **admission**; v1 has none up to 0.23.0,
+# and from 0.24.0 an optional one, off by default, for admissions only (`KVCacheManager`). Running sequences may use the reserved blocks
 # to grow, and preemption happens only when a running sequence finds no free block at all. The reserve
 # exists so that admitting new prompts does not fill the pool to the last block and force a preemption a
 # few steps later.
@@ -553,7 +555,7 @@ for wm, res in by_watermark.items():
 # %% [markdown]
 # Without a reserve the scheduler fills the pool at admission and then preempts (and recomputes) dozens of
 # requests as the running ones grow. A reserve of 5-10% of the blocks removes most of those preemptions at
-# the same throughput. vLLM's default of 1% is a small safety margin (2 blocks here); it matters most when
+# the same throughput. vLLM v0's default of 1% (0.10.2) is a small safety margin (2 blocks here); it matters most when
 # many short prompts arrive while long outputs are being generated. The watermark never *causes* a preemption.
 #
 # ## 8. Chunked prefill: why vLLM v1 cuts prompts
@@ -724,7 +726,8 @@ print(
 # then the step the decoding requests wait through (the last column). The times are this CPU's and vary from
 # run to run, but in our runs their direction did not: the p99 inter-token latency climbs with the budget,
 # while the time to first token is worst at the smallest budget, which needs the most steps. On a GPU the fixed cost of a step is relatively larger (reading the
-# weights), which is why vLLM's default budget is in the thousands there, and why
+# weights), which is why vLLM v1's default budget is in the thousands there (2,048 to 16,384 tokens on a GPU,
+# depending on the entry point and the GPU's memory: `_set_default_args_v1` in `vllm/engine/arg_utils.py`, 0.8.5), and why
 # `long_prefill_token_threshold` exists: it caps one prompt's chunk without shrinking the whole step.
 #
 # ## 9. Recompute or swap? It depends on the block size

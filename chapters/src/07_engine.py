@@ -210,9 +210,11 @@ print("blocks in use after the run:", llm.stats()["kv_blocks_used"])
 # %% [markdown]
 # Same tokens as transformers' `generate`, which keeps its own contiguous cache. The unit tests
 # (`tests/unit/test_engine.py`) check this for Llama, Qwen2, Mistral and GPT-2, with prefix caching on and off
-# and with a pool small enough to force preemption by recompute and by swap. They compare as vLLM's tests do:
-# tokens equal, or the first differing token is a near-tie of two logits (batching reorders floating-point
-# sums by ~1e-6).
+# and with a pool small enough to force preemption by recompute and by swap. They accept tokens equal, or a first
+# differing token that is a near-tie of two logits (batching reorders floating-point sums by ~1e-6). vLLM's
+# model tests are as lenient in their own way (`check_logprobs_close` in `tests/models/utils.py` of vLLM's
+# repository, a 2025 revision; the tests do not ship in the wheel): tokens equal, or at the first difference each side's token is among the
+# other's top log-probabilities.
 #
 # ## 3. The built-in model generating text
 #
@@ -561,7 +563,8 @@ print(
 # - The engine's step is three calls: `scheduler.schedule()` (one token budget, chunked prefill),
 #   `runner.execute_model(out)` (cache operations: swap, copy-on-write; one packed forward; sample), and
 #   `scheduler.update_from_output(out, sampled)` (append, fork, finish). vLLM v1's engine core has the same
-#   shape (`EngineCore.step`).
+#   shape (`EngineCore.step` in `vllm/v1/engine/core.py`, 0.8.5; by 0.34.0 the model call is split into
+#   `execute_model` and `sample_tokens`).
 # - transformers' public extension points are enough: an attention function and a mask function registered
 #   under our name, metadata passed as a forward keyword, `logits_to_keep` for the last tokens.
 # - The engine is built from parts with small interfaces; assembled from yours, it produces transformers'

@@ -8,7 +8,8 @@ State of a softmax-weighted sum over the scores seen so far, per query row: the 
 denominator ``l`` relative to it and the unnormalized sum ``acc`` of values relative to it (Milakov &
 Gimelshein 2018, "Online normalizer calculation for softmax"; Dao et al. 2022, FlashAttention). A split of
 split-K ends with its normalized output and log-sum-exp ``m + log l`` (Dao et al. 2023, "Flash-Decoding
-for long-context inference"; vLLM ``vllm/attention/ops/merge_attn_states.py``).
+for long-context inference"; vLLM ``vllm/attention/ops/merge_attn_states.py`` in 0.10.2,
+``vllm/v1/attention/ops/`` by 0.34.0).
 """
 
 # ruff: noqa: E741 -- `l` is the running denominator of the online-softmax literature

@@ -1,4 +1,5 @@
-"""Compare greedy outputs of two runs the way vLLM's tests do (``tests/models/utils.py``).
+"""Compare greedy outputs of two runs, leniently like vLLM's model tests (``check_logprobs_close`` in
+``tests/models/utils.py`` of vLLM's repository, which compares top log-probabilities instead of logits).
 
 Two correct engines can legitimately part ways: batching changes the order of floating-point sums,
 moving fp32 logits by ~1e-6, and when the two best tokens are that close, greedy picks may differ.

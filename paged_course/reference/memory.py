@@ -7,7 +7,7 @@ Every decoder layer stores one key and one value vector per KV head for every to
 
 ``num_kv_heads`` is the number of *key/value* heads: equal to the attention heads for multi-head
 attention (MHA), fewer with grouped-query attention (GQA, e.g. 8 for Llama-2-70B). This is the
-arithmetic behind vLLM's ``vllm/worker/cache_engine.py`` (``CacheEngine.get_cache_block_size``) and
+arithmetic behind vLLM v0's ``vllm/worker/cache_engine.py`` (``CacheEngine.get_cache_block_size``, 0.10.2) and
 the PagedAttention paper's §3 example (OPT-13B: 800 KB per token in fp16).
 
 The built-in ``KNOWN_MODELS`` are written from the models' public ``config.json`` values, so the

@@ -1,4 +1,5 @@
-"""Every number that README.md and docs/results.md quote is the one its committed source holds.
+"""Every number that README.md and docs/results.md quote (and docs/instructor.md's GPU figures) is the one
+its committed source holds.
 
 The sources are committed files, never a fresh (and noisy) measurement: the GPU run in ``docs/gpu/``
 (``kernel.json``, ``engine.json``, ``demo.log``), the CPU benchmark run in ``docs/cpu/`` (``python -m paged
@@ -20,7 +21,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "docs" / "gpu" / "h200-2026-11-30"
 CPU = ROOT / "docs" / "cpu" / "xeon-2vcpu-2026-12-02"
-DOCS = {"README.md": ROOT / "README.md", "docs/results.md": ROOT / "docs" / "results.md"}
+DOCS = {
+    "README.md": ROOT / "README.md",
+    "docs/results.md": ROOT / "docs" / "results.md",
+    "docs/instructor.md": ROOT / "docs" / "instructor.md",
+}
 
 
 @cache
@@ -170,6 +175,18 @@ def test_the_engine_numbers_are_the_h200_runs():
         f"Demo workload: {demo}x",
     )
     assert f"{sweep[4]:.2f}" == f"{sweep[8]:.2f}", "the text quotes one ratio for 4 and 8 requests"
+    guide = paragraph("docs/instructor.md", "**08 · Measuring it.**")
+    sweep_kernel = gpu("kernel")["sweep"]
+    worst = max(r["paged_over_contiguous"] for r in sweep_kernel)
+    at = {(r["batch"], r["context"], r["block_size"]): r for r in sweep_kernel}
+    quotes(
+        guide,
+        "docs/instructor.md",
+        f"ahead at 4 and 8 ({sweep[4]:.2f}x)",
+        f"{sweep[128]:.2f}x at 128",
+        f"at most {100 * (worst - 1):.1f}% in the teaching kernel",
+        f"{at[64, 4096, 16]['pct_peak']:.1f}% of HBM bandwidth",
+    )
 
 
 # ---------------------------------------------------------------------------- chapter outputs

@@ -485,6 +485,36 @@ def test_a_failure_that_comes_from_an_earlier_exercise_names_it(tmp_path):
     assert "(fix ch03.ex1 first)" in later
 
 
+NAMES_ITS_NEEDS = """
+import pytest
+
+@pytest.mark.exercise("ch02.ex1", points=1)
+def test_early():
+    raise NotImplementedError("ch02.ex1: the free queue")
+
+@pytest.mark.exercise("ch07.ex2", points=1)
+def test_late():
+    raise NotImplementedError("ch07.ex2: the sequence's K/V")
+
+@pytest.mark.exercise("ch07.ex1", points=1, uses=("ch07.ex2", "ch02.ex1"))
+def test_capstone():
+    assert False, "needs ch02.ex1 first: 2 regions are not written yet, in course order: ch02.ex1, ch07.ex2"
+"""
+
+
+def test_a_failure_that_names_what_it_needs_first_keeps_its_words(tmp_path):
+    """The capstone lists the unwritten regions in course order; the summary must not replace that with the
+    first failing exercise of its ``uses`` (a late one, ch07.ex2)."""
+    suite = _suite(tmp_path / "suite", NAMES_ITS_NEEDS)
+    report = grade(impl="solutions", timeout=5, tests_dir=suite, root=suite)
+    line = next(x for x in grading._summary_lines(report, width=400) if "ch07.ex1" in x)
+    assert (
+        "needs ch02.ex1 first: 2 regions are not written yet, in course order: ch02.ex1, ch07.ex2"
+        in line
+    )
+    assert "uses your ch07.ex2" not in line
+
+
 LEARNER = """
 def spin(n):
     while True:

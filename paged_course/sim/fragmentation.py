@@ -33,7 +33,7 @@ length, as in the paper's Fig. 2):
 
 These are the paper's three kinds of waste (§3: reserved slots for future tokens, internal
 fragmentation from over-provisioning, external fragmentation from the allocator). Other texts cut
-differently: the seed article's "internal" waste is all of an unused reservation (``reserved +
+differently: the fragmentation article's "internal" waste is all of an unused reservation (``reserved +
 internal`` here), and its "reserved" waste is the copies kept for beam search, which this simulator
 does not model (every request is one sequence).
 

@@ -50,6 +50,9 @@ class BlockSpaceManager(ReferenceBlockManager):
     Invariants after every call: each GPU block's reference count equals the number of tables that hold
     it; a block with count 0 is in the allocator's free queue and may still be cached; a table's blocks
     cover exactly its ``num_tokens`` tokens.
+
+    Cost: each verb takes time in proportion to the blocks it touches (the sequence's, the fresh ones),
+    never to the size of the pool: a real pool has hundreds of thousands of blocks.
     """
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:

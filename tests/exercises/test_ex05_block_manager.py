@@ -249,10 +249,11 @@ def test_admission_watermark_counts_free_cached_hits(impl, idle_hits):
     """A hit that sits in the free queue leaves it: it costs the admission a free block. Tried with the
     free blocks at every distance from the watermark."""
     cls = mix(impl("ex05_block_manager"), "ch05.ex8")
-    bs, blocks, mark = 4, 20, 0.2  # 4 blocks of watermark
+    bs, blocks = 4, 20
     head = list(range(1, 4 * bs + 1))
-    for fill in range(0, 12):
-        m = manager(cls, bs, blocks, mark)
+    seen = set()
+    for fill in range(0, 14):
+        m = manager(cls, bs, blocks)
         cached = seq_of(head, bs)
         m.allocate_slots(cached)  # 4 blocks, all cached
         busy = seq_of([99] * bs * fill, bs) if fill else None
@@ -262,11 +263,15 @@ def test_admission_watermark_counts_free_cached_hits(impl, idle_hits):
         if keep:
             m.allocate_slots(keep)  # holds the first 2 - idle_hits head blocks
         m.free(cached)  # idle_hits of the two shared head blocks are now free (and cached)
+        m.watermark_blocks = (
+            4  # the set-up ignored it; the admission under test keeps 4 blocks free
+        )
         seq = seq_of(head[: 2 * bs] + [60] * (2 * bs + 1), bs)  # hits 2 blocks, needs 3 fresh
         computed = m.get_computed_blocks(seq)
         assert len(computed) == 2
         free = m.get_num_free_gpu_blocks()
         fits = free - 3 - idle_hits >= m.watermark_blocks
+        seen.add(fits)
         before = state(m, [seq])
         got = m.allocate_slots(seq, None, computed)
         where = f"{free} free blocks, watermark {m.watermark_blocks}, {idle_hits} of 2 hits free"
@@ -279,6 +284,7 @@ def test_admission_watermark_counts_free_cached_hits(impl, idle_hits):
         else:
             check_invariants(m, where)
             assert m.get_num_free_gpu_blocks() >= m.watermark_blocks
+    assert seen == {True, False}, "the trial must cross the watermark"
 
 
 @pytest.mark.exercise("ch05.ex8", points=2)

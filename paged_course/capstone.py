@@ -26,6 +26,7 @@ PART_SOURCES: dict[str, tuple[str, str]] = {
     "decode_attention": ("ex03_block_tables", "decode_attention"),
     "prefix_cache": ("ex05_prefix_cache", "PrefixCache"),
     "copy_on_write": ("ex05_prefix_cache", "copy_on_write"),
+    "block_manager": ("ex05_block_manager", "BlockSpaceManager"),
     "scheduler": ("ex06_scheduler", "Scheduler"),
     "prefill_attention": ("ex07_engine", "prefill_attention"),
     "sampler": ("ex07_engine", "Sampler"),

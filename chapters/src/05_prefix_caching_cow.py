@@ -34,11 +34,14 @@
 # 6. predict the **eviction order** of freed cached blocks (least recently freed first, a sequence's
 #    tail before its head);
 # 7. apply **copy-on-write** where vLLM v0 needs it: forked sequences of parallel sampling writing into
-#    a shared, partially filled last block (error E5).
+#    a shared, partially filled last block (error E5);
+# 8. build the **block manager** the scheduler talks to: computed blocks, slots or `None`, frees, and
+#    the watermark as a reserve for admissions only.
 #
 # You write six regions of `exercises/ex05_prefix_cache.py`: the methods `update_hashes`, `lookup`,
 # `insert` and `evict` of `PrefixCache` (the engine part `prefix_cache`), the function `eviction_order`,
-# and the function `copy_on_write` (the engine part `copy_on_write`). After each build step a cell
+# and the function `copy_on_write` (the engine part `copy_on_write`); then four of
+# `exercises/ex05_block_manager.py`, the methods of `BlockSpaceManager` (the engine part `block_manager`). After each build step a cell
 # `check("ch05.exK")` runs that step's graded tests on your file and prints the first failing case in
 # words. The chapter then goes on with your piece when it passes, and with the reference (saying so in
 # one line) when it does not, so every cell runs before you write anything. Stuck? `solution("ch05.exK")`
@@ -680,11 +683,124 @@ print(
 # longer has to.
 
 # %% [markdown]
-# ## 9. The engine on your prefix cache and copy-on-write
+# ## 9. Build steps 7 to 10: the block manager
 #
-# Your `PrefixCache` and `copy_on_write` are the engine's parts `prefix_cache` and `copy_on_write`:
-# `LLM(parts=Parts(prefix_cache=..., copy_on_write=...))` runs the real engine (scheduler, model runner,
-# attention, the built-in model) on them. Four chat requests share a system prompt, each asks for two
+# The prefix cache, the allocator and copy-on-write are pieces; the **block manager** is what the
+# scheduler actually talks to, and the only place where they meet. vLLM v1 reduces that conversation to
+# three verbs (`KVCacheManager` in `vllm/v1/core/kv_cache_manager.py`, 0.8.5 and later), and so does our
+# engine:
+#
+# * `get_computed_blocks(seq)`: when the scheduler considers a waiting request, what of it is already
+#   cached. The scheduler asks **once** per admission and hands the answer back, because a lookup hashes
+#   and verifies blocks, and because the answer must not change between the question and the decision.
+# * `allocate_slots(seq, num_new_tokens, computed)`: slots for the next chunk of a prompt, or the one
+#   token a decode computes. It answers with the new blocks or with **`None`, having changed nothing**:
+#   the scheduler then waits or preempts someone and asks again, so a half-done allocation would leak
+#   blocks or references on every retry.
+# * `free(seq)`: one reference fewer per block. Blocks nobody holds go back to the free queue *still
+#   cached*, in the order section 6 predicted.
+#
+# Two rules carry the design. The **watermark** (vLLM v0's `watermark` in `vllm/core/block_manager.py`)
+# is a reserve that only *admission* must leave free: a running sequence that needs one more block gets
+# it, otherwise a freshly admitted request could force the preemption of one that was already running.
+# And a **hit is not free**: a cached block whose last holder finished sits in the free queue, so sharing
+# it takes a block out of the queue just as a fresh one does. Growth, in turn, is where copy-on-write
+# happens: before a fork writes into a shared, partly filled last block, it needs one block more than
+# its length says.
+#
+# **Your turn.** Write the four regions of `exercises/ex05_block_manager.py`: `get_computed_blocks`
+# (`ch05.ex7`), `_admit` (`ch05.ex8`), `_grow` (`ch05.ex9`) and `free` (`ch05.ex10`). The class extends the
+# reference manager, so forks, swapping and the queries are given; each docstring states the contract
+# (what goes in, what comes out, what must hold afterwards). The checks do not compare your manager with
+# ours step by step: they check invariants any correct manager keeps (every reference count equals the
+# number of tables holding the block, a `None` changes nothing, admission leaves the watermark free, one
+# lookup per admission, no verb scans the pool), and then run the engine on it. `hint("ch05.ex8")` gives
+# a nudge, a second call a stronger one.
+
+# %%
+_ = check("ch05.ex7")
+
+# %%
+_ = check("ch05.ex8")
+
+# %%
+_ = check("ch05.ex9")
+
+# %%
+_ = check("ch05.ex10")
+
+# %% [markdown]
+# **Predict, then run.** A pool of 10 blocks of 4 tokens keeps a watermark of 2 blocks. Request P (9
+# tokens) ran and finished, so its two full blocks are free but still cached; request R holds 4 blocks,
+# so 6 blocks are free.
+# Now Q arrives: P's first 8 tokens and 9 more, 17 tokens in all, so 5 blocks of which 2 hit the cache.
+# Is Q admitted? Set `prediction` to `True` or `False`, then run the next cell.
+
+# %%
+prediction = None  # your guess, e.g. prediction = True
+
+# %%
+MANAGER_STEPS = {
+    "ch05.ex7": "get_computed_blocks",
+    "ch05.ex8": "_admit",
+    "ch05.ex9": "_grow",
+    "ch05.ex10": "free",
+}
+
+
+def your_manager(*steps):
+    """Your `BlockSpaceManager` when every step of `steps` passes its checks; else the reference manager
+    with the methods of the steps that pass (one line says which steps stay the reference's)."""
+    module = exercise_module("ex05_block_manager")
+    if module is None:
+        print("using the reference block manager")
+        return BlockSpaceManager
+    passing = [step for step in steps if learner_or_reference(step, True, False)]
+    if len(passing) == len(steps):
+        return module.BlockSpaceManager
+    own = vars(module.BlockSpaceManager)
+    methods = {MANAGER_STEPS[step]: own[MANAGER_STEPS[step]] for step in passing}
+    if methods:  # the file's given helpers that its regions call
+        methods.update({name: own[name] for name in ("allocate_slots", "forget_swap_copies")})
+    return type("YourBlockManager", (BlockSpaceManager,), methods)
+
+
+YourManager = your_manager("ch05.ex7", "ch05.ex8", "ch05.ex9", "ch05.ex10")
+pm = YourManager(4, 10, watermark=0.2, enable_prefix_caching=True)
+p_seq = Sequence(10, [1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+r_seq = Sequence(11, list(range(60, 76)), 4)  # 16 tokens: 4 full blocks
+for s in (p_seq, r_seq):
+    pm.allocate_slots(s)
+pm.free(p_seq)
+q_seq = Sequence(12, [1, 2, 3, 4, 5, 6, 7, 8] + list(range(20, 29)), 4)
+computed = pm.get_computed_blocks(q_seq)
+print(
+    f"free blocks {pm.get_num_free_gpu_blocks()}, watermark {pm.watermark_blocks}, Q hits {computed} "
+    f"and needs {5 - len(computed)} fresh blocks"
+)
+reveal(
+    prediction,
+    pm.allocate_slots(q_seq, None, computed) is not None,
+    "Q admitted",
+    why="P's two blocks sit in the free queue: sharing them takes them out of it, so Q costs 3 fresh "
+    "blocks and 2 free ones, which would leave 6 - 5 = 1 free, below the watermark of 2",
+)
+s_seq = Sequence(13, list(range(80, 96)), 4)  # 16 tokens, no hit: 4 fresh blocks leave 2 free
+print("S (4 fresh blocks) admitted:", pm.allocate_slots(s_seq) is not None)
+r_seq.append_token_id(76)
+grown = pm.allocate_slots(r_seq, 1)
+print(
+    f"then R decodes a token into a new block {grown.block_ids}, leaving "
+    f"{pm.get_num_free_gpu_blocks()} free: below the watermark, since growth only needs the block"
+)
+
+# %% [markdown]
+# ## 10. The engine on your prefix cache, copy-on-write and block manager
+#
+# Your `PrefixCache`, `copy_on_write` and `BlockSpaceManager` are the engine's parts `prefix_cache`,
+# `copy_on_write` and `block_manager`: `LLM(parts=Parts(prefix_cache=..., copy_on_write=...,
+# block_manager=...))` runs the real engine (scheduler, model runner, attention, the built-in model) on
+# them. Four chat requests share a system prompt, each asks for two
 # samples (`n=2`, temperature 0.8, a fixed seed), so the engine hits the cache for the system prompt's
 # full blocks and copies the forks' shared partial blocks. The tokens must equal the reference engine's.
 
@@ -694,6 +810,7 @@ your_parts = Parts(
         ["ch05.ex1", "ch05.ex2", "ch05.ex3", "ch05.ex4"], "PrefixCache", PrefixCache
     ),
     copy_on_write=yours("ch05.ex6", "copy_on_write", reference_copy_on_write),
+    block_manager=your_manager("ch05.ex7", "ch05.ex8", "ch05.ex9", "ch05.ex10"),
 )
 system_prompt = "You are a helpful assistant. Answer in one short sentence.\n"
 questions = [
@@ -723,7 +840,11 @@ reference_tokens, reference_stats, _ = run(Parts())
 your_tokens, your_stats, your_outs = run(your_parts)
 print(
     "parts:",
-    {k: v for k, v in origins(your_parts).items() if k in ("prefix_cache", "copy_on_write")},
+    {
+        k: v
+        for k, v in origins(your_parts).items()
+        if k in ("prefix_cache", "copy_on_write", "block_manager")
+    },
 )
 print("same tokens as the reference engine:", your_tokens == reference_tokens)
 print(
@@ -753,6 +874,8 @@ for q, out in zip(questions[:2], your_outs):
 #   freed, each sequence's tail before its head. The FIFO free queue and the tail-first free give this
 #   order with no LRU list at all.
 # * Copy-on-write is for forks: a child writing into a shared partial block first copies it (E5).
+# * The block manager answers with blocks or with `None` that changed nothing; one prefix lookup per
+#   admission; a free cached hit costs a free block; the watermark binds admissions, never growth.
 #
 # Next: chapter 06 puts the block manager under a scheduler with continuous batching, chunked prefill
 # and preemption.

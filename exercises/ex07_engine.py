@@ -354,7 +354,7 @@ def update_sequence(seq: Sequence, token: int, max_model_len: int) -> None:
         token: the token sampled for it.
         max_model_len: the most tokens (prompt and output) a sequence may hold.
 
-    Effects: ``token`` is appended, always (a stop token is part of the output, as in vLLM). Then the
+    Effects: ``token`` is appended, always (a stop token is part of the output). Then the
     sequence's ``status`` becomes ``SequenceStatus.FINISHED_STOPPED`` when ``token`` is one of
     ``seq.group.stop_token_ids`` (the request's ``stop_token_ids``, plus the model's EOS unless
     ``ignore_eos``); otherwise ``FINISHED_LENGTH`` when the sequence now has

@@ -97,7 +97,7 @@ def _check_step(impl, tables, contexts, queries, block_size, keep=None, width=No
     assert torch.equal(host, want_host)
 
 
-@pytest.mark.exercise("ch07.ex6", points=2)
+@pytest.mark.exercise("ch07.ex6", points=1)
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_random_steps_match_the_contract(impl, block_size):
     rng = random.Random(block_size)
@@ -125,7 +125,7 @@ EDGES = {
 }
 
 
-@pytest.mark.exercise("ch07.ex6", points=2)
+@pytest.mark.exercise("ch07.ex6", points=1)
 @pytest.mark.parametrize("edge", list(EDGES))
 def test_edge_cases_at_every_position_of_a_batch(impl, edge):
     context, query = EDGES[edge]
@@ -300,7 +300,7 @@ def _lockstep(impl, seed, num_gpu_blocks, max_model_len=40):
     return ours
 
 
-@pytest.mark.exercise("ch07.ex8", points=3, uses=("ch07.ex7",))
+@pytest.mark.exercise("ch07.ex8", points=1, uses=("ch07.ex7",))
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_scheduler_on_your_update_runs_like_the_reference(impl, seed):
     _lockstep(impl, seed, num_gpu_blocks=64)
@@ -311,7 +311,7 @@ def test_under_preemption_and_exhaustion(impl):
     _lockstep(impl, 5, num_gpu_blocks=9, max_model_len=30)
 
 
-@pytest.mark.exercise("ch07.ex8", points=2, uses=("ch07.ex7",))
+@pytest.mark.exercise("ch07.ex8", points=1, uses=("ch07.ex7",))
 @pytest.mark.parametrize("position", [0, 1, 2])
 def test_parallel_samples_fork_from_the_parent_before_its_token(impl, position):
     learner = impl("ex07_engine")
@@ -337,10 +337,12 @@ def test_parallel_samples_fork_from_the_parent_before_its_token(impl, position):
     assert len({s.seq_id for s in scheduler.running}) == len(scheduler.running) == 5
     assert all(c in scheduler.running and c.status is S.RUNNING for c in children)
     table = scheduler.block_manager.block_tables
-    assert all(list(table[c.seq_id]) == list(table[parent.seq_id]) for c in children), "shared"
+    assert all(list(table[c.seq_id]) == list(table[parent.seq_id]) for c in children), (
+        "each child's block table is its parent's (shared blocks)"
+    )
     assert scheduler.block_manager.get_num_free_gpu_blocks() == free, "a fork allocates nothing"
     assert result.finished == []
-    assert [s.seq_id for s in result.sampled][-3:] != [] and parent in result.sampled
+    assert parent in result.sampled and all(c in result.sampled for c in children)
     sampled_ids = [s.seq_id for s in result.sampled]
     assert sampled_ids.index(children[1].seq_id) < sampled_ids.index(parent.seq_id)
 

@@ -59,8 +59,8 @@ RUNNING, SWAPPED, WAITING = S.RUNNING, S.SWAPPED, S.WAITING
 def update_sequence(seq: Sequence, token: int, max_model_len: int) -> None:
     """Append a sampled ``token`` to ``seq`` and mark it finished on a stop token (``FINISHED_STOPPED``:
     EOS unless ``ignore_eos``, and ``stop_token_ids``), on ``max_tokens`` output tokens or on
-    ``max_model_len`` tokens in all (``FINISHED_LENGTH``): the ``update`` part, which the scheduler's
-    ``update_from_output`` calls per sampled token (nano-vllm ``Scheduler.postprocess``)."""
+    ``max_model_len`` tokens in all (``FINISHED_LENGTH``); a stop token wins over the lengths. The
+    ``update`` part (``update_from_output`` below) calls it per sampled token."""
     seq.append_token_id(token)
     if token in seq.group.stop_token_ids:
         seq.status = S.FINISHED_STOPPED

@@ -160,6 +160,31 @@ def test_the_slot_mapping_part_given_is_the_one_used(impl):
     assert meta.keep.tolist() == [3, 5]
 
 
+@pytest.mark.exercise("ch07.ex6", points=1)
+def test_a_decode_graphs_fixed_width_buffer_with_padding_rows(impl, tiny):
+    """The CUDA-graph path (run eagerly on CPU): decodes padded to a captured batch size, tables to a fixed
+    width; your packed buffer must be the reference's, byte for byte."""
+    from paged.core.scheduler_outputs import ScheduledSeq
+    from paged.worker.kv_cache import KVCache
+    from paged.worker.model_runner import ModelRunner, kv_shape
+
+    learner = impl("ex07_engine")
+    layers, kv_heads, head_dim = kv_shape(tiny)
+    hosts = []
+    for parts in (Parts(), Parts(prepare_inputs=learner.prepare_inputs)):
+        kv = KVCache(layers, 17, 4, kv_heads, head_dim)
+        runner = ModelRunner(tiny, kv, parts, max_num_seqs=4, max_model_len=32, cuda_graphs=True)
+        seqs = [Sequence(i, [1 + i + j for j in range(5 + 3 * i)], 4) for i in range(3)]
+        scheduled = [
+            ScheduledSeq(s, len(s) - 1, 1, [(3 * i + j) % 16 for j in range(-(-len(s) // 4))], True)
+            for i, s in enumerate(seqs)
+        ]
+        batch = runner.prepare(scheduled)
+        assert batch.graph is not None and batch.graph.size == 4
+        hosts.append(batch.host)
+    assert torch.equal(hosts[1], hosts[0]), "the padded decode buffer differs from the reference's"
+
+
 # ------------------------------------------------------------------------ ch07.ex7: one token's update
 def _seq(prompt_len=5, max_tokens=4, stop=(), ignore_eos=True, eos=()):
     seq = Sequence(0, list(range(10, 10 + prompt_len)), 4)

@@ -52,7 +52,7 @@ def collect(root: Path, hidden: bool = False) -> list[dict]:
 def collected_tests(root: Path, hidden: bool = False) -> list[dict]:
     """The graded tests as pytest collects them, in collection order (the grader's own view).
 
-    Collects in a pytest subprocess with the grader's plugin (``-p paged_course.grading``), which logs each
+    Collects in a pytest subprocess with the grader's plugin (``-p paged_course.grading.plugin``), which logs each
     test's ``exercise`` marker. Raises RuntimeError when collection fails (a broken test file must not
     silently drop its points).
     """
@@ -72,7 +72,7 @@ def collected_tests(root: Path, hidden: bool = False) -> list[dict]:
                 "--collect-only",
                 "-q",
                 "-p",
-                "paged_course.grading",
+                "paged_course.grading.plugin",
                 "-p",
                 "no:cacheprovider",
             ],

@@ -22,7 +22,7 @@ from paged_course.sim.workload import Trace
 
 
 def measure_fragmentation(trace: Trace, pool_slots: int = 32768, block_size: int = 16) -> dict:
-    """C1, C2, C3: ``SimResult.summary()`` per manager plus the largest empty tail of a paged request."""
+    """C1, C2, C3: ``FragmentationResult.summary()`` per manager plus the largest empty tail of a paged request."""
     results = compare(trace, pool_slots, block_size)
     out = {name: res.summary() for name, res in results.items()}
     out["paged_max_tail"] = int((-trace.final_len % block_size).max())

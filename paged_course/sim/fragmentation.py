@@ -16,7 +16,7 @@ fits, nobody skips ahead. The three managers:
   when a running sequence cannot get its next block, the most recently admitted request is preempted
   and recomputed later (paper §4.5); a request alone in the pool that cannot grow is truncated.
   A recompute costs nothing here: the re-admitted request holds its prompt and generated tokens again
-  at once, in one step like any admission (``SimResult.recomputed_tokens`` counts that unpaid work).
+  at once, in one step like any admission (``FragmentationResult.recomputed_tokens`` counts that unpaid work).
 
 Per step the simulator records, in token slots (each kind defined with future knowledge of the final
 length, as in the paper's Fig. 2):
@@ -71,7 +71,7 @@ KINDS = ("real", "reserved", "internal", "external")
 
 
 @dataclass
-class SimResult:
+class FragmentationResult:
     """Per-step arrays (length ``num_steps``) and per-request outcomes of one simulation."""
 
     manager: str
@@ -235,7 +235,7 @@ def simulate(
     *,
     paged_manager=None,
     slot_kinds=None,
-) -> SimResult:
+) -> FragmentationResult:
     """Run one manager on ``trace`` with a pool of ``pool_slots`` token slots; see the module docstring.
 
     Args:
@@ -288,7 +288,7 @@ def simulate(
         np.rint(steps[k]).astype(np.int64) for k in ("real", "reserved", "internal", "running")
     )
     names = ["req", "start", "end", "init", "final", "reserve", "offset"]
-    return SimResult(
+    return FragmentationResult(
         manager,
         pool_slots,
         block_size,
@@ -314,7 +314,7 @@ def compare(
     *,
     paged_manager=None,
     slot_kinds=None,
-) -> dict[str, SimResult]:
+) -> dict[str, FragmentationResult]:
     """The three managers on the same trace and pool (``paged_manager`` and ``slot_kinds``: as ``simulate``)."""
     return {
         m: simulate(
@@ -330,8 +330,8 @@ def compare(
     }
 
 
-def summary_table(results: dict[str, SimResult]) -> str:
-    """A fixed-width table of ``SimResult.summary()`` for each manager (shares in % of the pool)."""
+def summary_table(results: dict[str, FragmentationResult]) -> str:
+    """A fixed-width table of ``FragmentationResult.summary()`` for each manager (shares in % of the pool)."""
     head = (
         f"{'manager':<11}{'steps':>8}{'running':>9}{'util':>7}{'tokens':>8}{'reserv':>8}{'intern':>8}"
         f"{'extern':>8}{'free':>7}{'rej':>5}{'preempt':>8}"
@@ -377,7 +377,7 @@ __all__ = [
     "KINDS",
     "MANAGERS",
     "PagedManager",
-    "SimResult",
+    "FragmentationResult",
     "compare",
     "max_concurrency",
     "simulate",

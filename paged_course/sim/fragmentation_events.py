@@ -4,7 +4,7 @@ One loop per kind of manager: the reserving managers (``static``, ``contiguous``
 manager (on-demand blocks, watermark, recompute preemption), plus the same paged decisions made by an
 object with :class:`PagedManager`'s interface (chapter 01 runs the learner's). Each returns segments
 (request, start, end, initial and final tokens, reservation, offset) and the waiting queue's intervals;
-turning those into per-step slot counts and a ``SimResult`` is ``fragmentation``'s job. It imports
+turning those into per-step slot counts and a ``FragmentationResult`` is ``fragmentation``'s job. It imports
 only the trace type and the engine's ``AllocStatus``.
 """
 

@@ -22,20 +22,35 @@ from pathlib import Path
 
 def load_sites(fn) -> list[tuple[int, int, str]]:
     """``(first line, last line, operand)`` of each ``tl.load`` in a kernel's source, innermost first:
-    the operand is the pointer argument its address starts from (``K + physical * stride ...`` -> ``"K"``)."""
+    the operand is the pointer argument its address starts from (``K + physical * stride ...`` -> ``"K"``).
+
+    The loads of the ``@jit`` helpers the kernel calls from the same file count too (chapter 04's teaching
+    kernel reads K and V inside ``walk_blocks``), under the helper's own parameter names: the course names
+    a K or V pointer ``K`` / ``V`` in every kernel and helper."""
     path = inspect.getsourcefile(fn.fn)
     tree = ast.parse(Path(path).read_text())
-    func = next(
-        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == fn.fn.__name__
-    )
-    sites = []
-    for node in ast.walk(func):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and node.args:
-            base = node.args[0]
-            while isinstance(base, (ast.BinOp, ast.Subscript, ast.Call, ast.Attribute)):
-                base = base.left if isinstance(base, ast.BinOp) else getattr(base, "value", base)
-                base = base.func if isinstance(base, ast.Call) else base
-            sites.append((node.lineno, node.end_lineno, getattr(base, "id", "?")))
+    funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    todo, seen, sites = [fn.fn.__name__], set(), []
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in funcs:
+            continue
+        seen.add(name)
+        for node in ast.walk(funcs[name]):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                todo.append(node.func.id)  # a helper defined in this file, read in its turn
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "load"
+                and node.args
+            ):
+                base = node.args[0]
+                while isinstance(base, (ast.BinOp, ast.Subscript, ast.Call, ast.Attribute)):
+                    base = (
+                        base.left if isinstance(base, ast.BinOp) else getattr(base, "value", base)
+                    )
+                    base = base.func if isinstance(base, ast.Call) else base
+                sites.append((node.lineno, node.end_lineno, getattr(base, "id", "?")))
     return sorted(sites, key=lambda s: s[1] - s[0])
 
 

@@ -78,6 +78,25 @@ def test_loads_are_attributed_to_their_tl_load_by_line_info(tmp_path):
     assert (ops["cp_async"], ops["mma"], ops["wgmma"], ops["tma"]) == (2, 1, 1, 0)
 
 
+def test_loads_inside_a_helper_the_kernel_calls_count_under_the_helpers_names(tmp_path):
+    """Chapter 04's teaching kernel reads K and V inside a ``@jit`` helper of its file (``walk_blocks``)."""
+    path = tmp_path / "k.py"
+    path.write_text(
+        "def walk(K, V, n):\n"
+        "    return tl.load(K + n) + tl.load(V + n)\n"
+        "\n"
+        "\n"
+        "def kernel(K, V, BT, O):\n"
+        "    physical = tl.load(BT)\n"
+        "    tl.store(O, walk(K, V, physical))\n"
+        "\n"
+        "\n"
+        "def unused(Q):\n"
+        "    return tl.load(Q)\n"
+    )
+    assert sorted(kernel_asm.load_sites(_Fn(path))) == [(2, 2, "K"), (2, 2, "V"), (6, 6, "BT")]
+
+
 def test_occupancy_arithmetic():
     """116 registers x 128 threads: 3,840 per warp (15 units of 256), 17 warps per SM -> 4 programs;
     39,168 + 1,024 bytes of shared memory: 4 programs in 164 KB; 16 by warps."""

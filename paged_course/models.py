@@ -1,4 +1,4 @@
-"""Old path of ``paged_course.reference.models``, kept because chapters 02 and 07 import it here.
+"""Old path of ``paged_course.reference.models``, kept because chapter 07 imports it here.
 
 The same module object: importing either path gives one module.
 """

@@ -341,7 +341,7 @@ from collections import Counter
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged.engine.parts import Parts
-from paged_course.models import tiny_model
+from paged_course.reference.models import tiny_model
 
 model = tiny_model("llama", vocab_size=128)
 calls = Counter()

@@ -69,7 +69,7 @@ from paged.core.block_table import slot_mapping as reference_slot_mapping
 from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
 from paged_course.check import check, exercise_module, hint, learner_or_reference, solution
-from paged_course.memory import KVSpec, kv_spec
+from paged_course.reference.memory import KVSpec, kv_spec
 from paged_course.predict import reveal
 from paged_course.reference import (
     contiguous_attention,
@@ -671,7 +671,7 @@ print(
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged_course.capstone import learner_parts, origin_table
-from paged_course.models import tiny_model
+from paged_course.reference.models import tiny_model
 
 
 def engine_tokens(parts=None):

@@ -20,6 +20,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from paged.worker.kv_cache import _positive  # the engine's positive-int check, one copy
+
 _DTYPE_BYTES = {
     "float32": 4,
     "fp32": 4,
@@ -55,12 +57,6 @@ def dtype_bytes(dtype: Any) -> int:
         f"dtype: unknown dtype {dtype!r}; valid names: {', '.join(sorted(_DTYPE_BYTES))} "
         f"(or a torch.dtype)"
     )
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ def make_workload(
 
 
 @dataclass
-class SimResult:
+class ScheduleResult:
     """What a run recorded. Times in seconds of the cost model.
 
     ``timelines[request_id]`` is a list of ``(start, end, state)`` with state in ``STATES``;
@@ -193,7 +193,7 @@ def simulate(
     name: str = "continuous",
     max_steps: int = 200_000,
     scheduler_cls=Scheduler,
-) -> SimResult:
+) -> ScheduleResult:
     """Run the workload through a real ``Scheduler`` (continuous batching). Deterministic.
 
     The fake model appends token ``(prompt[0] + len(seq)) % 30000``; a request finishes after its
@@ -205,7 +205,7 @@ def simulate(
     cost = cost or CostModel()
     sched = scheduler_cls(scheduler_config, cache_config)
     bm, bs = sched.block_manager, cache_config.block_size
-    res = SimResult(
+    res = ScheduleResult(
         name, num_blocks=cache_config.num_gpu_blocks, num_slots=cache_config.num_gpu_blocks * bs
     )
     pending = sorted(workload, key=lambda r: r.arrival_s)
@@ -320,14 +320,14 @@ def simulate_static(
     cost: CostModel | None = None,
     max_model_len: int | None = None,
     name: str = "static",
-) -> SimResult:
+) -> ScheduleResult:
     """Static batching baseline (module docstring): fixed batches, padded rows, results at batch end.
 
     Memory: a batch reserves ``batch_size * max_model_len`` slots up front (pre-allocation for the
     longest possible request), so ``batch_size`` is what the KV cache can hold at the maximum length.
     """
     cost = cost or CostModel()
-    res = SimResult(name, num_slots=batch_size * max_model_len if max_model_len else 0)
+    res = ScheduleResult(name, num_slots=batch_size * max_model_len if max_model_len else 0)
     now = 0.0
     ordered = sorted(workload, key=lambda r: r.arrival_s)
     for i in range(0, len(ordered), batch_size):
@@ -438,7 +438,7 @@ def chunk_budget_sweep(
     ``max(max_model_len, 2048)``).
 
     Each row: ``name``, ``budget``, ``ttft_p50`` / ``ttft_p99`` / ``itl_p50`` / ``itl_p99`` (seconds of the
-    cost model, ``SimResult.latency()``), ``tokens_per_s``, ``steps``, ``max_step_s`` (the longest step: the
+    cost model, ``ScheduleResult.latency()``), ``tokens_per_s``, ``steps``, ``max_step_s`` (the longest step: the
     worst gap a decoding request can see) and ``preemptions``.
     """
     from paged_course.sim.step_order import V0DefaultScheduler

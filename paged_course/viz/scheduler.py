@@ -1,7 +1,7 @@
 """Pictures of the scheduler for chapter 06: timelines, memory over time, and a step-by-step widget.
 
 - ``plot_timelines``: a Gantt chart, one row per request, coloured by state (waiting, running,
-  preempted = waiting again after recompute preemption, swapped) from a ``paged_course.sim.scheduling.SimResult``.
+  preempted = waiting again after recompute preemption, swapped) from a ``paged_course.sim.scheduling.ScheduleResult``.
 - ``plot_memory``: KV slots held and tokens computed per step, over time, for several runs.
 - ``Stepper``: a tiny real ``Scheduler`` driven one ``schedule()`` call at a time by a fake model;
   ``Stepper.draw()`` shows its queues and its GPU pool (``paged_course.viz.kv_pool.plot_pool``).

@@ -36,6 +36,12 @@ from paged.worker.attention import use_attention
 from paged_course.reference.compare import greedy_agreement
 from paged_course.reference.models import tiny_model
 
+
+def prefills(out) -> list:
+    """The step's prompt chunks (``SchedulerOutputs.scheduled`` entries that are prefills)."""
+    return [s for s in out.scheduled if s.is_prefill]
+
+
 S = SequenceStatus
 MAX_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -149,7 +155,7 @@ def test_chunked_tokens_equal_transformers_at_small_budgets(llama, budget):
     )
     pieces = {}
     for _, out, _ in log:
-        for s in out.prefills:
+        for s in prefills(out):
             pieces.setdefault(s.seq.seq_id, []).append((s.start, s.num_tokens))
     for chunks in pieces.values():  # each prompt's chunks tile it: contiguous, no gap, no overlap
         assert [start for start, _ in chunks] == list(
@@ -187,12 +193,12 @@ def test_prefix_hit_that_ends_inside_a_chunk(llama, same_call):
     chunks = [
         (s.start, s.num_tokens)
         for _, out, _ in log
-        for s in out.prefills
+        for s in prefills(out)
         if s.seq.num_prompt_tokens == 46
     ]
     assert chunks == ([(24, 22)] if same_call else [(24, 10), (34, 10), (44, 2)])
     if same_call:
-        assert [(s.start, s.num_tokens) for s in log[0][1].prefills] == [(0, 30), (24, 22)], (
+        assert [(s.start, s.num_tokens) for s in prefills(log[0][1])] == [(0, 30), (24, 22)], (
             "both in step 1: the hit names blocks the first request writes in that step"
         )
     _assert_agree(
@@ -219,7 +225,7 @@ def test_fully_cached_prompt_still_computes_its_last_token_in_chunks(llama):
     log = _spy(llm.engine.scheduler)
     again = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
     assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 28)
-    assert [(s.start, s.num_tokens) for _, out, _ in log for s in out.prefills] == [
+    assert [(s.start, s.num_tokens) for _, out, _ in log for s in prefills(out)] == [
         (28, 3),
         (31, 1),
     ]
@@ -358,11 +364,11 @@ def test_long_prefill_token_threshold_caps_each_chunk(llama):
     llm = _llm(model, max_num_batched_tokens=32, max_num_seqs=4, long_prefill_token_threshold=6)
     log = _spy(llm.engine.scheduler)
     got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
-    first = [(s.start, s.num_tokens) for s in log[0][1].prefills]
+    first = [(s.start, s.num_tokens) for s in prefills(log[0][1])]
     assert first == [(0, 6), (0, 6), (0, 3)], (
         "three prompts share step 1, none over the 6-token cap"
     )
-    sizes = [s.num_tokens for _, out, _ in log for s in out.prefills]
+    sizes = [s.num_tokens for _, out, _ in log for s in prefills(out)]
     assert max(sizes) == 6 and sizes.count(6) == 6, "each 20-token prompt: 6 + 6 + 6 + 2"
     _assert_agree(ref, prompts, got, _reference(ref, prompts), "threshold 6")
 
@@ -385,20 +391,20 @@ def test_chunking_off_keeps_whole_prompts_and_its_config_error(llama):
         )
     prompts = [_prompt(100, seed=12), _prompt(60, seed=13), _prompt(20, seed=14)]
     llm = _llm(model, enable_chunked_prefill=False, max_num_seqs=4)
-    assert llm.engine.scheduler_config.max_num_batched_tokens == 2048, (
+    assert llm.config.scheduler.max_num_batched_tokens == 2048, (
         "default budget: max(max_model_len, 2048)"
     )
     llm = _llm(model, enable_chunked_prefill=False, max_num_batched_tokens=128, max_num_seqs=4)
     log = _spy(llm.engine.scheduler)
     got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
-    prefills = [[(s.start, s.num_tokens) for s in out.prefills] for _, out, _ in log]
-    assert prefills[0] == [(0, 100)], (
+    chunks = [[(s.start, s.num_tokens) for s in prefills(out)] for _, out, _ in log]
+    assert chunks[0] == [(0, 100)], (
         "the 60-token prompt does not fit the 28 tokens left, and is never cut"
     )
-    assert prefills[1] == [(0, 60), (0, 20)], (
+    assert chunks[1] == [(0, 60), (0, 20)], (
         "step 2: the whole 60 and 20-token prompts beside the decode"
     )
-    assert all(p == [] for p in prefills[2:])
+    assert all(p == [] for p in chunks[2:])
     _assert_agree(ref, prompts, got, _reference(ref, prompts), "chunking off")
 
 
@@ -493,7 +499,7 @@ def _run(
             continue
         _, _, samples = log[-1]
         assert out.num_batched_tokens <= budget, "token budget exceeded"
-        assert out.num_seqs <= max_num_seqs, "more sequences in a step than max_num_seqs"
+        assert len(out.scheduled) <= max_num_seqs, "more sequences in a step than max_num_seqs"
         for e, sampled in zip(out.scheduled, samples):
             remaining = lengths[e.seq.seq_id] - e.start
             if threshold and e.num_tokens > 1:

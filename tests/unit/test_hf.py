@@ -15,7 +15,8 @@ from paged.worker.attention import (
     use_paged_attention,
 )
 from paged.worker.kv_cache import KVCache
-from paged.worker.model_runner import forward_logits, kv_shape
+from paged.worker.model_runner import forward_logits
+from paged.worker.worker import kv_shape
 from paged_course.reference.models import TINY_ARCHS, tiny_model
 
 

@@ -17,7 +17,7 @@ from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged.engine.llm_engine import LLMEngine
 from paged.worker.model_runner import GRAPH_SIZES, DecodeGraph
-from paged_course.reference.models import tiny_model
+from tests.engine.tiny import tiny_model
 
 BLOCKS, BS = 48, 4
 

@@ -17,7 +17,7 @@ from paged.worker.attention import (
 from paged.worker.kv_cache import KVCache
 from paged.worker.model_runner import forward_logits
 from paged.worker.worker import kv_shape
-from paged_course.reference.models import TINY_ARCHS, tiny_model
+from tests.engine.tiny import TINY_ARCHS, tiny_model
 
 
 def _pool(model, num_blocks=32, block_size=4, fill=1e4):

@@ -1,6 +1,6 @@
 """The CUDA-graph decode path's host side, on CPU (``paged.worker.model_runner``): nothing here needs a GPU.
 
-``tests/unit/test_decode_graphs.py`` runs whole engines through the graphs; this file pins the pieces:
+``tests/engine/test_decode_graphs.py`` runs whole engines through the graphs; this file pins the pieces:
 which captured batch size (bucket) a decode step of every size takes, what the padding rows hold, the
 static buffers' shapes for every bucket, and each case that falls back to the eager forward (a step with a
 prompt chunk, a row that does not sample, a batch larger than every bucket, a capture that fails).
@@ -18,7 +18,7 @@ from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache
 from paged.worker.model_runner import GRAPH_SIZES, DecodeGraph, ModelRunner
 from paged.worker.worker import kv_shape
-from paged_course.reference.models import tiny_model
+from tests.engine.tiny import tiny_model
 
 BS, BLOCKS, MAX_LEN = 4, 48, 64
 

@@ -22,7 +22,7 @@ import torch
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM, IgnoredRequestWarning, group_finish_messages
 from paged.engine.model_loader import HUB_TIMEOUT_S
-from paged_course.reference.models import tiny_model
+from tests.engine.tiny import tiny_model
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 MISSING = "paged-tests/no-such-model-7f3c"  # not in any local cache

@@ -125,6 +125,8 @@ class CacheConfig:
         check_int("num_cpu_blocks", self.num_cpu_blocks, minimum=0)
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
+        if isinstance(self.kv_cache_memory_bytes, float):  # 0.5 * 2**30: whole bytes
+            self.kv_cache_memory_bytes = int(self.kv_cache_memory_bytes)
         if self.kv_cache_memory_bytes is not None:
             check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Counted on the formatted tree (`ruff format`, line length 100; CI checks the format). The budget
 # is a ceiling for the design, met by removing duplication, never by folding lines. The total is
 # today's count, a ratchet that only goes down toward 3,000; no module over 300.
-TOTAL_LIMIT = 3368
+TOTAL_LIMIT = 3366
 MODULE_LIMIT = 300
 _SKIP = {
     tokenize.COMMENT,

@@ -68,20 +68,19 @@ class LLMEngine:
     ):
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.kv_cache, self.sizing = init_kv_cache(model, config)
-        cache_config = config.cache
         self.parts = parts = parts or Parts()
         block_manager = parts.block_manager(
-            cache_config.block_size,
-            cache_config.num_gpu_blocks,
-            cache_config.num_cpu_blocks,
-            cache_config.watermark,
-            cache_config.enable_prefix_caching,
+            config.cache.block_size,
+            config.cache.num_gpu_blocks,
+            config.cache.num_cpu_blocks,
+            config.cache.watermark,
+            config.cache.enable_prefix_caching,
             allocator_cls=parts.allocator,
             prefix_cache_cls=parts.prefix_cache,
             copy_on_write=parts.copy_on_write,
         )
         self.scheduler = parts.scheduler(
-            config.scheduler, cache_config, block_manager, parts.update
+            config.scheduler, config.cache, block_manager, parts.update
         )
         self.runner = ModelRunner(model, self.kv_cache, parts, config)
         self.sampler = self.runner.sampler

@@ -48,11 +48,8 @@ def init_kv_cache(model, config: EngineConfig) -> tuple[KVCache, str]:
     layers, kv_heads, head_dim = kv_shape(model)
     bytes_per_block = block_bytes(layers, kv_heads, head_dim, cache.block_size, dtype)
     how = "num_gpu_blocks"
-    if (
-        cache.num_gpu_blocks is None
-        and device.type == "cuda"
-        and cache.kv_cache_memory_bytes is None
-    ):
+    profile = device.type == "cuda" and cache.kv_cache_memory_bytes is None  # no byte budget given
+    if cache.num_gpu_blocks is None and profile:
         cache.num_gpu_blocks, how = profile_num_blocks(
             model,
             cache.block_size,

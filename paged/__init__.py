@@ -25,6 +25,8 @@ _EXPORTS = {
     "SchedulerOutputs": "paged.core.scheduler",
     "SchedulerConfig": "paged.config",
     "CacheConfig": "paged.config",
+    "ModelConfig": "paged.config",
+    "EngineConfig": "paged.config",
     "Parts": "paged.engine.parts",
 }
 

@@ -209,7 +209,7 @@ print("blocks in use after the run:", llm.stats()["kv_blocks_used"])
 
 # %% [markdown]
 # Same tokens as transformers' `generate`, which keeps its own contiguous cache. The unit tests
-# (`tests/unit/test_engine.py`) check this for Llama, Qwen2, Mistral and GPT-2, with prefix caching on and off
+# (`tests/engine/test_engine.py`) check this for Llama, Qwen2, Mistral and GPT-2, with prefix caching on and off
 # and with a pool small enough to force preemption by recompute and by swap. They accept tokens equal, or a first
 # differing token that is a near-tie of two logits (batching reorders floating-point sums by ~1e-6). vLLM's
 # model tests are as lenient in their own way (`check_logprobs_close` in `tests/models/utils.py` of vLLM's

@@ -95,18 +95,6 @@ class BlockTable:
     def copy(self) -> BlockTable:
         return BlockTable(self.block_size, self.block_ids, self.num_tokens)
 
-    def slot(self, position: int) -> int:
-        """Row of token ``position`` in the flattened pool: ``table[p // bs] * bs + p % bs``."""
-        if not 0 <= position < self.capacity:
-            raise ValueError(
-                f"position {position} is outside the {len(self.block_ids)} blocks of this "
-                f"table (capacity {self.capacity} tokens)"
-            )
-        return (
-            self.block_ids[position // self.block_size] * self.block_size
-            + position % self.block_size
-        )
-
     def slot_mapping(self, start: int, end: int) -> list[int]:
         """Slots of token positions ``start .. end - 1`` (the tokens one step computes)."""
         if not 0 <= start <= end <= self.capacity:

@@ -114,7 +114,8 @@ class Scheduler:
             ``update_from_output`` calls (default: the module's ``update_from_output``).
 
     Raises:
-        ValueError: ``cache_config.num_gpu_blocks`` unset, or swap mode without CPU blocks.
+        ValueError: ``cache_config.num_gpu_blocks`` unset. The configs are trusted: ``EngineConfig`` has
+            checked them together (swap preemption needs CPU blocks).
     """
 
     def __init__(
@@ -127,11 +128,6 @@ class Scheduler:
         if cache_config.num_gpu_blocks is None:
             raise ValueError(
                 "cache_config.num_gpu_blocks must be set (the engine sizes the pool first)"
-            )
-        if scheduler_config.preemption_mode == "swap" and cache_config.num_cpu_blocks <= 0:
-            raise ValueError(
-                "preemption_mode='swap' needs cache_config.num_cpu_blocks > 0, "
-                f"got {cache_config.num_cpu_blocks}; use 'recompute' or give CPU blocks"
             )
         self.config, self.cache_config = scheduler_config, cache_config
         self.update = update or update_from_output

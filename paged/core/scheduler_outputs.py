@@ -36,10 +36,6 @@ class ScheduledSeq:
         return self.seq.token_ids[self.start : self.start + self.num_tokens]
 
     @property
-    def positions(self) -> range:
-        return range(self.start, self.start + self.num_tokens)
-
-    @property
     def is_prefill(self) -> bool:
         """Computes prompt tokens (or several tokens at once, as after a recompute preemption)."""
         return self.start < self.seq.num_prompt_tokens or self.num_tokens > 1
@@ -97,18 +93,6 @@ class SchedulerOutputs:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     num_batched_tokens: int = 0
-
-    @property
-    def prefills(self) -> list[ScheduledSeq]:
-        return [s for s in self.scheduled if s.is_prefill]
-
-    @property
-    def decodes(self) -> list[ScheduledSeq]:
-        return [s for s in self.scheduled if not s.is_prefill]
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.scheduled)
 
 
 @dataclass

@@ -53,20 +53,12 @@ class Sequence:
     the prefix cache); the scheduler advances it when it schedules tokens (vLLM v1). ``block_hashes``
     holds the prefix-cache keys of the full blocks, each computed once. ``group`` is the request.
 
-    Raises:
-        ValueError: empty prompt, non-integer token ids, or ``block_size <= 0``.
+    Nothing is checked here: ``LLMEngine.add_request`` has checked the prompt (non-empty, int token ids
+    inside the vocabulary) and ``CacheConfig`` the block size.
     """
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int):
-        if block_size <= 0:
-            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         prompt = list(prompt_token_ids)
-        if not prompt:
-            raise ValueError(
-                f"sequence {seq_id}: the prompt is empty; at least one token id is needed"
-            )
-        if not all(type(t) is int and t >= 0 for t in prompt):
-            raise ValueError(f"sequence {seq_id}: prompt token ids must be non-negative ints")
         self.seq_id = seq_id
         self.block_size = block_size
         self.token_ids: list[int] = prompt

@@ -70,10 +70,6 @@ class EngineStats:
         self.itl: list[float] = []
         self._last_token: dict[int, float] = {}
 
-    def clock(self, device=None) -> PhaseClock:
-        """A ``PhaseClock`` over ``seconds`` (the profiled step's)."""
-        return PhaseClock(self.seconds, device)
-
     def on_step(self, out, result, block_manager, seconds: float | None = None) -> None:
         """One step's snapshot: counts, peak blocks, the fraction of allocated slots that hold a token,
         token times (TTFT / ITL); with profiling, a ``history`` record (``seconds``: the step's)."""

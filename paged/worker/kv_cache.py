@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from paged.config import check_int
+
 
 def block_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
@@ -39,12 +41,6 @@ def block_bytes(
     """Bytes of one KV block over all layers, K and V: ``2 x layers x kv_heads x head_dim x block_size x
     dtype bytes`` (vLLM ``CacheEngine.get_cache_block_size``; seed error E8 corrected)."""
     return 2 * num_layers * num_kv_heads * head_dim * block_size * dtype.itemsize
-
-
-def _positive(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 class KVCache:
@@ -87,8 +83,8 @@ class KVCache:
             ("num_kv_heads", num_kv_heads),
             ("head_dim", head_dim),
         ):
-            _positive(name, value)
-        _positive("num_cpu_blocks", num_cpu_blocks, minimum=0)
+            check_int(name, value)
+        check_int("num_cpu_blocks", num_cpu_blocks, minimum=0)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
@@ -116,16 +112,6 @@ class KVCache:
     def bytes(self) -> int:
         """Bytes of the device pool (``num_blocks * bytes_per_block``)."""
         return self.kv.numel() * self.kv.element_size()
-
-    @property
-    def cpu_bytes(self) -> int:
-        """Bytes of the CPU swap pool."""
-        return self.cpu_kv.numel() * self.cpu_kv.element_size()
-
-    @property
-    def num_slots(self) -> int:
-        """Token slots per layer in the device pool: ``num_blocks * block_size``."""
-        return self.num_blocks * self.block_size
 
     # ---- block copies -----------------------------------------------------------------------------
     def _check_pairs(

@@ -20,7 +20,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from paged.worker.kv_cache import _positive  # the engine's positive-int check, one copy
+from paged.config import check_int  # the engine's positive-int check, one copy
 
 _DTYPE_BYTES = {
     "float32": 4,
@@ -82,7 +82,7 @@ class KVSpec:
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "num_kv_heads", "head_dim"):
-            _positive(field_name, getattr(self, field_name))
+            check_int(field_name, getattr(self, field_name))
         dtype_bytes(self.dtype)
 
     @property
@@ -96,7 +96,8 @@ class KVSpec:
 
     def bytes_per_block(self, block_size: int) -> int:
         """Bytes of one KV block holding ``block_size`` tokens, over all layers (seed error E8 corrected)."""
-        return self.bytes_per_token * _positive("block_size", block_size)
+        check_int("block_size", block_size)
+        return self.bytes_per_token * block_size
 
     def bytes_per_sequence(self, num_tokens: int) -> int:
         """Bytes of the KV of a ``num_tokens``-token sequence stored contiguously (no block rounding)."""

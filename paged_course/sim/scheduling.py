@@ -30,6 +30,7 @@ from paged.config import CacheConfig, SchedulerConfig
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from paged.engine.stats import percentile
+from paged_course.engine_views import prefills
 
 STATES = ("waiting", "running", "preempted", "swapped")
 
@@ -246,9 +247,9 @@ def simulate(
         for seq in out.preempted:
             res.requests[seq.group.request_id]["preemptions"] += 1
         res.num_preemptions += len(out.preempted)
-        prefill_tokens = sum(g.num_tokens for g in out.prefills)
+        prefill_tokens = sum(g.num_tokens for g in prefills(out))
         res.recomputed_tokens += sum(
-            g.num_tokens for g in out.prefills if g.seq_group.request_id in ran
+            g.num_tokens for g in prefills(out) if g.seq_group.request_id in ran
         )
         used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
         res.steps.append(
@@ -257,7 +258,7 @@ def simulate(
                 "seconds": seconds,
                 "tokens": out.num_batched_tokens,
                 "prefill_tokens": prefill_tokens,
-                "running": out.num_seqs,
+                "running": len(out.scheduled),
                 "used_blocks": used,
                 "used_slots": used * bs,
                 "swapped_blocks": moved,

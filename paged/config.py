@@ -1,12 +1,12 @@
 """The engine's settings, checked once when they are built: one ``EngineConfig`` passed whole.
 
-``EngineConfig`` has three sections, as vLLM's ``VllmConfig`` (``vllm/config/vllm.py``, v1, 0.11):
+``EngineConfig`` has three sections, as vLLM's ``VllmConfig`` (v1, ``vllm/config/vllm.py``, 0.11.1):
 ``ModelConfig`` (device, dtype, the model's positions, the sampler's seed, CUDA graphs or eager),
 ``CacheConfig`` (block size, pool sizes or the memory budget they are sized from, watermark, prefix
 caching) and ``SchedulerConfig`` (how many sequences and tokens one step holds, chunked prefill, the
 preemption mode). ``LLM`` builds it from its keyword arguments; the engine, the scheduler and the worker
-read it and check nothing again. Names and defaults follow vLLM's (``vllm/config/model.py``,
-``vllm/config/cache.py``, ``vllm/config/scheduler.py``).
+read it and check nothing again. Names and defaults follow vLLM v1's (``vllm/config/model.py``,
+``vllm/config/cache.py``, ``vllm/config/scheduler.py``, 0.11.1).
 """
 
 from __future__ import annotations
@@ -31,21 +31,23 @@ class SchedulerConfig:
     Args:
         max_num_seqs: most sequences running at once (a request with ``n`` samples counts ``n``).
         max_num_batched_tokens: the step's token budget: prefill-chunk tokens + one per decode. Default
-            2048 with chunked prefill, else ``max(max_model_len, 2048)`` (vLLM v0's default).
+            2048 with chunked prefill, else ``max(max_model_len, 2048)`` (vLLM v0's default,
+            ``SchedulerConfig`` in ``vllm/config/scheduler.py``, 0.10.2).
         max_model_len: most tokens (prompt + generated) a sequence may hold; longer prompts are ignored.
         preemption_mode: ``"recompute"`` (free the victim's blocks, recompute its tokens later) or
             ``"swap"`` (move its blocks to the CPU pool; needs ``CacheConfig.num_cpu_blocks > 0``).
         enable_chunked_prefill: cut prompts into chunks that fit the token budget (vLLM v1, on by
-            default). Off: a whole prompt must fit in one step, so the budget must be ``>= max_model_len``.
+            default: ``vllm/engine/arg_utils.py``, 0.10.2). Off: a whole prompt must fit in one step, so the
+            budget must be ``>= max_model_len``.
         long_prefill_token_threshold: when > 0, the most tokens one prompt computes in one step, so that a
-            long prompt leaves budget to others (vLLM's ``long_prefill_token_threshold``); 0 = no cap. It cuts
-            prompts, so it needs ``enable_chunked_prefill``.
+            long prompt leaves budget to others (vLLM v1's ``long_prefill_token_threshold``, 0.10.2); 0 = no
+            cap. It cuts prompts, so it needs ``enable_chunked_prefill``.
 
     Raises:
         ValueError: a non-positive size, a budget below ``max_num_seqs`` (each running sequence needs one
-            token per step: vLLM's rule) or, without chunking, below ``max_model_len``, a negative
-            threshold or one without chunking, or an unknown ``preemption_mode`` (the message names the
-            parameter and values).
+            token per step: vLLM v0 and v1, ``vllm/config/scheduler.py``, 0.10.2) or, without chunking, below
+            ``max_model_len``, a negative threshold or one without chunking, or an unknown ``preemption_mode``
+            (the message names the parameter and values).
     """
 
     max_num_seqs: int = 256
@@ -91,18 +93,20 @@ class CacheConfig:
     """Size and policy of the KV cache pool.
 
     Args:
-        block_size: tokens per KV block (vLLM's default 16, PagedAttention paper §7.2).
+        block_size: tokens per KV block (vLLM's default 16 on CUDA, v0 and v1:
+            ``vllm/platforms/cuda.py``, 0.10.2; PagedAttention paper §7.2).
         num_gpu_blocks: blocks in the device pool (``None`` until the engine has sized the pool; the
             scheduler refuses ``None``).
         num_cpu_blocks: blocks in the CPU swap pool (0: no swap space).
         watermark: fraction of the device pool that admission of new requests keeps free
             (``int(watermark * num_gpu_blocks)`` blocks), so a new prompt does not leave running requests
-            without room to grow (vLLM v0 ``vllm/core/block_manager.py``); in ``[0, 1)``.
+            without room to grow (vLLM v0 ``vllm/core/block_manager.py``, 0.10.2); in ``[0, 1)``.
         enable_prefix_caching: reuse cached full blocks of identical prefixes (chapter 05).
         kv_cache_memory_bytes: the KV budget in bytes the worker sizes the pool from when
             ``num_gpu_blocks`` is ``None`` (``paged/worker/worker.py``; CPU default 256 MiB).
         gpu_memory_utilization: CUDA, without a byte budget: the fraction of GPU memory for weights,
-            activations and KV, in ``(0, 1]`` (vLLM's ``gpu_memory_utilization``).
+            activations and KV, in ``(0, 1]`` (vLLM v0 and v1 ``gpu_memory_utilization``,
+            default 0.9: ``vllm/config/cache.py``, 0.10.2).
 
     Raises:
         ValueError: ``block_size <= 0``, ``num_gpu_blocks <= 0``, ``num_cpu_blocks < 0``, ``watermark``
@@ -164,7 +168,7 @@ class ModelConfig:
 
 @dataclass
 class EngineConfig:
-    """Every setting of one engine, in three sections (vLLM's ``VllmConfig``), checked together once.
+    """Every setting of one engine, in three sections (vLLM v1's ``VllmConfig``, 0.11.1), checked together once.
 
     Args:
         model, cache, scheduler: the sections above.

@@ -13,7 +13,7 @@ One table per sequence serves every layer (each layer has its own pool tensor wi
 The *slot mapping* of a step lists the slot of every token computed in that step (``slot_mapping``).
 
 Sources: vLLM v0 ``vllm/core/block/block_table.py`` (``BlockTable``), ``vllm/attention/backends/utils.py``
-(``compute_slot_mapping``); v1 ``vllm/v1/worker/block_table.py``.
+(``compute_slot_mapping``); v1 ``vllm/v1/worker/block_table.py``; all 0.10.2.
 """
 
 from __future__ import annotations

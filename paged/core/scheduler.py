@@ -9,11 +9,13 @@ last release with v0's code), which v1 dropped. One ``schedule()`` call, in this
 1. **running** (admission order): each sequence gets its next tokens: 1 for a decode, the next chunk of
    a partly computed prompt (as large as the budget allows, capped by ``long_prefill_token_threshold``).
    When ``allocate_slots`` returns ``None`` the most recently admitted running sequence is preempted
-   until the older one fits (v1; paper §4.5: FCFS, preempt the latest first). *Recompute* frees the
+   until the older one fits (v1, ``self.running.pop()`` in ``schedule``, 0.10.2; paper §4.5: FCFS,
+   preempt the latest first). *Recompute* frees the
    victim's blocks and puts it at the front of ``waiting`` (all its tokens are prefilled again later);
    *swap* (v0) moves its blocks to the CPU pool (``swapped``), or recomputes when the CPU pool is full. A
    sequence that cannot grow although it alone holds the pool ends ``FINISHED_KV_EXHAUSTED`` (this
-   course's state: vLLM instead refuses to start when ``max_model_len`` tokens do not fit the KV cache)
+   course's state: vLLM v1 instead refuses to start when ``max_model_len`` tokens do not fit the KV cache,
+   ``check_enough_kv_cache_memory`` in ``vllm/v1/core/kv_cache_utils.py``, 0.10.2)
    rather than preempting itself forever; so does a recomputed one that grew too long to be admitted again.
 2. **swapped** (only if nobody was preempted in this step; v0): swapped sequences come back, oldest first.
 3. **waiting** (only if nobody was preempted and nothing is swapped out): first come, first served,
@@ -27,14 +29,16 @@ than the pool beside the watermark) is decided once, in ``add_request``: such a 
 is ``FINISHED_IGNORED`` with its reason and listed in the next step's ``ignored``.
 
 With ``enable_chunked_prefill=False`` a prompt is never cut: it waits until its whole remaining length
-fits the budget (vLLM v0). The orders differ: vLLM v0's default scheduler runs prefills first (a step
-with new prefills runs no decodes); vLLM v0 *with chunked prefill* and vLLM v1 run decodes first, as here.
+fits the budget (vLLM v0, 0.10.2). The orders differ: vLLM v0's default scheduler runs prefills first (a step
+with new prefills runs no decodes: ``_schedule_default``); vLLM v0 *with chunked prefill*
+(``_schedule_chunked_prefill``, both in ``vllm/core/scheduler.py``, 0.10.2) and vLLM v1 run decodes first,
+as here.
 
 The scheduling unit is the sequence: the ``n`` samples of a request share the prompt's blocks after
-the fork but are scheduled, preempted and swapped one by one (vLLM v1 runs each sample as a request),
+the fork but are scheduled, preempted and swapped one by one (vLLM v1 runs each sample as a request, 0.10.2),
 so siblings never crowd each other into an exhausted state. The scheduler advances
-``num_computed_tokens`` when it schedules tokens (v1's ``_update_after_schedule``, from 0.10.0: not
-in the 0.8.5 or 0.9.0 wheels).
+``num_computed_tokens`` when it schedules tokens, as vLLM v1's ``Scheduler.schedule`` does (inline in
+0.8.5; in ``_update_after_schedule`` in 0.9.2 and 0.10.2).
 """
 
 from __future__ import annotations
@@ -75,11 +79,12 @@ def update_from_output(
     scheduler: Scheduler, out: SchedulerOutputs, sampled: dict[int, list[int]]
 ) -> StepResult:
     """Apply a step's sampled tokens: the ``update`` part, which ``Scheduler.update_from_output`` calls
-    (vLLM v1 ``Scheduler.update_from_output``; nano-vllm ``Scheduler.postprocess``).
+    (vLLM v1 ``Scheduler.update_from_output``, 0.10.2; nano-vllm ``Scheduler.postprocess``).
 
     ``sampled``: ``{seq_id: token ids}`` from ``ModelRunner.execute_model``, one token per sequence, or
     ``n`` at a request's first sample: the sequence keeps the first and forks a child for each other one
-    before appending (``scheduler.fork_seq``: the child shares its blocks, vLLM v0's parallel sampling).
+    before appending (``scheduler.fork_seq``: the child shares its blocks, vLLM v0's parallel sampling,
+    ``Scheduler.fork_seq`` in ``vllm/core/scheduler.py``, 0.10.2).
     Each token goes through ``update_sequence``; if a sequence finished, ``scheduler.free_finished()``
     frees its blocks at once. Returns the finished requests (ignored and exhausted ones of ``out``
     included) and the sequences that got a token.

@@ -1,4 +1,4 @@
-"""``LLM``: offline batched generation, vLLM style, on the paged engine.
+"""``LLM``: offline batched generation in the style of vLLM v1's ``LLM``, on the paged engine.
 
     from paged.engine import LLM            # also: from paged.engine.llm import LLM
     llm = LLM()                             # built-in model; or a hub name, a local path, a model object
@@ -7,7 +7,8 @@
 
 ``LLM`` loads the model (``paged/engine/model_loader.py``), builds one ``EngineConfig`` from its keyword
 arguments (``paged/config.py``: every setting checked there, once), builds an ``LLMEngine`` and runs its
-``step()`` until every request is done (vLLM ``vllm/entrypoints/llm.py``). The worker sizes the KV cache
+``step()`` until every request is done (vLLM v1 ``LLM._run_engine``,
+``vllm/entrypoints/llm.py``, 0.10.2). The worker sizes the KV cache
 pool (``paged/worker/worker.py``); the sizing is printed.
 """
 
@@ -127,7 +128,7 @@ class LLM:
         num_cpu_blocks: CPU swap space in blocks (``preemption_mode="swap"`` needs > 0).
         max_model_len: most tokens per sequence (default: the model's position limit).
         enable_prefix_caching, preemption_mode, watermark, max_num_seqs, max_num_batched_tokens,
-            enable_chunked_prefill (on by default, as in vLLM v1), long_prefill_token_threshold:
+            enable_chunked_prefill (on by default, as in vLLM v1, 0.10.2), long_prefill_token_threshold:
             see ``paged/config.py``.
         kv_cache_memory_bytes: KV budget in bytes (CPU default 256 MiB).
         gpu_memory_utilization: CUDA: fraction of GPU memory for weights + activations + KV.
@@ -139,7 +140,8 @@ class LLM:
             scheduler, slot mapping, KV write or decode attention in place of the reference ones.
         enforce_eager: CUDA only: ``False`` (default) captures decode steps as CUDA graphs at start-up, one
             per batch size of ``paged.worker.model_runner.GRAPH_SIZES`` up to ``max_num_seqs``, and pads a
-            step's batch to the next captured size (vLLM's flag and ladder); ``True`` runs every step
+            step's batch to the next captured size (vLLM v1's ``enforce_eager``, 0.11.1; the
+            ladder is nano-vllm's); ``True`` runs every step
             eagerly. No effect on CPU.
         profile: time each step phase (``stats()["seconds"]``; the device is synced after each phase) and
             keep one record per step (``engine.metrics.history``). Off (default): ``seconds`` is empty and

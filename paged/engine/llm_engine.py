@@ -1,7 +1,7 @@
 """The engine: continuous batching with chunked prefill over a paged KV cache, on a transformers model.
 
 ``LLMEngine.step()`` is one iteration of the serving loop, in vLLM v1's three verbs
-(``vllm/v1/engine/core.py``, ``EngineCore.step``; nano-vllm ``engine/llm_engine.py``):
+(``vllm/v1/engine/core.py``, ``EngineCore.step``, 0.10.2; nano-vllm ``engine/llm_engine.py``):
 
 1. ``scheduler.schedule()`` (``paged/core/scheduler.py``): this step's decodes and prompt chunks under one
    token budget, the block manager (``paged/core/block_manager.py``) giving each its slots or ``None``

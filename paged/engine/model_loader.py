@@ -1,4 +1,5 @@
-"""Loading the model and tokenizer, and choosing the device (vLLM ``vllm/model_executor/model_loader/``).
+"""Loading the model and tokenizer, and choosing the device (vLLM v1
+``vllm/model_executor/model_loader/``, 0.10.2).
 
 ``load_model(model, dtype)`` accepts ``None`` (the built-in byte-level Llama, ``paged/models.py``), a hub
 name or a local folder (``AutoModelForCausalLM.from_pretrained``; the local cache is tried first, the hub

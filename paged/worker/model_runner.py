@@ -6,13 +6,15 @@ decode computes), chunks first and decodes last, and builds the step's ``Attenti
 slot mapping, block tables, context lengths) once. ``forward(batch)`` runs the model and returns the
 logits of the last token of each sequence that samples (a prompt's last chunk, or a decode),
 ``[K, vocab]`` float32. The K/V of the new tokens land in the pool inside the attention function.
-``execute_model(out)`` is the engine's one call per step (vLLM v1 ``GPUModelRunner.execute_model``): the
+``execute_model(out)`` is the engine's one call per step (vLLM v1 ``GPUModelRunner.execute_model``,
+``vllm/v1/worker/gpu_model_runner.py``, 0.11.1): the
 step's KV moves, ``prepare``, ``forward``, then ``sample``, returning the sampled token ids.
 
 On CUDA, with ``cuda_graphs`` (``LLM(enforce_eager=False)``, the default there), a step of decodes only is
-served by a ``DecodeGraph``: the model's forward captured once per batch size of ``GRAPH_SIZES`` (vLLM's and
-nano-vllm's ladder), replayed on a buffer at a fixed address into which the step's packed metadata are
-copied, the batch padded to the next captured size. A decode step then costs one host-to-device copy and
+served by a ``DecodeGraph``: the model's forward captured once per batch size of ``GRAPH_SIZES`` (nano-vllm's
+ladder; vLLM v1 0.11.1 captures 1, 2, 4, then steps of 8 to 248 and of 16 above, ``vllm/config/vllm.py``),
+replayed on a buffer at a fixed address into which the step's packed metadata are copied, the batch padded
+to the next captured size. A decode step then costs one host-to-device copy and
 one graph launch instead of the Python of every layer. Steps with prompt chunks run eagerly.
 """
 
@@ -49,7 +51,9 @@ class Batch:
 
 
 class DecodeGraph:
-    """The forward of a decode step of ``size`` sequences, captured once as a CUDA graph (vLLM, nano-vllm).
+    """The forward of a decode step of ``size`` sequences, captured once as a CUDA graph (nano-vllm).
+
+    vLLM v1 does the same with full decode graphs (``CUDAGraphMode`` in ``vllm/config/compilation.py``, 0.11.1).
 
     Its metadata are views of one int64 device buffer at a fixed address (``prepare_inputs`` layout
     with ``width`` table columns); ``run(host)`` copies a step's packed buffer into it and replays the graph.

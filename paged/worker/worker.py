@@ -2,7 +2,7 @@
 
 ``init_kv_cache(model, config)`` sizes the device pool once and builds the ``KVCache``
 (vLLM v1 ``Worker.determine_available_memory`` then ``initialize_from_config``, ``vllm/v1/worker/
-gpu_worker.py``, 0.11; nano-vllm ``ModelRunner.allocate_kv_cache``). The number of blocks is, in order:
+gpu_worker.py``, 0.11.1; nano-vllm ``ModelRunner.allocate_kv_cache``). The number of blocks is, in order:
 
 - ``cache.num_gpu_blocks`` when the user gave it;
 - on CUDA without a byte budget, ``profile_num_blocks``: run the largest step the scheduler may issue

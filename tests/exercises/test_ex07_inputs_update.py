@@ -164,16 +164,22 @@ def test_the_slot_mapping_part_given_is_the_one_used(impl):
 def test_a_decode_graphs_fixed_width_buffer_with_padding_rows(impl, tiny):
     """The CUDA-graph path (run eagerly on CPU): decodes padded to a captured batch size, tables to a fixed
     width; your packed buffer must be the reference's, byte for byte."""
+    from paged.config import EngineConfig, ModelConfig, SchedulerConfig
     from paged.core.scheduler_outputs import ScheduledSeq
     from paged.worker.kv_cache import KVCache
-    from paged.worker.model_runner import ModelRunner, kv_shape
+    from paged.worker.model_runner import ModelRunner
+    from paged.worker.worker import kv_shape
 
     learner = impl("ex07_engine")
     layers, kv_heads, head_dim = kv_shape(tiny)
     hosts = []
     for parts in (Parts(), Parts(prepare_inputs=learner.prepare_inputs)):
         kv = KVCache(layers, 17, 4, kv_heads, head_dim)
-        runner = ModelRunner(tiny, kv, parts, max_num_seqs=4, max_model_len=32, cuda_graphs=True)
+        config = EngineConfig(
+            ModelConfig(cuda_graphs=True),
+            scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=32),
+        )
+        runner = ModelRunner(tiny, kv, parts, config)
         seqs = [Sequence(i, [1 + i + j for j in range(5 + 3 * i)], 4) for i in range(3)]
         scheduled = [
             ScheduledSeq(s, len(s) - 1, 1, [(3 * i + j) % 16 for j in range(-(-len(s) // 4))], True)

@@ -714,8 +714,9 @@ print(
 # (what goes in, what comes out, what must hold afterwards). The checks do not compare your manager with
 # ours step by step: they check invariants any correct manager keeps (every reference count equals the
 # number of tables holding the block, a `None` changes nothing, admission leaves the watermark free, one
-# lookup per admission, no verb scans the pool), and then run the engine on it. `hint("ch05.ex8")` gives
-# a nudge, a second call a stronger one.
+# lookup per admission, no verb scans the pool), and then run the scheduler on it with a content-checked
+# fake engine. The real engine runs on your manager in section 10 and in the capstone's checks (chapter
+# 07). `hint("ch05.ex8")` gives a nudge, a second call a stronger one.
 
 # %%
 _ = check("ch05.ex7")

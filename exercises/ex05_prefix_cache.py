@@ -19,6 +19,8 @@ hold them. The block manager (``paged/core/block_manager.py``) calls it like thi
 The data structures are given (``__init__``): ``_by_key`` maps a key to the list of ``Entry`` objects
 stored under it (several blocks can hold one key: two requests computing the same prefix at once, or a
 hash collision), ``_by_block`` maps a block id to its entry, ``_next_uid`` numbers the entries.
+Costs: ``lookup`` reads only the entries stored under the keys it tries, and ``evict`` takes constant
+time: neither scans the cache, which holds an entry per cached block of a pool of many thousands.
 
 1. ``update_hashes`` (ch05.ex1): extend ``seq.block_hashes`` to every full block of ``seq.token_ids``,
    ``key(i) = hash_fn(key(i - 1), tuple(tokens of block i))`` with ``key(-1) = ROOT_KEY``; a block is

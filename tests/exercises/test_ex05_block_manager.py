@@ -203,6 +203,14 @@ def test_computed_blocks_leave_the_last_token_at_every_length(impl, bs):
             f"a {length}-token prompt (blocks of {bs}) whose full blocks are cached: computed {got}, "
             f"expected {want} (every full block before the last token)"
         )
+        grown = seq_of(prompt[:1], bs)  # a preempted sequence admitted again: most tokens generated
+        for token in prompt[1:length]:
+            grown.append_token_id(token)
+        got = m.get_computed_blocks(grown)
+        assert got == want, (
+            f"a 1-token prompt that generated {length - 1} more (blocks of {bs}), its full blocks cached: "
+            f"computed {got}, expected {want} (generated tokens are cached like the prompt's)"
+        )
     assert manager(cls, bs, 8, caching=False).get_computed_blocks(seq_of(prompt, bs)) == [], (
         "prefix caching off: no computed blocks"
     )

@@ -23,6 +23,7 @@ import pytest
 
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.scheduler import Scheduler as RefScheduler
+from paged.core.scheduler_outputs import SchedulerOutputs
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from paged_course.sim.kv_check import CheckedEngine, assert_all_free
 
@@ -433,6 +434,31 @@ def test_two_requests_the_later_one_is_preempted_and_both_finish(impl):
     assert_all_free(s)
 
 
+@pytest.mark.exercise("ch06.ex2", points=1)
+def test_a_sequence_without_budget_keeps_running_at_every_position(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_schedule_running")
+    for budget in range(4):
+        s = sched(cls, 16, max_num_batched_tokens=16)
+        for r in "ABC":
+            s.add_request(make(r, 2, 4))
+        CheckedEngine(s).step()  # the three prompts are computed; each now decodes
+        before = list(s.running)
+        out = SchedulerOutputs()
+        left = s._schedule_running(out, budget)
+        want = [(r, 2, 1) for r in "ABC"[:budget]]
+        assert plan(out) == want and left == 0, (
+            f"three decoding sequences, a budget of {budget}: scheduled {plan(out)}, expected {want}, "
+            f"budget left {left}, expected 0"
+        )
+        kept = [x.group.request_id for x in s.running]
+        assert list(s.running) == before and all(s.block_manager.has_blocks(x) for x in before), (
+            f"budget {budget}: running is {kept} after the step, expected ['A', 'B', 'C'] with their "
+            "blocks: a sequence the budget does not reach computes nothing this step but keeps running"
+        )
+        assert not out.preempted
+
+
 @pytest.mark.exercise("ch06.ex2", points=3)
 def test_running_step_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
@@ -584,6 +610,59 @@ def test_a_swapped_sequence_that_cannot_return_alone_is_recomputed(impl):
     )
     assert a.seqs[0].status is S.FINISHED_LENGTH and b.seqs[0].status is S.FINISHED_KV_EXHAUSTED
     assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex4", points=1)
+def test_a_swapped_sequence_comes_back_only_to_a_free_seat(impl):
+    ex = impl("ex06_scheduler")
+    s = sched(mix(ex, "_schedule_swapped"), 8, mode="swap", num_cpu_blocks=8, max_num_seqs=2)
+    a, b = make("A", 4, 8), make("B", 4, 8)
+    s.add_request(a)
+    s.add_request(b)
+    CheckedEngine(s).step()
+    victim = b.seqs[0]
+    s.running.remove(victim)
+    s._preempt(victim, SchedulerOutputs())  # the reference's: B waits in swapped, A runs (1 seat)
+    s.config.max_num_seqs = 1  # every seat taken
+    out = SchedulerOutputs()
+    s._schedule_swapped(out, 16)
+    assert not out.swapped_in and list(s.swapped) == [victim], (
+        "max_num_seqs 1 and A running: no seat is free, so B stays swapped"
+    )
+    s.config.max_num_seqs = 2
+    s._schedule_swapped(out, 16)
+    assert ids(out.swapped_in) == ["B"], "a seat is free again: B comes back"
+
+
+@pytest.mark.exercise("ch06.ex4", points=1)
+def test_a_younger_swapped_sequence_never_overtakes_one_that_does_not_fit(impl):
+    ex = impl("ex06_scheduler")
+    s = sched(
+        mix(ex, "_schedule_swapped"),
+        6,
+        mode="swap",
+        num_cpu_blocks=8,
+        max_model_len=32,
+        max_num_batched_tokens=32,
+    )
+    a, c, d = make("A", 4, 8), make("C", 8, 8), make("D", 2, 8)  # 1 + 2 + 1 blocks
+    for g in (a, c, d):
+        s.add_request(g)
+    CheckedEngine(s).step()
+    for g in (d, c):  # the newest first, as a running step would
+        s.running.remove(g.seqs[0])
+        s._preempt(g.seqs[0], SchedulerOutputs())
+    bm = s.block_manager
+    filler = Sequence(10_000, [1] * 12, 4)
+    assert (
+        bm.allocate_slots(filler) is not None
+    )  # 3 of the 5 free blocks: C (3 to come back) no longer fits
+    out = SchedulerOutputs()
+    s._schedule_swapped(out, 16)
+    assert not out.swapped_in and ids(s.swapped) == ["C", "D"], (
+        f"swapped in {ids(out.swapped_in)}: C, the oldest swapped sequence, does not fit while A runs, "
+        "so it waits, and D (which would fit) may not overtake it"
+    )
 
 
 @pytest.mark.exercise("ch06.ex4", points=3)

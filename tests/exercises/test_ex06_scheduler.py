@@ -5,8 +5,10 @@ Each region is tested on its own: the learner's method goes into a subclass of t
 content-checked fake engine (``paged_course.sim.kv_check.CheckedEngine``) executes every step: it moves
 the blocks the step orders (swap out, swap in, copy-on-write), writes the scheduled tokens and checks
 that every token a sequence attends to holds that sequence's own prefix, and that no step exceeds the
-token budget. Hand-made cases pin each rule (the newest victim, decodes before a long prefill, a
-request alone that cannot grow, the watermark, recompute and swap bookkeeping); seeded random runs check
+token budget. Hand-made cases try each rule (decodes before a long prefill, a request alone that cannot
+grow, a sequence the budget does not reach, the watermark, recompute and swap bookkeeping, seats and
+order of swap-in); the two checks that pin the policy the chapter names beyond the invariants (the newest
+victim first) say so in their message (``PINNED``); seeded random runs check
 invariants any correct policy holds, not the reference's exact steps (``check_step``: no block
 over-committed, a preemption only when an allocation failed, every victim's GPU blocks freed, the victim
 no older than a sequence that kept running, nobody admitted in a step that preempted, swapped kept oldest

@@ -5,7 +5,9 @@ exercises chunked prefill, prefix caching, copy-on-write and preemption.
 
 No part falls back to the reference here: a part that is missing or unfinished fails the capstone and is
 named. Tokens are compared as vLLM's tests do (``paged_course.reference.compare``): equal, or parting only at a
-logit near-tie.
+logit near-tie. One more check runs the real engine on chapter 05's block manager alone among the reference
+parts (tiny model): the same tokens and statistics as on the reference manager (it lives here so that
+chapter 05's check cells answer in seconds).
 """
 
 from __future__ import annotations

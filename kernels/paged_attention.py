@@ -41,7 +41,7 @@ output back); bf16 is tested on a GPU only. Every masked load names its fill (``
 context (NaN, inf, stale data) never reaches the output. Every ``tl.dot`` dimension is >= 16 in the launches
 below (the GPU needs it; the interpreter would accept less).
 
-Sources: vLLM ``vllm/v1/attention/ops/triton_unified_attention.py`` (tiles independent of the page size,
+Sources: vLLM v1 ``vllm/v1/attention/ops/triton_unified_attention.py``, 0.15.1 (tiles independent of the page size,
 each key position looking up its block; the group in the M rows); SGLang's grouped decode
 (``decode_attention.py``: head group in ``tl.dot``, split stages, log-sum-exp merge); Dao et al.,
 "Flash-Decoding for long-context inference" (2023); FlashAttention 2's split heuristic

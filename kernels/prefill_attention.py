@@ -19,7 +19,7 @@ known on the host (no sync). Query head ``h`` reads KV head ``h // (H / H_kv)`` 
 program reads the group's K/V again (simple; packing the group into the M rows, as the decode kernel
 does, would read them once).
 
-Sources: vLLM's Triton unified attention (``vllm/v1/attention/ops/triton_unified_attention.py``: one
+Sources: vLLM v1's Triton unified attention (``vllm/v1/attention/ops/triton_unified_attention.py``, 0.15.1: one
 kernel for chunked prefill over block tables, per-position block lookup, ``query_start_loc``);
 FlashAttention-2's varlen interface (``cu_seqlens``). Written from the math above, not copied.
 """

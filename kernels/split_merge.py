@@ -7,7 +7,8 @@ Split ``i`` of query head ``h`` wrote a partial output :math:`o_i` (normalised o
 :math:`\mathrm{lse} = -\infty`, weight 0: it merges as a no-op, and all splits empty give 0, not NaN.
 One program per (sequence, query head). Used by the tuned decode kernel and by chapter 04's teaching
 kernel (``paged_course.kernel_lab``). Source: Dao et al., "Flash-Decoding for long-context inference"
-(2023); vLLM's ``merge_attn_states``. Written from the math above.
+(2023); vLLM v1's ``merge_attn_states`` (``vllm/v1/attention/ops/merge_attn_states.py``,
+0.15.1). Written from the math above.
 """
 
 # ruff: noqa: E741 -- O is the output, as in the decode kernel

@@ -1,4 +1,4 @@
-"""paged: vLLM's PagedAttention built from scratch, one readable module per idea.
+"""paged: PagedAttention (the vLLM paper, Kwon et al., SOSP 2023) built from scratch, one readable module per idea.
 
 Public names are imported lazily so that ``import paged.core.allocator`` stays light (no transformers).
 """
@@ -25,6 +25,8 @@ _EXPORTS = {
     "SchedulerOutputs": "paged.core.scheduler",
     "SchedulerConfig": "paged.config",
     "CacheConfig": "paged.config",
+    "ModelConfig": "paged.config",
+    "EngineConfig": "paged.config",
     "Parts": "paged.engine.parts",
 }
 

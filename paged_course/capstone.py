@@ -30,6 +30,8 @@ PART_SOURCES: dict[str, tuple[str, str]] = {
     "scheduler": ("ex06_scheduler", "Scheduler"),
     "prefill_attention": ("ex07_engine", "prefill_attention"),
     "sampler": ("ex07_engine", "Sampler"),
+    "prepare_inputs": ("ex07_engine", "prepare_inputs"),
+    "update": ("ex07_engine", "update_from_output"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Old path of ``paged_course.reference.compare``, kept because the chapters import it here (the same module object)."""
+"""Old path of ``paged_course.reference.compare``, kept because chapter 07 imports it here (the same module object)."""
 
 import sys
 

@@ -1,4 +1,7 @@
-"""Old path of ``paged_course.reference.models``, kept because the chapters import it here (the same module object)."""
+"""Old path of ``paged_course.reference.models``, kept because chapter 07 imports it here.
+
+The same module object: importing either path gives one module.
+"""
 
 import sys
 

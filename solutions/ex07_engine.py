@@ -7,6 +7,11 @@
    temperature, top-k, top-p and per-request generators on one packed logits tensor (the reference is
    ``paged/worker/sampler.py``; vLLM's ``vllm/v1/sample/sampler.py`` applies the same steps).
 
+3. ``prepare_inputs`` = ``step_inputs`` (ch07.ex6): one step's scheduled sequences packed into the
+   integers the forward needs (positions, slots, offsets, padded tables, the rows that sample).
+4. ``update_from_output`` = ``update_sequence`` (ch07.ex7) + the step's update (ch07.ex8): append the sampled
+   tokens, finish sequences on their stop rules, fork ``n`` samples, free finished sequences.
+
 Everything outside the marked regions (input checks, the loop over a step's chunks) is written for you.
 ``PART_REGIONS`` tells the course which regions make each engine part; the capstone runs them. Check one
 step in the chapter with ``check("ch07.ex2")``, or all of them with ``python -m paged grade ch07``.
@@ -14,14 +19,22 @@ step in the chapter with ``check("ch07.ex2")``, or all of them with ``python -m 
 
 from __future__ import annotations
 
+import array
+from typing import NamedTuple
+
 import torch
 
-from paged.core.sequence import SamplingParams
+from paged.core.block_table import slot_mapping as reference_slot_mapping
+from paged.core.scheduler_outputs import SchedulerOutputs, StepResult
+from paged.core.sequence import SamplingParams, Sequence, SequenceStatus
+from paged.worker.attention import StepLayout
 
 # engine part -> the graded regions it is made of (read by paged_course.capstone)
 PART_REGIONS = {
     "prefill_attention": ("ch07.ex2", "ch07.ex3"),
     "Sampler": ("ch07.ex4", "ch07.ex5"),
+    "prepare_inputs": ("ch07.ex6",),
+    "update_from_output": ("ch07.ex7", "ch07.ex8"),
 }
 
 
@@ -256,3 +269,228 @@ class Sampler:
             tokens[rows] = order.gather(1, pick).squeeze(1)
         return tokens.tolist()
         # END SOLUTION
+
+
+class StepInputs(NamedTuple):
+    """The integers of one step, as plain lists (``step_inputs``)."""
+
+    positions: list[int]
+    slot_mapping: list[int]
+    sample_rows: list[int]
+    query_start: list[int]
+    block_tables: list[list[int]]
+
+
+def step_inputs(
+    block_tables: list[list[int]],
+    context_lens: list[int],
+    query_lens: list[int],
+    block_size: int,
+    keep: list[int],
+    width: int,
+    slot_mapping,
+) -> StepInputs:
+    """What the forward needs to know about a step's ``T`` new tokens, packed sequence after sequence.
+
+    Args:
+        block_tables: ``S`` lists of block ids, each covering its sequence's ``context_lens[s]`` tokens.
+        context_lens: each sequence's tokens after this step (its cached prefix plus the new ones).
+        query_lens: the new tokens of each sequence, ``1 <= query_lens[s] <= context_lens[s]``: its last
+            ``query_lens[s]`` tokens (a prompt chunk after a prefix-cache hit or an earlier chunk, or the one
+            token of a decode). ``T = sum(query_lens)``.
+        block_size: slots per block.
+        keep: the sequences whose next token is sampled (a decode, or a prompt's last chunk), increasing.
+        width: the number of columns of the table tensor, at least ``len(block_tables[s])`` for every ``s``.
+        slot_mapping: the ``slot_mapping`` part, ``(block_tables, start_positions, num_tokens, block_size)
+            -> list[int]`` (chapter 03): the pool slot of each of ``num_tokens[s]`` tokens from position
+            ``start_positions[s]`` of sequence ``s``, packed.
+
+    Returns:
+        ``StepInputs`` of plain lists of ints:
+        ``positions`` ``[T]``: each new token's position in its own sequence;
+        ``slot_mapping`` ``[T]``: each new token's pool slot (from the ``slot_mapping`` part);
+        ``sample_rows`` ``[len(keep)]``: for each sequence of ``keep``, in that order, the packed row of its
+        last new token (whose logits sample its next token);
+        ``query_start`` ``[S + 1]``: packed row where each sequence's new tokens begin, then ``T``;
+        ``block_tables`` ``[S][width]``: each table followed by zeros up to ``width`` (block 0 exists in
+        every pool; the attention never reads past a context).
+
+    The inputs are not modified (the tables are the block manager's own lists).
+    """
+    # BEGIN SOLUTION ch07.ex6 -- the step's positions, slots, offsets, sampled rows and padded tables
+    # HINT: A sequence's new tokens are the *last* query_lens[s] of its context_lens[s]: where does the first one
+    # HINT+ sit? Once you know that, the slots are the chapter-03 part's job, and each sequence's rows in the
+    # HINT+ packed batch follow from the lengths before it.
+    # HINT: start = context - query per sequence; positions run start .. context - 1; pass those starts to the
+    # HINT+ slot_mapping part; query_start is the running sum of query_lens from 0; a kept sequence samples at
+    # HINT+ query_start[s + 1] - 1; pad copies of the tables (never the tables themselves) with zeros.
+    starts = [context - query for context, query in zip(context_lens, query_lens)]
+    positions = [p for start, query in zip(starts, query_lens) for p in range(start, start + query)]
+    slots = list(slot_mapping(block_tables, starts, query_lens, block_size))
+    query_start = [0]
+    for query in query_lens:
+        query_start.append(query_start[-1] + query)
+    sample_rows = [query_start[s + 1] - 1 for s in keep]
+    tables = [list(table) + [0] * (width - len(table)) for table in block_tables]
+    return StepInputs(positions, slots, sample_rows, query_start, tables)
+    # END SOLUTION
+
+
+def prepare_inputs(
+    block_tables: list[list[int]],
+    context_lens: list[int],
+    query_lens: list[int],
+    block_size: int,
+    keep: list[int] | None = None,
+    slot_mapping=None,
+    token_ids: list[int] | None = None,
+    width: int | None = None,
+) -> tuple[torch.Tensor, StepLayout]:
+    """The engine's ``prepare_inputs`` part: :func:`step_inputs` packed into one host int64 tensor (one copy
+    to the device per step) with the ``StepLayout`` that ``AttentionMetadata.from_buffer`` reads it by.
+
+    Sequences that compute several tokens (chunks) come first, decodes last; ``keep`` defaults to every
+    sequence, ``slot_mapping`` to the reference part, ``width`` to the widest table (a CUDA graph's fixed
+    buffers pass theirs). The interface of ``paged.worker.attention.prepare_inputs``.
+
+    Raises:
+        ValueError: mismatched lengths, a query longer than its context, a table too short for its
+            context, a chunk after a decode, or lists of ``step_inputs`` of the wrong length.
+    """
+    num_seqs = len(block_tables)
+    if not (len(context_lens) == len(query_lens) == num_seqs) or num_seqs == 0:
+        raise ValueError(
+            f"need one block table, context length and query length per sequence, got "
+            f"{num_seqs}, {len(context_lens)}, {len(query_lens)}"
+        )
+    for s, (table, context, query) in enumerate(zip(block_tables, context_lens, query_lens)):
+        if not 0 < query <= context or len(table) * block_size < context:
+            raise ValueError(
+                f"sequence {s}: query {query} tokens, context {context} tokens, block table of "
+                f"{len(table)} blocks x {block_size} slots"
+            )
+    num_chunks = sum(query > 1 for query in query_lens)
+    if any(query > 1 for query in query_lens[num_chunks:]):
+        raise ValueError("pack the multi-token sequences (chunks) before the one-token decodes")
+    decode_width = width or max((len(t) for t in block_tables[num_chunks:]), default=0)
+    width = width or max(len(t) for t in block_tables)
+    keep = list(range(num_seqs)) if keep is None else list(keep)
+    step = step_inputs(
+        block_tables,
+        context_lens,
+        query_lens,
+        block_size,
+        keep,
+        width,
+        slot_mapping or reference_slot_mapping,
+    )
+    num_tokens, token_ids = sum(query_lens), list(token_ids or ())
+    want = (num_tokens, num_tokens, len(keep), num_seqs + 1, num_seqs)
+    got = tuple(len(field) for field in step)
+    if got != want or any(len(row) != width for row in step.block_tables):
+        raise ValueError(
+            f"step_inputs returned lists of lengths {got} (tables {[len(r) for r in step.block_tables]}), "
+            f"expected {want} (tables of {width})"
+        )
+    flat = array.array("q", token_ids)
+    for field in (
+        step.positions,
+        step.slot_mapping,
+        step.sample_rows,
+        context_lens,
+        step.query_start,
+    ):
+        flat.extend(field)
+    for row in step.block_tables:
+        flat.extend(row)
+    sizes = (len(token_ids), num_tokens, num_tokens, len(keep), num_seqs, num_seqs + 1)
+    layout = StepLayout(
+        (*sizes, num_seqs * width), width, decode_width, num_chunks, max(query_lens)
+    )
+    return torch.frombuffer(flat, dtype=torch.int64), layout
+
+
+def update_sequence(seq: Sequence, token: int, max_model_len: int) -> None:
+    """Append one sampled ``token`` to ``seq`` and decide whether the sequence stops.
+
+    Args:
+        seq: a running sequence (``len(seq)`` tokens, of which ``seq.num_prompt_tokens`` are the prompt);
+            its request is ``seq.group``.
+        token: the token sampled for it.
+        max_model_len: the most tokens (prompt and output) a sequence may hold.
+
+    Effects: ``token`` is appended, always (a stop token is part of the output). Then the
+    sequence's ``status`` becomes ``SequenceStatus.FINISHED_STOPPED`` when ``token`` is one of
+    ``seq.group.stop_token_ids`` (the request's ``stop_token_ids``, plus the model's EOS unless
+    ``ignore_eos``); otherwise ``FINISHED_LENGTH`` when the sequence now has
+    ``seq.group.sampling_params.max_tokens`` output tokens or ``max_model_len`` tokens in all; otherwise it
+    stays as it was. Nothing else changes (no blocks are freed here).
+    """
+    # BEGIN SOLUTION ch07.ex7 -- append, then the stop rules in order: a stop token, then the two lengths
+    # HINT: The token is appended whatever happens. Which count does max_tokens limit, and which one
+    # HINT+ max_model_len? Which reason wins when a stop token is also the last token allowed?
+    # HINT: Append first; a token in group.stop_token_ids -> FINISHED_STOPPED; else output tokens (len(seq) minus
+    # HINT+ the prompt) reaching max_tokens, or len(seq) reaching max_model_len -> FINISHED_LENGTH.
+    seq.append_token_id(token)
+    if token in seq.group.stop_token_ids:
+        seq.status = SequenceStatus.FINISHED_STOPPED
+    elif (
+        len(seq) - seq.num_prompt_tokens >= seq.group.sampling_params.max_tokens
+        or len(seq) >= max_model_len
+    ):
+        seq.status = SequenceStatus.FINISHED_LENGTH
+    # END SOLUTION
+
+
+def update_from_output(
+    scheduler, out: SchedulerOutputs, sampled: dict[int, list[int]]
+) -> StepResult:
+    """Apply one step's sampled tokens (the engine's ``update`` part; ``Scheduler.update_from_output`` calls
+    it, so it is yours whichever scheduler runs).
+
+    Args:
+        scheduler: the engine's scheduler; use ``scheduler.config.max_model_len``,
+            ``next(scheduler.seq_ids)`` (a fresh sequence id), ``scheduler.fork_seq(parent, child)`` (the child
+            shares the parent's blocks and runs from now on; you append it to ``parent.group.seqs``) and
+            ``scheduler.free_finished()`` (frees the blocks of every finished running sequence).
+        out: the step's ``SchedulerOutputs``: ``out.scheduled`` (entries with ``.seq``), ``out.ignored`` and
+            ``out.exhausted`` (sequences the scheduler ended in this step).
+        sampled: ``{seq_id: token ids}`` for each scheduled sequence that sampled: one token, or ``n`` at a
+            request's first sample.
+
+    Effects: a sequence given ``k > 1`` tokens keeps the first; for each other one, in order, a child
+    forked from it *as it was before this step's token* (``seq.fork(new_id)``) gets that token. Every token
+    goes through :func:`update_sequence`. When any sequence finished, ``scheduler.free_finished()`` is called
+    once, so its blocks are free before the next step.
+
+    Returns:
+        ``StepResult(finished, sampled)``: ``finished`` the requests all of whose sequences are finished
+        among those touched in this step (the ignored and exhausted ones of ``out`` first, then those that
+        got a token), each once, in the order first touched; ``sampled`` the sequences that got a token,
+        each child before its parent.
+    """
+    # BEGIN SOLUTION ch07.ex8 -- fork the extra samples from the parent as it was, update every token, free once
+    # HINT: Why must a child be forked before its parent's first token is appended? Which requests can finish in
+    # HINT+ a step without sampling anything?
+    # HINT: Map seq ids of out.scheduled to sequences; for tokens[1:] fork a child with next(scheduler.seq_ids),
+    # HINT+ append it to the group's seqs, call scheduler.fork_seq, update it; then update the parent with
+    # HINT+ tokens[0]. Collect groups of out.ignored, out.exhausted and the updated sequences in a dict keyed by
+    # HINT+ request id; free once if anything finished.
+    by_id = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
+    max_model_len = scheduler.config.max_model_len
+    got = []
+    for seq_id, tokens in sampled.items():
+        seq = by_id[seq_id]
+        for token in tokens[1:]:
+            child = seq.fork(next(scheduler.seq_ids))
+            seq.group.seqs.append(child)
+            scheduler.fork_seq(seq, child)
+            update_sequence(child, token, max_model_len)
+            got.append(child)
+        update_sequence(seq, tokens[0], max_model_len)
+        got.append(seq)
+    touched = {s.group.request_id: s.group for s in [*out.ignored, *out.exhausted, *got]}
+    if any(s.is_finished for s in got):
+        scheduler.free_finished()
+    return StepResult([group for group in touched.values() if group.is_finished], got)
+    # END SOLUTION

@@ -32,7 +32,7 @@
 # 5. check three claims of the seed with your own numbers: the real-token share before and after paging (C1),
 #    the split between the kinds of waste (C2), and the at-most-one-partial-block bound of paging (C3).
 #
-# The calculator is `paged_course.memory`, the trace and the simulator `paged_course.sim`, the plots
+# The calculator is `paged_course.reference.memory`, the trace and the simulator `paged_course.sim`, the plots
 # `paged_course.viz.fragmentation`. Your pieces go in **`exercises/ex01_fragmentation.py`**: three build steps,
 # each followed by a cell that runs its checks. Until a piece passes them, the chapter runs the simulator's own
 # version and says so in one line.
@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
         0, str(ROOT)
     )  # the notebook runs in chapters/; your exercise files live at the root
 
-from paged_course.memory import KNOWN_MODELS, KVSpec, format_bytes, kv_spec
+from paged_course.reference.memory import KNOWN_MODELS, KVSpec, format_bytes, kv_spec
 from paged_course.predict import reveal
 from paged_course.sim.fragmentation import (
     PagedManager,
@@ -93,7 +93,7 @@ chapter_start = time.perf_counter()
 #
 # With multi-head attention (MHA) `kv_heads` equals the number of attention heads. Grouped-query attention
 # (GQA) lets several query heads share one key/value head, which divides the cache by the group size: Llama-2-70B
-# has 64 query heads but only 8 KV heads. `paged_course.memory.KNOWN_MODELS` holds the public `config.json` values of a
+# has 64 query heads but only 8 KV heads. `paged_course.reference.memory.KNOWN_MODELS` holds the public `config.json` values of a
 # few well-known models; `kv_spec` reads any other config through `transformers.AutoConfig`.
 
 # %% tags=["nbval-check-output"]

@@ -57,6 +57,7 @@ from paged.core.block_manager import AllocStatus, BlockSpaceManager
 from paged.core.block_table import BlockTable, blocks_needed
 from paged.core.sequence import Sequence
 from paged_course.bench.allocator import allocator_vs_deque, manager_allocate_free
+from paged_course.engine_views import slot
 from paged_course.predict import reveal
 from paged_course.viz.blocks import (
     allocator_stepper,
@@ -341,7 +342,7 @@ from collections import Counter
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged.engine.parts import Parts
-from paged_course.models import tiny_model
+from paged_course.reference.models import tiny_model
 
 model = tiny_model("llama", vocab_size=128)
 calls = Counter()
@@ -446,7 +447,7 @@ print(
 boundary = BlockTable(4, [10, 11, 12])
 print(
     "last slot at L = 8 (exact block boundary):",
-    boundary.slot(8 - 1),
+    slot(boundary, 8 - 1),
     "(block 11, offset 3; not 43)",
 )
 

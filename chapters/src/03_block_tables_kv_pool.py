@@ -69,7 +69,8 @@ from paged.core.block_table import slot_mapping as reference_slot_mapping
 from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
 from paged_course.check import check, exercise_module, hint, learner_or_reference, solution
-from paged_course.memory import KVSpec, kv_spec
+from paged_course.engine_views import slot
+from paged_course.reference.memory import KVSpec, kv_spec
 from paged_course.predict import reveal
 from paged_course.reference import (
     contiguous_attention,
@@ -174,7 +175,7 @@ plt.show()
 # %% tags=["nbval-check-output"]
 boundary = BlockTable(4, [10, 11, 12])
 print("L :", " ".join(f"{L:3d}" for L in range(1, 10)))
-print("slot:", " ".join(f"{boundary.slot(L - 1):3d}" for L in range(1, 10)))
+print("slot:", " ".join(f"{slot(boundary, L - 1):3d}" for L in range(1, 10)))
 
 # %% [markdown]
 # ### Build step 1 · the slot mapping of a packed step (`ch03.ex1`)
@@ -207,7 +208,7 @@ prediction = None  # your guess, e.g. prediction = 48
 decoding = BlockTable(4, [10, 11, 12])
 reveal(
     prediction,
-    decoding.slot(9),
+    slot(decoding, 9),
     "position 9 of table [10, 11, 12] (block size 4) is slot",
     why="position 9 is offset 1 of logical block 2, which lives in block 12: 12 * 4 + 1; the table's third "
     "block already holds position 8, so no new block is needed",
@@ -671,7 +672,7 @@ print(
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged_course.capstone import learner_parts, origin_table
-from paged_course.models import tiny_model
+from paged_course.reference.models import tiny_model
 
 
 def engine_tokens(parts=None):

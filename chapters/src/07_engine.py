@@ -209,7 +209,7 @@ print("blocks in use after the run:", llm.stats()["kv_blocks_used"])
 
 # %% [markdown]
 # Same tokens as transformers' `generate`, which keeps its own contiguous cache. The unit tests
-# (`tests/unit/test_engine.py`) check this for Llama, Qwen2, Mistral and GPT-2, with prefix caching on and off
+# (`tests/engine/test_engine.py`) check this for Llama, Qwen2, Mistral and GPT-2, with prefix caching on and off
 # and with a pool small enough to force preemption by recompute and by swap. They accept tokens equal, or a first
 # differing token that is a near-tie of two logits (batching reorders floating-point sums by ~1e-6). vLLM's
 # model tests are as lenient in their own way (`check_logprobs_close` in `tests/models/utils.py` of vLLM's
@@ -287,10 +287,11 @@ print(
 )
 
 # %% [markdown]
-# ## 5. Build steps: a prompt chunk's attention and the sampler
+# ## 5. Build steps: a prompt chunk's attention, the sampler, the step's inputs and its update
 #
-# Two parts of the step above are still the reference's: the attention of **prompt chunks** and the
-# **sampler**. You write both in `exercises/ex07_engine.py`, with the engine's interfaces.
+# Four parts of the step above are still the reference's: the attention of **prompt chunks**, the
+# **sampler**, the **preparation of the step's inputs** and the **update** after it. You write them in
+# `exercises/ex07_engine.py`, with the engine's interfaces.
 #
 # **Prefill attention over the paged pool.** With chunked prefill (chapter 06) a prompt is computed in pieces,
 # and a prompt that hits the prefix cache starts after its cached blocks. So a chunk of `n` new tokens is the
@@ -332,13 +333,70 @@ _ = check("ch07.ex4")
 _ = check("ch07.ex5")
 
 # %% [markdown]
+# **A step's inputs.** The forward sees no sequences, only one packed row of `T` new tokens. What it needs to
+# know about them is a handful of integer lists: each token's position in its own sequence (for rotary
+# embeddings), its slot in the pool (where the layer writes its K/V), where each sequence's tokens begin in the
+# row (`query_start`), each sequence's length after the step, its block table padded to one width, and which
+# rows' logits are sampled: the last new token of each sequence that samples, since a prompt's middle chunk
+# samples nothing. The subtle part is that a sequence's new tokens are the *end* of its context (after a
+# prefix-cache hit, an earlier chunk, or all the tokens a decode has), so everything is measured from there. The
+# engine packs the lists into one int64 tensor so that a step costs one host-to-device copy (vLLM v1's
+# `GPUModelRunner._prepare_inputs` in `vllm/v1/worker/gpu_model_runner.py`, 0.10.2, builds them in
+# preallocated host buffers and copies them over for the same reason). You write `step_inputs` (`ch07.ex6`); the packing around it is given.
+#
+# **Predict, then run.** Blocks of 4. A step packs a chunk of request A (4 new tokens, context 10 after it: its
+# first 6 tokens were computed earlier, and more of its prompt is still to come), then decodes of B (context 6)
+# and C (context 9). Which packed rows are sampled? Set `prediction` (a list), then run the next cell.
+
+# %%
+prediction = None  # your guess, e.g. prediction = [0, 1, 2]
+
+# %%
+from paged.worker.attention import AttentionMetadata, prepare_inputs  # noqa: E402
+
+step_host, step_layout = prepare_inputs(
+    [[7, 3, 9], [4, 8], [1, 5, 6]], [10, 6, 9], [4, 1, 1], 4, keep=[1, 2]
+)
+step_meta = AttentionMetadata.from_buffer(step_host, step_layout)
+reveal(
+    prediction,
+    step_meta.keep.tolist(),
+    "packed rows sampled",
+    why="A's 4 tokens take rows 0-3 and sample nothing; B's decode is row 4, C's row 5. Positions "
+    f"{step_meta.positions.tolist()}: A's chunk starts at 6, not 0",
+)
+
+# %%
+_ = check("ch07.ex6")
+
+# %% [markdown]
+# **The update.** After sampling, each sequence that sampled gets its token, and the engine decides whether it
+# is done: a stop token (the request's `stop_token_ids`, and the model's EOS unless `ignore_eos`) ends it as
+# `stop`; reaching `max_tokens` output tokens or `max_model_len` tokens in all ends it as `length`. A finished
+# sequence's blocks go back to the pool at once, so the next step can admit someone. A request with `n > 1`
+# samples draws `n` tokens at its first sample and forks: the children share the parent's blocks
+# (copy-on-write, chapter 05), each taking one of the tokens. Order is everything here: a child copies the
+# parent's tokens, so it must be forked before the parent's own token lands. The scheduler calls your update
+# once per step, so it stays yours whichever scheduler runs. You write the stop rules for one token
+# (`ch07.ex7`) and the step's update (`ch07.ex8`); the tests run a scheduler on your update step after step
+# beside one on the reference.
+
+# %%
+_ = check("ch07.ex7")
+
+# %%
+_ = check("ch07.ex8")
+
+# %% [markdown]
 # ## 6. Your engine: the capstone
 #
-# Chapters 02-07 had you write nine parts of this engine, each with the interface the engine calls
+# Chapters 02-07 had you write eleven parts of this engine, each with the interface the engine calls
 # (`paged/engine/parts.py`): the **allocator** (02), **slot mapping**, the **KV write** and the **decode
 # attention** (03), the **prefix cache** and **copy-on-write** (05), the **scheduler** (06), and the **prefill
-# attention** and the **sampler** (07). Chapter 04's
-# kernel is the same decode attention for a GPU; on this CPU the engine runs your chapter-03 version.
+# attention**, the **sampler**, the **input preparation** and the **update** (07). Chapter 04's kernel is the
+# same decode attention for a GPU; on this CPU the engine runs your chapter-03 version. Your chapter-04 kernel
+# serves the engine too, `Parts(decode_attention=paged_decode)` from your `ex04_online_softmax.py`, in Triton's
+# interpreter here: correct, and seconds per handful of tokens (one graded test does it).
 # `learner_parts()` finds each part in your `exercises/` files, runs its checks, and takes yours when they pass,
 # the reference when they do not (it says which). Then the engine below is yours.
 

@@ -33,7 +33,7 @@
 # 5. map every piece to vLLM's settings and source files (v0 and v1), and run the same workload on vLLM when
 #    it is installed.
 #
-# All measurements come from the package: `paged_course.ledger` (the ledger and its measurements), `paged_course.sim`
+# All measurements come from the package: `paged_course.reference.ledger` (the ledger and its measurements), `paged_course.sim`
 # (simulators), `paged_course.bench` (benchmarks), `paged_course.viz.measure` (plots). No GPU is needed; where a number
 # needs one, the chapter says what the GPU run (`scripts/gpu_check.sh`) measures and shows it when its JSON
 # is present.
@@ -53,8 +53,8 @@ import numpy as np
 import torch
 from IPython.display import Markdown, display
 
-from paged_course import ledger
-from paged_course.memory import KNOWN_MODELS, format_bytes
+from paged_course.reference import ledger
+from paged_course.reference.memory import KNOWN_MODELS, format_bytes
 from paged_course.predict import reveal
 from paged_course.sim.workload import chat_trace
 from paged_course.viz.measure import (
@@ -226,7 +226,7 @@ else:
 # - **Paged** gives a request `ceil(length / 16)` blocks: its real length plus at most one partial block.
 #
 # We draw one million chat-like requests with `max_seq_len=4096` and count, for every starting request, how many
-# consecutive requests fit in the budget at their final lengths. `paged_course.ledger.capacity_at_scale` does it with
+# consecutive requests fit in the budget at their final lengths. `paged_course.reference.ledger.capacity_at_scale` does it with
 # cumulative sums and `np.searchsorted`, no Python loop.
 
 # %% tags=["nbval-check-output"]
@@ -416,9 +416,9 @@ print(
 # ## 4. The seed claims ledger
 #
 # Every claim (C1-C7) and error (E1-E11) this course found in the two seed articles, with what it measured.
-# `paged_course.ledger.measure_all()` reruns the measurements of chapters 01-06 at small sizes (about a second);
+# `paged_course.reference.ledger.measure_all()` reruns the measurements of chapters 01-06 at small sizes (about a second);
 # the throughput rows use the sweep above, and E2 uses the GPU kernel JSON when there is one. The same table comes out of
-# `python -m paged_course.ledger --bench DIR` after `python -m paged bench all --out DIR`.
+# `python -m paged_course.reference.ledger --bench DIR` after `python -m paged bench all --out DIR`.
 
 # %%
 measured = ledger.measure_all()
@@ -571,7 +571,7 @@ else:
 #
 # ```bash
 # python -m paged bench all --quick --out bench-results  # every benchmark: JSON + PNG, about a minute
-# python -m paged_course.ledger --bench bench-results           # the ledger above, with the benchmarks' numbers
+# python -m paged_course.reference.ledger --bench bench-results           # the ledger above, with the benchmarks' numbers
 # scripts/gpu_check.sh                                   # with a GPU: GPU tests, kernel and engine benchmarks
 # ```
 #

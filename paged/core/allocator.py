@@ -1,6 +1,7 @@
 """Physical KV blocks: a free queue and one reference count per block.
 
-Contract (vLLM v1 ``vllm/v1/core/block_pool.py``, ``BlockPool``; v0 ``vllm/core/block/naive_block.py``):
+Contract (vLLM v1 ``vllm/v1/core/block_pool.py``, ``BlockPool``; v0 ``vllm/core/block/naive_block.py``; both
+0.10.2):
 
 - The pool holds ``num_blocks`` blocks, ids ``0 .. num_blocks - 1``. The allocator hands out and takes
   back these *numbers*; it never touches tensor memory (``paged/worker/kv_cache.py`` does).
@@ -18,7 +19,8 @@ entry out of a deque in O(1), so it leaves the entry and counts it dead (``_dead
 dead entries. A block's dead entries always sit in front of its live one (they were appended earlier),
 so "skip while the block has dead entries" gives exactly the order of a queue that removed them. When
 dead entries outnumber live ones the deque is rebuilt without them, which bounds its length by
-``2 * num_blocks + 1`` (vLLM v1 uses a doubly linked list, ``FreeKVCacheBlockQueue``, for the same job).
+``2 * num_blocks + 1`` (vLLM v1 uses a doubly linked list, ``FreeKVCacheBlockQueue`` in
+``vllm/v1/core/kv_cache_utils.py``, 0.10.2, for the same job).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class BlockAllocator:
         return block_id
 
     def allocate_many(self, n: int) -> list[int]:
-        """The ``n`` blocks at the front of the free queue, in order, all or nothing (vLLM v1 ``get_new_blocks``)."""
+        """The ``n`` blocks at the front of the free queue, in order, all or nothing (vLLM v1
+        ``BlockPool.get_new_blocks``, 0.10.2)."""
         if n > self.num_free_blocks:
             raise NoFreeBlocksError(n, self.num_free_blocks)
         pop, refs, dead = self._queue.popleft, self._ref_counts, self._dead

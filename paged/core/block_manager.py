@@ -11,10 +11,11 @@ and the CPU ``SwapSpace`` (``paged/core/swap.py``). The scheduler talks to it in
   or waits; nothing has changed);
 - ``free(seq)``.
 
-Swapping (vLLM v0's preemption by swap, which v1 dropped) is ``swap_out`` / ``swap_in``, also
+Swapping (vLLM v0's preemption by swap, which v1 dropped; 0.10.2) is ``swap_out`` / ``swap_in``, also
 allocate-or-``None``. ``fork`` shares a parent's blocks with a child (v0's parallel sampling).
 
-Rules (vLLM v0 ``vllm/core/block_manager.py``, v1 ``vllm/v1/core/kv_cache_manager.py``, paper §4.3-4.5):
+Rules (vLLM v0 ``vllm/core/block_manager.py``, v1 ``vllm/v1/core/kv_cache_manager.py``, both 0.10.2; paper
+§4.3-4.5):
 
 - **Slots chunk by chunk.** ``allocate_slots`` admits a sequence that has no table (sharing the computed
   blocks, then slots for the next ``n`` tokens) and grows one that has (the next prefill chunk, or the
@@ -51,8 +52,8 @@ def copy_on_write(table: BlockTable, allocator, allocate) -> list[tuple[int, int
     """Before new tokens are written after ``table.num_tokens``: if the last block is partially filled and
     shared (ref count > 1, after a fork), give the table a private block from ``allocate()``, drop one
     reference to the shared one, and return ``[(shared, private)]`` for the engine to copy; else ``[]``.
-    The caller has checked that a free block exists. Paper §4.4; vLLM v0 ``vllm/core/block/cpu_gpu_block_allocator.py``
-    (``cow_block_if_not_appendable``)."""
+    The caller has checked that a free block exists. Paper §4.4; vLLM v0
+    ``NaiveBlockAllocator.cow_block_if_not_appendable``, ``vllm/core/block/naive_block.py``, 0.10.2."""
     last = table.block_ids[-1] if table.block_ids else None
     if last is None or table.num_tokens % table.block_size == 0 or allocator.ref_count(last) == 1:
         return []
@@ -63,7 +64,7 @@ def copy_on_write(table: BlockTable, allocator, allocate) -> list[tuple[int, int
 
 class AllocStatus(enum.Enum):
     """vLLM v0's three-way admission answer (``vllm/core/interfaces.py``, 0.8.5): admit now, wait for
-    memory, or never fits. The engine's manager answers with blocks or ``None`` instead (vLLM v1);
+    memory, or never fits. The engine's manager answers with blocks or ``None`` instead (vLLM v1, 0.8.5);
     chapter 01's fragmentation simulator, whose manager admits whole requests, answers with this."""
 
     OK = "ok"
@@ -77,7 +78,8 @@ class AllocStatus(enum.Enum):
 
 @dataclass
 class NewBlocks:
-    """What ``allocate_slots`` gave a sequence (vLLM v1's ``KVCacheBlocks``, from 0.9.0).
+    """What ``allocate_slots`` gave a sequence (vLLM v1's ``KVCacheBlocks``,
+    ``vllm/v1/core/kv_cache_manager.py``, 0.9.2; 0.8.5 has none).
 
     ``block_ids``: GPU blocks appended to its table (cached hits of an admission included);
     ``copies``: ``(src, dst)`` copy-on-write pairs (at most one): ``dst`` replaced the shared, partly
@@ -274,7 +276,8 @@ class BlockSpaceManager:
         self.block_tables[child.seq_id] = table.copy()
 
     def free(self, seq: Sequence) -> None:
-        """Release ``seq``'s blocks, GPU or CPU, tail first (a no-op for a sequence without blocks, as in vLLM)."""
+        """Release ``seq``'s blocks, GPU or CPU, tail first (a no-op for a sequence without blocks, as in
+        vLLM v0 and v1, 0.10.2)."""
         table = self.block_tables.pop(seq.seq_id, None)
         if table is not None:
             self._release(table)
@@ -297,7 +300,7 @@ class BlockSpaceManager:
         self.prefix_cache.clear()
         return True
 
-    # ---- swapping (vLLM v0's preemption by swap) -----------------------------------------------
+    # ---- swapping (vLLM v0's preemption by swap, 0.10.2) ----------------------------------------
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None:
         """Move ``seq`` to the CPU pool; returns ``(gpu_block, cpu_block)`` pairs to copy (blocks shared
         with a swapped-out sibling once), or ``None`` when the CPU pool has no room (nothing changes)."""

@@ -13,7 +13,7 @@ One table per sequence serves every layer (each layer has its own pool tensor wi
 The *slot mapping* of a step lists the slot of every token computed in that step (``slot_mapping``).
 
 Sources: vLLM v0 ``vllm/core/block/block_table.py`` (``BlockTable``), ``vllm/attention/backends/utils.py``
-(``compute_slot_mapping``); v1 ``vllm/v1/worker/block_table.py``.
+(``compute_slot_mapping``); v1 ``vllm/v1/worker/block_table.py``; all 0.10.2.
 """
 
 from __future__ import annotations
@@ -94,18 +94,6 @@ class BlockTable:
 
     def copy(self) -> BlockTable:
         return BlockTable(self.block_size, self.block_ids, self.num_tokens)
-
-    def slot(self, position: int) -> int:
-        """Row of token ``position`` in the flattened pool: ``table[p // bs] * bs + p % bs``."""
-        if not 0 <= position < self.capacity:
-            raise ValueError(
-                f"position {position} is outside the {len(self.block_ids)} blocks of this "
-                f"table (capacity {self.capacity} tokens)"
-            )
-        return (
-            self.block_ids[position // self.block_size] * self.block_size
-            + position % self.block_size
-        )
 
     def slot_mapping(self, start: int, end: int) -> list[int]:
         """Slots of token positions ``start .. end - 1`` (the tokens one step computes)."""

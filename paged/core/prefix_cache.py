@@ -1,6 +1,7 @@
 """Prefix caching: find the KV blocks another request already computed for the same leading tokens.
 
-Contract (vLLM v1 ``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.py``; nano-vllm ``block_manager.py``):
+Contract (vLLM v1 ``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.py``, 0.10.2; nano-vllm
+``block_manager.py``):
 
 - Only **full** blocks are cached: a full block's K/V never change again.
 - A block's **key chains its parent's key**: ``key(i) = hash_fn(key(i - 1), tokens of block i)``,
@@ -9,7 +10,8 @@ Contract (vLLM v1 ``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.py``; nano
   extends them as blocks fill, so each block is hashed once.
 - A hit is **verified**, never trusted to the hash: the cached entry's token ids must equal the block's,
   and its parent entry must be the entry of the previous hit (each registration gets a fresh ``uid``, so
-  an entry computed after a since-evicted parent can never match again). A collision is a miss.
+  an entry computed after a since-evicted parent can never match again). A collision is a miss. (nano-vllm
+  checks the tokens too; vLLM v1's ``BlockPool.get_cached_block``, 0.10.2, trusts the hash.)
 - **Eviction order** lives in the allocator's free queue (``allocator.py``): a cached block whose last
   holder frees it joins the back of the queue *still cached*; a hit takes it out again; only when the
   queue hands it out for new data does the block manager call ``evict``. The manager frees a sequence's
@@ -20,13 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-ROOT_KEY = 0  # the "parent key" of a sequence's first block (vLLM v1 uses a random NONE_HASH)
+# the "parent key" of a sequence's first block (vLLM v1: ``NONE_HASH``, random unless PYTHONHASHSEED is
+# set, ``vllm/v1/core/kv_cache_utils.py``, 0.10.2)
+ROOT_KEY = 0
 
 HashFn = Callable[[int, tuple], int]
 
 
 def default_hash(parent_key: int, token_ids: tuple) -> int:
-    """Python's tuple hash of ``(parent_key, token_ids)`` (deterministic for ints; vLLM v0 style)."""
+    """Python's tuple hash of ``(parent_key, token_ids)`` (deterministic for ints; as vLLM v0's
+    ``PrefixCachingBlock.hash_block_tokens``, ``vllm/core/block/prefix_caching_block.py``, 0.10.2)."""
     return hash((parent_key, token_ids))
 
 

@@ -9,11 +9,13 @@ last release with v0's code), which v1 dropped. One ``schedule()`` call, in this
 1. **running** (admission order): each sequence gets its next tokens: 1 for a decode, the next chunk of
    a partly computed prompt (as large as the budget allows, capped by ``long_prefill_token_threshold``).
    When ``allocate_slots`` returns ``None`` the most recently admitted running sequence is preempted
-   until the older one fits (v1; paper §4.5: FCFS, preempt the latest first). *Recompute* frees the
+   until the older one fits (v1, ``self.running.pop()`` in ``schedule``, 0.10.2; paper §4.5: FCFS,
+   preempt the latest first). *Recompute* frees the
    victim's blocks and puts it at the front of ``waiting`` (all its tokens are prefilled again later);
    *swap* (v0) moves its blocks to the CPU pool (``swapped``), or recomputes when the CPU pool is full. A
    sequence that cannot grow although it alone holds the pool ends ``FINISHED_KV_EXHAUSTED`` (this
-   course's state: vLLM instead refuses to start when ``max_model_len`` tokens do not fit the KV cache)
+   course's state: vLLM v1 instead refuses to start when ``max_model_len`` tokens do not fit the KV cache,
+   ``check_enough_kv_cache_memory`` in ``vllm/v1/core/kv_cache_utils.py``, 0.10.2)
    rather than preempting itself forever; so does a recomputed one that grew too long to be admitted again.
 2. **swapped** (only if nobody was preempted in this step; v0): swapped sequences come back, oldest first.
 3. **waiting** (only if nobody was preempted and nothing is swapped out): first come, first served,
@@ -27,14 +29,16 @@ than the pool beside the watermark) is decided once, in ``add_request``: such a 
 is ``FINISHED_IGNORED`` with its reason and listed in the next step's ``ignored``.
 
 With ``enable_chunked_prefill=False`` a prompt is never cut: it waits until its whole remaining length
-fits the budget (vLLM v0). The orders differ: vLLM v0's default scheduler runs prefills first (a step
-with new prefills runs no decodes); vLLM v0 *with chunked prefill* and vLLM v1 run decodes first, as here.
+fits the budget (vLLM v0, 0.10.2). The orders differ: vLLM v0's default scheduler runs prefills first (a step
+with new prefills runs no decodes: ``_schedule_default``); vLLM v0 *with chunked prefill*
+(``_schedule_chunked_prefill``, both in ``vllm/core/scheduler.py``, 0.10.2) and vLLM v1 run decodes first,
+as here.
 
 The scheduling unit is the sequence: the ``n`` samples of a request share the prompt's blocks after
-the fork but are scheduled, preempted and swapped one by one (vLLM v1 runs each sample as a request),
+the fork but are scheduled, preempted and swapped one by one (vLLM v1 runs each sample as a request, 0.10.2),
 so siblings never crowd each other into an exhausted state. The scheduler advances
-``num_computed_tokens`` when it schedules tokens (v1's ``_update_after_schedule``, from 0.10.0: not
-in the 0.8.5 or 0.9.0 wheels).
+``num_computed_tokens`` when it schedules tokens, as vLLM v1's ``Scheduler.schedule`` does (inline in
+0.8.5; in ``_update_after_schedule`` in 0.9.2 and 0.10.2).
 """
 
 from __future__ import annotations
@@ -59,8 +63,8 @@ RUNNING, SWAPPED, WAITING = S.RUNNING, S.SWAPPED, S.WAITING
 def update_sequence(seq: Sequence, token: int, max_model_len: int) -> None:
     """Append a sampled ``token`` to ``seq`` and mark it finished on a stop token (``FINISHED_STOPPED``:
     EOS unless ``ignore_eos``, and ``stop_token_ids``), on ``max_tokens`` output tokens or on
-    ``max_model_len`` tokens in all (``FINISHED_LENGTH``): the ``update`` part, which the scheduler's
-    ``update_from_output`` calls per sampled token (nano-vllm ``Scheduler.postprocess``)."""
+    ``max_model_len`` tokens in all (``FINISHED_LENGTH``); a stop token wins over the lengths. The
+    ``update`` part (``update_from_output`` below) calls it per sampled token."""
     seq.append_token_id(token)
     if token in seq.group.stop_token_ids:
         seq.status = S.FINISHED_STOPPED
@@ -71,6 +75,39 @@ def update_sequence(seq: Sequence, token: int, max_model_len: int) -> None:
         seq.status = S.FINISHED_LENGTH
 
 
+def update_from_output(
+    scheduler: Scheduler, out: SchedulerOutputs, sampled: dict[int, list[int]]
+) -> StepResult:
+    """Apply a step's sampled tokens: the ``update`` part, which ``Scheduler.update_from_output`` calls
+    (vLLM v1 ``Scheduler.update_from_output``, 0.10.2; nano-vllm ``Scheduler.postprocess``).
+
+    ``sampled``: ``{seq_id: token ids}`` from ``ModelRunner.execute_model``, one token per sequence, or
+    ``n`` at a request's first sample: the sequence keeps the first and forks a child for each other one
+    before appending (``scheduler.fork_seq``: the child shares its blocks, vLLM v0's parallel sampling,
+    ``Scheduler.fork_seq`` in ``vllm/core/scheduler.py``, 0.10.2).
+    Each token goes through ``update_sequence``; if a sequence finished, ``scheduler.free_finished()``
+    frees its blocks at once. Returns the finished requests (ignored and exhausted ones of ``out``
+    included) and the sequences that got a token.
+    """
+    seqs = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
+    max_model_len = scheduler.config.max_model_len
+    got: list[Sequence] = []
+    for seq_id, tokens in sampled.items():
+        seq = seqs[seq_id]
+        for token in tokens[1:]:
+            child = seq.fork(next(scheduler.seq_ids))
+            seq.group.seqs.append(child)
+            scheduler.fork_seq(seq, child)
+            update_sequence(child, token, max_model_len)
+            got.append(child)
+        update_sequence(seq, tokens[0], max_model_len)
+        got.append(seq)
+    touched = {s.group.request_id: s.group for s in [*out.ignored, *out.exhausted, *got]}
+    if any(s.is_finished for s in got):
+        scheduler.free_finished()
+    return StepResult([g for g in touched.values() if g.is_finished], got)
+
+
 class Scheduler:
     """Continuous batching with chunked prefill over a paged KV cache (module docstring).
 
@@ -78,10 +115,12 @@ class Scheduler:
         scheduler_config: step limits, chunking and the preemption mode.
         cache_config: pool sizes, block size, watermark, prefix caching.
         block_manager: the ``BlockSpaceManager`` (its only view of memory); default: built from ``cache_config``.
-        update: the ``update`` part, ``(seq, token, max_model_len) -> None`` (default ``update_sequence``).
+        update: the ``update`` part, ``(scheduler, out, sampled) -> StepResult``, which
+            ``update_from_output`` calls (default: the module's ``update_from_output``).
 
     Raises:
-        ValueError: ``cache_config.num_gpu_blocks`` unset, or swap mode without CPU blocks.
+        ValueError: ``cache_config.num_gpu_blocks`` unset. The configs are trusted: ``EngineConfig`` has
+            checked them together (swap preemption needs CPU blocks).
     """
 
     def __init__(
@@ -89,19 +128,14 @@ class Scheduler:
         scheduler_config: SchedulerConfig,
         cache_config: CacheConfig,
         block_manager: BlockSpaceManager | None = None,
-        update: Callable[[Sequence, int, int], None] | None = None,
+        update: Callable[[Scheduler, SchedulerOutputs, dict], StepResult] | None = None,
     ):
         if cache_config.num_gpu_blocks is None:
             raise ValueError(
                 "cache_config.num_gpu_blocks must be set (the engine sizes the pool first)"
             )
-        if scheduler_config.preemption_mode == "swap" and cache_config.num_cpu_blocks <= 0:
-            raise ValueError(
-                "preemption_mode='swap' needs cache_config.num_cpu_blocks > 0, "
-                f"got {cache_config.num_cpu_blocks}; use 'recompute' or give CPU blocks"
-            )
         self.config, self.cache_config = scheduler_config, cache_config
-        self.update = update or update_sequence
+        self.update = update or update_from_output
         self.block_manager = block_manager or BlockSpaceManager(
             cache_config.block_size,
             cache_config.num_gpu_blocks,
@@ -192,33 +226,10 @@ class Scheduler:
     def update_from_output(
         self, out: SchedulerOutputs, sampled: dict[int, list[int]]
     ) -> StepResult:
-        """Apply a step's sampled tokens (vLLM v1 ``Scheduler.update_from_output``; nano-vllm
-        ``Scheduler.postprocess``).
-
-        ``sampled``: ``{seq_id: token ids}`` from ``ModelRunner.execute_model``, one token per sequence,
-        or ``n`` at a request's first sample: the sequence keeps the first and forks a child for each
-        other one, sharing its blocks (vLLM v0's parallel sampling). A sequence finishes on a stop token
-        (``group.stop_token_ids``), ``max_tokens`` or ``max_model_len``; its blocks are freed at once.
-        """
-        seqs = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
-        got: list[Sequence] = []
-        for seq_id, tokens in sampled.items():
-            seq = seqs[seq_id]
-            for token in tokens[1:]:
-                child = seq.fork(next(self.seq_ids))
-                seq.group.seqs.append(child)
-                self.fork_seq(seq, child)
-                got.append(self._append(child, token))
-            got.append(self._append(seq, tokens[0]))
-        touched = {s.group.request_id: s.group for s in [*out.ignored, *out.exhausted, *got]}
-        if any(s.is_finished for s in got):
-            self.free_finished()
-        return StepResult([g for g in touched.values() if g.is_finished], got)
-
-    def _append(self, seq: Sequence, token: int) -> Sequence:
-        """Apply the ``update`` part to ``seq`` (append ``token``, decide whether it stops)."""
-        self.update(seq, token, self.config.max_model_len)
-        return seq
+        """Apply a step's sampled tokens with the ``update`` part (the module's ``update_from_output``:
+        append, fork ``n`` samples at the first token, finish on a stop token, ``max_tokens`` or
+        ``max_model_len``, free finished sequences at once)."""
+        return self.update(self, out, sampled)
 
     def has_unfinished_requests(self) -> bool:
         """Whether a request runs, waits, or ended unreported (ignored or exhausted since the last step)."""

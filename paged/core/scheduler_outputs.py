@@ -1,8 +1,8 @@
 """What one scheduling step tells the engine: ``SchedulerOutputs`` and its per-sequence entries.
 
 The scheduler (``paged/core/scheduler.py``) fills these; the engine reads them. vLLM v0 calls the object
-``SchedulerOutputs`` (``vllm/core/scheduler.py``); the per-sequence ``start`` / ``num_tokens`` pair is
-vLLM v1's ``num_computed_tokens`` / ``num_scheduled_tokens`` (``vllm/v1/core/sched/output.py``).
+``SchedulerOutputs`` (``vllm/core/scheduler.py``, 0.10.2); the per-sequence ``start`` / ``num_tokens`` pair is
+vLLM v1's ``num_computed_tokens`` / ``num_scheduled_tokens`` (``vllm/v1/core/sched/output.py``, 0.10.2).
 """
 
 from __future__ import annotations
@@ -34,10 +34,6 @@ class ScheduledSeq:
     @property
     def token_ids(self) -> list[int]:
         return self.seq.token_ids[self.start : self.start + self.num_tokens]
-
-    @property
-    def positions(self) -> range:
-        return range(self.start, self.start + self.num_tokens)
 
     @property
     def is_prefill(self) -> bool:
@@ -98,22 +94,11 @@ class SchedulerOutputs:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     num_batched_tokens: int = 0
 
-    @property
-    def prefills(self) -> list[ScheduledSeq]:
-        return [s for s in self.scheduled if s.is_prefill]
-
-    @property
-    def decodes(self) -> list[ScheduledSeq]:
-        return [s for s in self.scheduled if not s.is_prefill]
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.scheduled)
-
 
 @dataclass
 class StepResult:
-    """What ``Scheduler.update_from_output`` made of a step (vLLM v1 returns ``EngineCoreOutputs``).
+    """What ``Scheduler.update_from_output`` made of a step (vLLM v1 returns ``EngineCoreOutputs``,
+    ``vllm/v1/core/sched/scheduler.py``, 0.10.2).
 
     Fields:
         finished: requests whose sequences all finished in this step (ignored and exhausted ones

@@ -6,9 +6,10 @@ sampled token (parallel sampling, PagedAttention paper §4.4), and the forks sha
 blocks until one of them writes into a shared block (copy-on-write, ``block_manager.py``).
 
 The scheduler's unit is the sequence (as vLLM v1, where each of the ``n`` samples is its own request
-sharing the prompt's blocks): siblings run, wait, swap or are preempted independently, so ``n``
-samples never need room in the pool all at once. Source of the design: vLLM v0 ``vllm/sequence.py``
-(``Sequence``, ``SequenceGroup``) and v1 ``vllm/v1/request.py`` (``num_computed_tokens``).
+sharing the prompt's blocks through the prefix cache, ``vllm/v1/engine/parallel_sampling.py``, 0.10.2):
+siblings run, wait, swap or are preempted independently, so ``n`` samples never need room in the pool all
+at once. Source of the design: vLLM v0 ``vllm/sequence.py`` (``Sequence``, ``SequenceGroup``) and v1
+``vllm/v1/request.py`` (``num_computed_tokens``), both 0.10.2.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class SequenceStatus(enum.Enum):
 
     @property
     def finish_reason(self) -> str | None:
-        """The vLLM-style ``finish_reason`` string, or None while unfinished."""
+        """The ``finish_reason`` string, or None while unfinished: ``stop``, ``length``, ``abort`` as vLLM v1's
+        (``vllm/v1/engine/__init__.py``, 0.10.2), or ``ignored``, which vLLM v0 reports as ``length``."""
         return self.value if self.is_finished else None
 
 
@@ -50,23 +52,16 @@ class Sequence:
         block_size: tokens per KV block (> 0).
 
     ``num_computed_tokens`` counts the leading tokens whose K/V are written (by earlier steps or found in
-    the prefix cache); the scheduler advances it when it schedules tokens (vLLM v1). ``block_hashes``
-    holds the prefix-cache keys of the full blocks, each computed once. ``group`` is the request.
+    the prefix cache); the scheduler advances it when it schedules tokens (vLLM v1,
+    ``vllm/v1/core/sched/scheduler.py``, 0.10.2). ``block_hashes`` holds the prefix-cache keys of the full
+    blocks, each computed once. ``group`` is the request.
 
-    Raises:
-        ValueError: empty prompt, non-integer token ids, or ``block_size <= 0``.
+    Nothing is checked here: ``LLMEngine.add_request`` has checked the prompt (non-empty, int token ids
+    inside the vocabulary) and ``CacheConfig`` the block size.
     """
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int):
-        if block_size <= 0:
-            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
         prompt = list(prompt_token_ids)
-        if not prompt:
-            raise ValueError(
-                f"sequence {seq_id}: the prompt is empty; at least one token id is needed"
-            )
-        if not all(type(t) is int and t >= 0 for t in prompt):
-            raise ValueError(f"sequence {seq_id}: prompt token ids must be non-negative ints")
         self.seq_id = seq_id
         self.block_size = block_size
         self.token_ids: list[int] = prompt
@@ -121,7 +116,10 @@ class Sequence:
 
 @dataclass
 class SamplingParams:
-    """How to pick tokens for one request (names and defaults as vLLM's ``SamplingParams``).
+    """How to pick tokens for one request (names as vLLM's ``SamplingParams``).
+
+    Names and defaults follow vLLM v0 and v1 (``vllm/sampling_params.py``, 0.10.2) except two defaults:
+    vLLM's ``temperature`` is 1.0, and its ``top_k`` is 0 (0 or -1 disable it; 0.6.3's default was -1).
 
     ``temperature == 0`` is greedy. ``top_k = -1`` disables top-k; ``top_p = 1`` disables top-p.
     ``seed`` makes a request's random sampling reproducible whatever else is in the batch.
@@ -209,7 +207,8 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """What ``LLM.generate`` returns per prompt, in input order (vLLM's ``RequestOutput``)."""
+    """What ``LLM.generate`` returns per prompt, in input order (vLLM v0 and v1 ``RequestOutput``,
+    ``vllm/outputs.py``, 0.10.2)."""
 
     request_id: str
     prompt: str | None

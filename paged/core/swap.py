@@ -1,4 +1,5 @@
-"""The CPU swap space: where a sequence preempted by swap keeps its KV blocks (vLLM v0's feature).
+"""The CPU swap space: where a sequence preempted by swap keeps its KV blocks (vLLM v0's feature,
+removed with v0 in 0.11.0).
 
 ``SwapSpace`` is the small component ``BlockSpaceManager`` delegates swapping to: the CPU pool's
 allocator, one CPU block table per swapped-out sequence, and ``SwapMaps``. Its two moves answer
@@ -12,8 +13,9 @@ copying again, and likewise on the way back in. ``SwapMaps`` remembers these cop
 same data, so it is forgotten as soon as either block is freed to zero or the GPU block is written in
 place (``forget_gpu`` / ``forget_cpu``, O(1) each: both maps are one-to-one and kept with their inverse).
 
-Source: vLLM v0 ``vllm/core/block_manager.py`` (``swap_out`` / ``swap_in`` map every block of a
-sequence group once, through ``vllm/core/block/cpu_gpu_block_allocator.py``); paper §4.5 (swapping).
+Source: vLLM v0 ``vllm/core/block_manager.py``, 0.10.2 (``swap_out`` / ``swap_in`` move the blocks of
+every sequence of a group through ``CpuGpuBlockAllocator.swap``, ``vllm/core/block/cpu_gpu_block_allocator.py``);
+paper §4.5 (swapping).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The engine: continuous batching with chunked prefill over a paged KV cache, on a transformers model.
 
 ``LLMEngine.step()`` is one iteration of the serving loop, in vLLM v1's three verbs
-(``vllm/v1/engine/core.py``, ``EngineCore.step``; nano-vllm ``engine/llm_engine.py``):
+(``vllm/v1/engine/core.py``, ``EngineCore.step``, 0.10.2; nano-vllm ``engine/llm_engine.py``):
 
 1. ``scheduler.schedule()`` (``paged/core/scheduler.py``): this step's decodes and prompt chunks under one
    token budget, the block manager (``paged/core/block_manager.py``) giving each its slots or ``None``
@@ -16,7 +16,7 @@
 
 Then one stats snapshot per step (``paged/engine/stats.py``); with ``profile=True`` the step also times
 each phase (the device synced) and keeps a per-step history. ``LLM`` (``paged/engine/llm.py``) wraps the
-engine with model loading, KV sizing and ``generate``.
+engine with model loading (``paged/engine/model_loader.py``), one ``EngineConfig`` and ``generate``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import itertools
 import time
 import warnings
 
-from paged.config import CacheConfig, SchedulerConfig
+from paged.config import EngineConfig
 from paged.core.sequence import (
     CompletionOutput,
     RequestOutput,
@@ -34,9 +34,10 @@ from paged.core.sequence import (
     SequenceGroup,
 )
 from paged.engine.parts import Parts
-from paged.engine.stats import EngineStats
+from paged.engine.stats import EngineStats, PhaseClock
 from paged.worker.model_runner import ModelRunner
 from paged.worker.sampler import make_generator
+from paged.worker.worker import init_kv_cache
 
 
 class MaxModelLenWarning(UserWarning):
@@ -48,61 +49,44 @@ class LLMEngine:
     """Requests in, finished ``RequestOutput`` s out, one ``step()`` at a time.
 
     Args:
-        model: a ``PreTrainedModel`` on the pool's device (switched to the ``"paged"`` attention).
-        kv_cache: the ``KVCache`` pool, sized to ``cache_config.num_gpu_blocks`` / ``num_cpu_blocks``.
-        scheduler_config, cache_config: see ``paged/config.py``.
-        eos_token_ids: token ids that end a sequence unless ``ignore_eos``.
+        model: a ``PreTrainedModel`` on ``config.model.device`` (switched to the ``"paged"`` attention).
+        config: the ``EngineConfig`` (``paged/config.py``), read here whole: the worker sizes and builds
+            the KV pool from it (``paged/worker/worker.py``, which sets ``config.cache.num_gpu_blocks``
+            when it was ``None``), the scheduler reads its ``scheduler`` and ``cache`` sections.
         tokenizer: decodes output text when given (else ``text`` stays empty).
-        seed: seed of the sampler's shared generator (requests without their own ``seed``).
         parts: the engine's pieces (``paged.engine.parts.Parts``; default: the reference parts).
-        cuda_graphs: capture decode steps as CUDA graphs (``paged.worker.model_runner.DecodeGraph``); the
-            pool then holds one block more than ``cache_config.num_gpu_blocks``, the padding rows' block.
-        profile: time each step phase (``stats()["seconds"]``, the device synced after each) and keep
-            one record per step (``metrics.history``); off: neither.
+        eos_token_ids: token ids that end a sequence unless ``ignore_eos``.
     """
 
     def __init__(
         self,
         model,
-        kv_cache,
-        scheduler_config: SchedulerConfig,
-        cache_config: CacheConfig,
-        eos_token_ids: set[int] | None = None,
+        config: EngineConfig,
         tokenizer=None,
-        seed: int | None = 0,
         parts: Parts | None = None,
-        cuda_graphs: bool = False,
-        profile: bool = False,
+        eos_token_ids: set[int] | None = None,
     ):
-        self.model, self.kv_cache, self.tokenizer = model, kv_cache, tokenizer
-        self.scheduler_config, self.cache_config = scheduler_config, cache_config
+        self.model, self.config, self.tokenizer = model, config, tokenizer
+        self.kv_cache, self.sizing = init_kv_cache(model, config)
         self.parts = parts = parts or Parts()
         block_manager = parts.block_manager(
-            cache_config.block_size,
-            cache_config.num_gpu_blocks,
-            cache_config.num_cpu_blocks,
-            cache_config.watermark,
-            cache_config.enable_prefix_caching,
+            config.cache.block_size,
+            config.cache.num_gpu_blocks,
+            config.cache.num_cpu_blocks,
+            config.cache.watermark,
+            config.cache.enable_prefix_caching,
             allocator_cls=parts.allocator,
             prefix_cache_cls=parts.prefix_cache,
             copy_on_write=parts.copy_on_write,
         )
         self.scheduler = parts.scheduler(
-            scheduler_config, cache_config, block_manager, parts.update
+            config.scheduler, config.cache, block_manager, parts.update
         )
-        self.runner = ModelRunner(
-            model,
-            kv_cache,
-            parts,
-            scheduler_config.max_num_seqs,
-            scheduler_config.max_model_len,
-            cuda_graphs,
-            seed,
-        )
+        self.runner = ModelRunner(model, self.kv_cache, parts, config)
         self.sampler = self.runner.sampler
         self.eos_token_ids = frozenset(eos_token_ids or ())
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.metrics = EngineStats(profile)
+        self.metrics = EngineStats(config.profile)
         self._request_ids = itertools.count()
         self._said_max_model_len = False  # MaxModelLenWarning comes once per engine
 
@@ -150,7 +134,7 @@ class LLMEngine:
             raise ValueError(
                 f"request {request_id!r}: token id {bad[0]!r} outside [0, {self.vocab_size})"
             )
-        limit = self.scheduler_config.max_model_len
+        limit = self.config.scheduler.max_model_len
         if not self._said_max_model_len and len(tokens) <= limit < len(tokens) + params.max_tokens:
             self._said_max_model_len = True
             warnings.warn(
@@ -161,7 +145,7 @@ class LLMEngine:
                 MaxModelLenWarning,
                 stacklevel=3,
             )
-        seq = Sequence(next(self.scheduler.seq_ids), tokens, self.cache_config.block_size)
+        seq = Sequence(next(self.scheduler.seq_ids), tokens, self.config.cache.block_size)
         group = SequenceGroup(request_id, [seq], params, time.perf_counter(), prompt)
         if not params.ignore_eos:
             group.stop_token_ids |= self.eos_token_ids
@@ -189,7 +173,7 @@ class LLMEngine:
 
     def _profiled_step(self) -> list[RequestOutput]:
         """``step`` with a clock: seconds per phase into ``metrics.seconds``, one ``metrics.history`` record."""
-        mark = self.metrics.clock(self.runner.device)
+        mark = PhaseClock(self.metrics.seconds, self.runner.device)
         out = self.scheduler.schedule()
         mark("schedule")
         sampled = self.runner.execute_model(out, mark)
@@ -233,7 +217,7 @@ class LLMEngine:
             "kv_blocks_total": bm.num_gpu_blocks,
             "kv_blocks_used": bm.gpu_allocator.num_used_blocks,
             "kv_blocks_peak": st.peak_used_blocks,
-            "block_size": self.cache_config.block_size,
+            "block_size": self.config.cache.block_size,
             "kv_cache_bytes": self.kv_cache.bytes,
             "slot_utilization": st.util_sum / steps if steps else 0.0,
             "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,

@@ -36,9 +36,12 @@ reference parts. ``Parts.attention(kv_cache)`` resolves the attention parts once
 - ``scheduler`` (chapter 06): a class ``Scheduler(scheduler_config, cache_config, block_manager, update)`` with
   ``schedule()``, ``update_from_output(out, sampled)`` and the request methods of ``paged/core/scheduler.py``
   (a subclass that overrides the policy methods is the usual learner's part).
-- ``update`` (chapter 06): ``(seq, token, max_model_len) -> None``: append a sampled token to a sequence and
-  set its status when it stops (a stop token or EOS, ``max_tokens``, ``max_model_len``); the scheduler's
-  ``update_from_output`` calls it per token (``update_sequence`` in ``paged/core/scheduler.py``).
+- ``update`` (chapter 07): ``(scheduler, out: SchedulerOutputs, sampled: {seq_id: [token]}) -> StepResult``:
+  apply a step's sampled tokens: fork a request's ``n - 1`` other samples at its first token
+  (``scheduler.fork_seq``), append each token and set the sequence's status when it stops (a stop token or
+  EOS, ``max_tokens``, ``max_model_len``), free finished sequences (``scheduler.free_finished``); the
+  scheduler's ``update_from_output`` calls it once per step, so it stays a part of its own under a learner's
+  scheduler (``update_from_output`` and ``update_sequence`` in ``paged/core/scheduler.py``).
 
 Tensor shapes: query / out ``[S, H, D]``; caches ``[num_blocks, block_size, KVH, D]``; block_tables int32
 ``[S, W]`` (the width covers every context); context_lens int32 ``[S]``; key / value ``[T, KVH, D]``;
@@ -58,7 +61,7 @@ from paged.core.allocator import BlockAllocator
 from paged.core.block_manager import BlockSpaceManager, copy_on_write
 from paged.core.block_table import BlockTable, slot_mapping
 from paged.core.prefix_cache import PrefixCache
-from paged.core.scheduler import Scheduler, update_sequence
+from paged.core.scheduler import Scheduler, update_from_output
 from paged.core.scheduler_outputs import SchedulerOutputs, StepResult
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from paged.worker.attention import (
@@ -166,7 +169,7 @@ class Parts:
     prefix_cache: type[PrefixCacheLike] = PrefixCache
     block_manager: type[BlockManager] = BlockSpaceManager
     scheduler: type[SchedulerLike] = Scheduler
-    update: Callable = update_sequence
+    update: Callable = update_from_output
     copy_on_write: Callable = copy_on_write
     slot_mapping: Callable = slot_mapping
     prepare_inputs: Callable = prepare_inputs

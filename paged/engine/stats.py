@@ -1,11 +1,11 @@
 """What the engine measures about itself: counters, latencies, and (when profiling) phases and history.
 
 ``LLMEngine.step`` hands one snapshot per step to ``EngineStats.on_step`` (vLLM v1's ``SchedulerStats``,
-``vllm/v1/metrics/stats.py``, made once per step by ``Scheduler.make_stats``). Only with ``profile=True``
+``vllm/v1/metrics/stats.py``, made once per step by ``Scheduler.make_stats``, 0.10.2). Only with ``profile=True``
 does the step run a clock: seconds per phase (``seconds``, the device synced after each phase so that
 each is charged its own time) and one ``history`` record per model step; without it ``seconds`` stays
-empty, ``history`` is ``None`` and nothing waits for the device. Latencies follow vLLM's metrics
-(``vllm/v1/metrics/stats.py``): **time to first token** (TTFT) is a request's first sampled token minus
+empty, ``history`` is ``None`` and nothing waits for the device. Latencies follow vLLM v1's metrics
+(``vllm/v1/metrics/stats.py``, 0.10.2): **time to first token** (TTFT) is a request's first sampled token minus
 its arrival; **inter-token latency** (ITL) is the gap between consecutive tokens of one sequence. Both are
 kept for the requests of the current window (``LLM.generate`` opens one per call) and reported as p50 / p99.
 """
@@ -69,10 +69,6 @@ class EngineStats:
         self.ttft: list[float] = []
         self.itl: list[float] = []
         self._last_token: dict[int, float] = {}
-
-    def clock(self, device=None) -> PhaseClock:
-        """A ``PhaseClock`` over ``seconds`` (the profiled step's)."""
-        return PhaseClock(self.seconds, device)
 
     def on_step(self, out, result, block_manager, seconds: float | None = None) -> None:
         """One step's snapshot: counts, peak blocks, the fraction of allocated slots that hold a token,

@@ -17,11 +17,11 @@ engine's attention parts, resolved once per engine.
 
 A step packs **chunks** first (sequences computing several tokens: a prompt, a prompt chunk, a
 recomputed sequence) and **decodes** last (one token each). A chunk attends causally to itself and to its
-already computed context, read from the pool through its block table (vLLM v1's chunked prefill). Every
+already computed context, read from the pool through its block table (vLLM v1's chunked prefill, 0.10.2). Every
 chunk of the step goes through one call of the prefill part (``prefill_attention`` here on CPU, one SDPA
 per chunk; the Triton kernel ``paged.kernels.launch_prefill`` on CUDA), all decodes through one call of
 the decode part (the vectorized ``decode_attention`` here on CPU, the Triton kernel on CUDA); the parts
-are resolved in ``paged.engine.parts``. The idea is vLLM's backend split (``vllm/v1/attention/backends/``):
+are resolved in ``paged.engine.parts``. The idea is vLLM v1's backend split (``vllm/v1/attention/backends/``, 0.10.2):
 metadata built once per step (on the host, copied to the device in one transfer), read by every layer.
 
 Trap: ``set_attn_implementation`` writes into the model's config object, shared by every module and by
@@ -52,8 +52,8 @@ def write_kv(
 ) -> None:
     """Store ``key[i]`` / ``value[i]`` ``[T, KVH, D]`` at slot ``slot_mapping[i]`` (int64 ``[T]``) of one
     layer's caches ``[num_blocks, block_size, KVH, D]``: one ``index_copy_`` on the flat
-    ``[num_blocks * block_size, KVH, D]`` view (vLLM's ``reshape_and_cache_flash``). Unchecked: the engine
-    built the slots from its block tables."""
+    ``[num_blocks * block_size, KVH, D]`` view (vLLM v1's ``reshape_and_cache_flash``, ``vllm/_custom_ops.py``,
+    0.10.2). Unchecked: the engine built the slots from its block tables."""
     key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
     value_cache.view(-1, *value_cache.shape[2:]).index_copy_(
         0, slot_mapping, value.to(value_cache.dtype)
@@ -113,7 +113,7 @@ def prefill_attention(
     ``[num_blocks, block_size, KVH, D]`` already holding every chunk's new K/V; block_tables int ``[C, W]``;
     query_start int ``[C + 1]``; context_lens int ``[C]``: each chunk's tokens after this step, so its row
     ``i`` sits at position ``context_lens[c] - chunk_len + i`` and sees positions ``0 ..`` that one
-    (its cached prefix plus itself; vLLM v1's chunked prefill). ``max_query_len`` is unused here (it
+    (its cached prefix plus itself; vLLM v1's chunked prefill, 0.10.2). ``max_query_len`` is unused here (it
     sizes the Triton kernel's grid, ``paged.kernels.launch_prefill``, which has this signature). One
     ``scaled_dot_product_attention`` per chunk, the ``H / KVH`` query heads of a KV head sharing it (GQA).
     Unchecked (the engine's inputs).
@@ -392,8 +392,8 @@ def select_backend(device: torch.device | str) -> str:
 
     ``"triton"`` (``paged.kernels.paged_attention_decode``) on a CUDA device when ``triton`` imports;
     ``"torch"`` (``decode_attention`` here) everywhere else. On CPU the Triton kernels run only through
-    the interpreter (``TRITON_INTERPRET=1``), far too slow for an engine. vLLM makes the same choice per
-    platform in ``vllm/attention/selector.py``.
+    the interpreter (``TRITON_INTERPRET=1``), far too slow for an engine. vLLM (v0 and v1) makes the same choice per
+    platform in ``vllm/attention/selector.py`` (0.10.2).
     """
     if torch.device(device).type != "cuda":
         return "torch"

@@ -7,44 +7,41 @@ Layout of the device pool (``KVCache.kv``)::
 
 so that, per layer, ``key_cache[layer]`` and ``value_cache[layer]`` are views of shape
 ``[num_blocks, block_size, num_kv_heads, head_dim]``: the "NHD" layout of vLLM v1's FlashAttention
-backend (``vllm/v1/attention/backends/flash_attn.py``, per layer ``[2, num_blocks, block_size,
+backend (``vllm/v1/attention/backends/flash_attn.py``, 0.10.2, per layer ``[2, num_blocks, block_size,
 num_kv_heads, head_dim]``), FlashAttention's ``flash_attn_with_kvcache`` and FlashInfer. Each token's
 ``head_dim`` vector per head is contiguous, and one block of one layer is one contiguous chunk of
 ``block_size * num_kv_heads * head_dim`` elements. A physical block id means the same slots in every
 layer: one block table per sequence serves all layers (seed error E6).
 
 The pool is the tensor side only; which block belongs to whom is the block manager's business
-(``paged/core/block_manager.py``). The operations mirror vLLM's:
+(``paged/core/block_manager.py``). The operations mirror vLLM's (0.10.2):
 
 - writing this step's K/V to their slots (``slot = block_id * block_size + offset``) is the attention
-  backend's job (``paged/worker/attention.py``, ``write_kv``; vLLM's ``reshape_and_cache_flash``);
+  backend's job (``paged/worker/attention.py``, ``write_kv``; vLLM v1's ``reshape_and_cache_flash``);
 - ``copy_blocks``: copy-on-write copies, all pairs and all layers in one batched op (vLLM v0
   ``CacheEngine.copy``, ``vllm/worker/cache_engine.py``).
 - ``swap_out`` / ``swap_in``: move blocks to and from a CPU pool in pinned memory (vLLM v0
   ``CacheEngine.swap_out`` / ``swap_in``, one copy per block).
 
 Sizing from a memory budget: ``budget // block_bytes(...)`` whole blocks (vLLM profiles free GPU memory
-and divides by the bytes of one block: ``CacheEngine.get_cache_block_size`` in v0,
-``vllm/v1/core/kv_cache_utils.py`` in v1).
+and divides by the bytes of one block: v0 ``CacheEngine.get_cache_block_size``, ``vllm/worker/cache_engine.py``;
+v1 ``get_num_blocks``, ``vllm/v1/core/kv_cache_utils.py``; both 0.10.2).
 """
 
 from __future__ import annotations
 
 import torch
 
+from paged.config import check_int
+
 
 def block_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
 ) -> int:
     """Bytes of one KV block over all layers, K and V: ``2 x layers x kv_heads x head_dim x block_size x
-    dtype bytes`` (vLLM ``CacheEngine.get_cache_block_size``; seed error E8 corrected)."""
+    dtype bytes`` (vLLM v0 ``CacheEngine.get_cache_block_size``, ``vllm/worker/cache_engine.py``, 0.10.2;
+    seed error E8 corrected)."""
     return 2 * num_layers * num_kv_heads * head_dim * block_size * dtype.itemsize
-
-
-def _positive(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 class KVCache:
@@ -87,8 +84,8 @@ class KVCache:
             ("num_kv_heads", num_kv_heads),
             ("head_dim", head_dim),
         ):
-            _positive(name, value)
-        _positive("num_cpu_blocks", num_cpu_blocks, minimum=0)
+            check_int(name, value)
+        check_int("num_cpu_blocks", num_cpu_blocks, minimum=0)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
@@ -117,16 +114,6 @@ class KVCache:
         """Bytes of the device pool (``num_blocks * bytes_per_block``)."""
         return self.kv.numel() * self.kv.element_size()
 
-    @property
-    def cpu_bytes(self) -> int:
-        """Bytes of the CPU swap pool."""
-        return self.cpu_kv.numel() * self.cpu_kv.element_size()
-
-    @property
-    def num_slots(self) -> int:
-        """Token slots per layer in the device pool: ``num_blocks * block_size``."""
-        return self.num_blocks * self.block_size
-
     # ---- block copies -----------------------------------------------------------------------------
     def _check_pairs(
         self, pairs, num_src: int, num_dst: int, what: str
@@ -145,7 +132,8 @@ class KVCache:
         """Copy-on-write: for each ``(src, dst)``, copy block ``src`` to block ``dst``, in every layer, K and V.
 
         One gather + scatter over the whole ``[layers, 2, blocks, ...]`` pool for all pairs at once
-        (vLLM fuses this into one ``copy_blocks`` kernel launch; ``vllm/worker/cache_engine.py``).
+        (vLLM v0 fuses this into one ``copy_blocks`` kernel launch: ``CacheEngine.copy``,
+        ``vllm/worker/cache_engine.py``, and ``vllm/attention/backends/flash_attn.py``, 0.10.2).
 
         Raises:
             ValueError: a block id outside ``[0, num_blocks)``, a repeated destination, or a block that is
@@ -165,9 +153,9 @@ class KVCache:
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """Copy device blocks to the CPU pool: ``(device_block, cpu_block)`` pairs, all layers, K and V.
 
-        One copy per block (as vLLM's ``swap_blocks``): on CUDA each is an async DMA into pinned memory,
-        and the call waits for them before returning. Raises ``ValueError`` for an id out of range or a
-        repeated destination (pools unchanged).
+        One copy per block (as vLLM v0's ``swap_blocks``, ``vllm/attention/backends/flash_attn.py``, 0.10.2):
+        on CUDA each is an async DMA into pinned memory, and the call waits for them before returning. Raises
+        ``ValueError`` for an id out of range or a repeated destination (pools unchanged).
         """
         src, dst = self._check_pairs(pairs, self.num_blocks, self.num_cpu_blocks, "swap_out")
         self._copy_each(self.kv, self.cpu_kv, src, dst)

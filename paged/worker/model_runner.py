@@ -6,18 +6,16 @@ decode computes), chunks first and decodes last, and builds the step's ``Attenti
 slot mapping, block tables, context lengths) once. ``forward(batch)`` runs the model and returns the
 logits of the last token of each sequence that samples (a prompt's last chunk, or a decode),
 ``[K, vocab]`` float32. The K/V of the new tokens land in the pool inside the attention function.
-``execute_model(out)`` is the engine's one call per step (vLLM v1 ``GPUModelRunner.execute_model``): the
+``execute_model(out)`` is the engine's one call per step (vLLM v1 ``GPUModelRunner.execute_model``,
+``vllm/v1/worker/gpu_model_runner.py``, 0.11.1): the
 step's KV moves, ``prepare``, ``forward``, then ``sample``, returning the sampled token ids.
 
 On CUDA, with ``cuda_graphs`` (``LLM(enforce_eager=False)``, the default there), a step of decodes only is
-served by a ``DecodeGraph``: the model's forward captured once per batch size of ``GRAPH_SIZES`` (vLLM's and
-nano-vllm's ladder), replayed on a buffer at a fixed address into which the step's packed metadata are
-copied, the batch padded to the next captured size. A decode step then costs one host-to-device copy and
+served by a ``DecodeGraph``: the model's forward captured once per batch size of ``GRAPH_SIZES`` (nano-vllm's
+ladder; vLLM v1 0.11.1 captures 1, 2, 4, then steps of 8 to 248 and of 16 above, ``vllm/config/vllm.py``),
+replayed on a buffer at a fixed address into which the step's packed metadata are copied, the batch padded
+to the next captured size. A decode step then costs one host-to-device copy and
 one graph launch instead of the Python of every layer. Steps with prompt chunks run eagerly.
-
-Also here: sizing the pool. ``profile_num_blocks`` follows vLLM's ``Worker.determine_num_available_blocks``
-(``vllm/worker/worker.py``): run the largest step the scheduler may issue with no KV cache, read the peak
-of GPU memory, and give the pool ``total x gpu_memory_utilization - peak`` bytes.
 """
 
 from __future__ import annotations
@@ -28,14 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
+from paged.config import EngineConfig
 from paged.core.scheduler_outputs import ScheduledSeq, SchedulerOutputs
 from paged.worker.attention import (
     AttentionBackend,
     AttentionMetadata,
-    decode_attention,
-    prefill_attention,
     use_paged_attention,
-    write_kv,
 )
 from paged.worker.kv_cache import KVCache
 
@@ -55,7 +51,9 @@ class Batch:
 
 
 class DecodeGraph:
-    """The forward of a decode step of ``size`` sequences, captured once as a CUDA graph (vLLM, nano-vllm).
+    """The forward of a decode step of ``size`` sequences, captured once as a CUDA graph (nano-vllm).
+
+    vLLM v1 does the same with full decode graphs (``CUDAGraphMode`` in ``vllm/config/compilation.py``, 0.11.1).
 
     Its metadata are views of one int64 device buffer at a fixed address (``prepare_inputs`` layout
     with ``width`` table columns); ``run(host)`` copies a step's packed buffer into it and replays the graph.
@@ -114,31 +112,23 @@ class ModelRunner:
         parts: the engine's ``Parts``, resolved here once: ``parts.attention(kv_cache)`` (the
             ``AttentionBackend``: write_kv, prefill and decode attention), ``parts.sampler(seed)``,
             ``parts.prepare_inputs`` and ``parts.slot_mapping``.
-        max_num_seqs, max_model_len: with ``cuda_graphs``, the largest decode batch and table width captured.
-        cuda_graphs: capture decode steps as CUDA graphs (``DecodeGraph``, ``GRAPH_SIZES`` up to
-            ``max_num_seqs``); the pool's last block is then the padding rows' (the block manager must
-            own one block fewer than ``kv_cache`` holds).
-        seed: seed of the sampler's shared generator (requests without a generator of their own).
+        config: the ``EngineConfig``. ``model.seed`` seeds the sampler's shared generator; with
+            ``model.cuda_graphs`` decode steps are captured as CUDA graphs (``DecodeGraph``,
+            ``GRAPH_SIZES`` up to ``scheduler.max_num_seqs``, tables ``scheduler.max_model_len`` tokens
+            wide) and the pool's last block is the padding rows' (the block manager owns one block fewer
+            than ``kv_cache`` holds).
     """
 
-    def __init__(
-        self,
-        model,
-        kv_cache: KVCache,
-        parts,
-        max_num_seqs: int = 256,
-        max_model_len: int = 2048,
-        cuda_graphs: bool = False,
-        seed: int | None = 0,
-    ):
+    def __init__(self, model, kv_cache: KVCache, parts, config: EngineConfig):
         self.model, self.kv_cache = model, kv_cache
         self.attention = parts.attention(kv_cache)
-        self.sampler = parts.sampler(seed)
+        self.sampler = parts.sampler(config.model.seed)
+        max_num_seqs, max_model_len = config.scheduler.max_num_seqs, config.scheduler.max_model_len
         self.prepare_inputs, self.slot_mapping = parts.prepare_inputs, parts.slot_mapping
         self.device = kv_cache.device
         self.pad_block = kv_cache.num_blocks - 1
         self.graphs: dict[int, DecodeGraph] = {}
-        if cuda_graphs:
+        if config.model.cuda_graphs:
             sizes = [b for b in GRAPH_SIZES if b < max_num_seqs] + [max_num_seqs]
             pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
             use_paged_attention(model)
@@ -256,79 +246,3 @@ def forward_logits(
         paged_backend=attention,
     )
     return out.logits[0].float()
-
-
-def kv_shape(model) -> tuple[int, int, int]:
-    """``(num_layers, num_kv_heads, head_dim)`` of a transformers decoder (GPT-2: KV heads = heads).
-
-    Reads ``num_hidden_layers`` / ``n_layer``, ``num_key_value_heads`` (absent: MHA), and ``head_dim``
-    when the config sets it, else ``hidden_size // num_attention_heads``.
-    """
-    config = model.config.get_text_config()
-    get = lambda *names: next(
-        (getattr(config, n) for n in names if getattr(config, n, None) is not None), None
-    )  # noqa: E731
-    heads = get("num_attention_heads", "n_head")
-    head_dim = get("head_dim") or get("hidden_size", "n_embd") // heads
-    return (
-        int(get("num_hidden_layers", "n_layer")),
-        int(get("num_key_value_heads") or heads),
-        int(head_dim),
-    )
-
-
-@torch.inference_mode()
-def profile_num_blocks(
-    model,
-    block_size: int,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    gpu_memory_utilization: float,
-    dtype: torch.dtype,
-) -> tuple[int, str]:
-    """GPU blocks that fit beside the model's peak activation memory (CUDA only).
-
-    Runs one dummy forward of ``max_num_batched_tokens`` tokens split over up to ``max_num_seqs``
-    sequences through a 1-table-per-sequence scratch pool (the PyTorch attention), then returns
-    ``(total x utilization - peak bytes) // bytes_per_block`` and a one-line report.
-
-    Raises:
-        ValueError: utilization outside (0, 1], or no block fits (the message gives the numbers).
-    """
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    device = next(model.parameters()).device
-    layers, kv_heads, head_dim = kv_shape(model)
-    num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
-    per_seq = max(2, max_num_batched_tokens // num_seqs)  # >= 2 tokens: every sequence is a chunk
-    blocks_per_seq = -(-per_seq // block_size)
-    scratch = KVCache(
-        layers, num_seqs * blocks_per_seq, block_size, kv_heads, head_dim, dtype, device
-    )
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
-    meta = AttentionMetadata.build(
-        tables, [per_seq] * num_seqs, [per_seq] * num_seqs, block_size, device
-    )
-    attention = AttentionBackend(scratch, write_kv, prefill_attention, decode_attention)
-    use_paged_attention(model)
-    input_ids = torch.zeros(per_seq * num_seqs, dtype=torch.long, device=device)
-    forward_logits(model, input_ids, meta, attention)
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - scratch.bytes
-    # the real pool's blocks have the scratch pool's shape and dtype
-    block_bytes = scratch.bytes_per_block
-    del scratch, meta
-    torch.cuda.empty_cache()
-    total = torch.cuda.get_device_properties(device).total_memory
-    available = int(total * gpu_memory_utilization) - peak
-    num_blocks = available // block_bytes
-    report = (
-        f"GPU {total / 2**30:.1f} GiB x {gpu_memory_utilization:.2f} - peak {peak / 2**30:.2f} GiB "
-        f"(weights + activations) = {available / 2**30:.2f} GiB for KV -> {num_blocks} blocks of "
-        f"{block_bytes / 2**10:.0f} KiB"
-    )
-    if num_blocks <= 0:
-        raise ValueError(f"no KV block fits: {report}")
-    return num_blocks, report

@@ -6,8 +6,9 @@ sequence), one ``SamplingParams`` per row and one ``torch.Generator`` (or ``None
 ``1 / temperature``, cut to their ``top_k`` largest logits and to the smallest set of tokens whose
 probability reaches ``top_p`` (nucleus sampling), then sampled by inverse CDF from one uniform number
 per row. That number comes from the row's generator: a request with a ``seed`` gets its own generator,
-so its tokens do not depend on what else is in the batch (vLLM: per-request ``generator`` in
-``vllm/model_executor/layers/sampler.py``). Only drawing the uniforms loops over rows; sorting,
+so its tokens do not depend on what else is in the batch (vLLM v0: per-request ``generator`` in
+``vllm/model_executor/layers/sampler.py``, 0.10.2; v1: ``SamplingMetadata.generators``,
+``vllm/v1/sample/metadata.py``, 0.11.1). Only drawing the uniforms loops over rows; sorting,
 masking and the CDF search are batched.
 """
 

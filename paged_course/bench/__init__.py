@@ -43,24 +43,33 @@ QUICK_TIME = (  # measured: /usr/bin/time python -m paged bench all --quick, 202
 
 
 def environment() -> dict:
-    """Machine, versions and device, stored beside every result."""
+    """Machine, versions and device: stored beside every result and printed by ``python -m paged info`` and
+    ``doctor`` (``paged_course.tools.doctor`` formats this dict; there is no second report).
+
+    Versions are read from the installed metadata (``None`` when a package is missing), never by importing:
+    importing triton before ``paged.kernels`` would fix it in compiled mode.
+    """
     import os
 
     import torch
 
+    cuda = torch.cuda.is_available()
     env = {
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "os": f"{platform.system()} {platform.release()}",
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "cuda_devices": torch.cuda.device_count() if cuda else 0,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    try:  # metadata only: importing triton before paged.kernels would fix it in compiled mode
-        env["triton"] = metadata.version("triton")
-    except metadata.PackageNotFoundError:
-        env["triton"] = None
+    for name in ("triton", "transformers", "numpy", "paged"):
+        try:
+            env[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            env[name] = None
     return env
 
 

@@ -30,27 +30,36 @@ into ``--out``; ``--update-static`` also into ``docs/gpu/static/`` (the committe
 narrower than 16 bytes (block-table gathers and scalars are narrow by nature and do not count); fewer
 16-byte K/V loads or fewer ``cp.async`` than the committed report at the same configuration (unless
 ``--update-static``).
+
+This module captures, specialises and compiles; reading the PTX and cubin is ``kernel_asm``'s job, the
+checks and the report's text ``kernel_compile_report``'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import inspect
 import json
-import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from paged_course.bench.kernel_asm import cubin_resources, load_sites, occupancy, ptx_memory_ops
+from paged_course.bench.kernel_compile_report import (
+    TARGETS,
+    check,
+    dump,
+    error_summary,
+    kv_loads,
+    report_markdown,
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "docs" / "gpu" / "static"
-TARGETS = {"A100": 80, "H200": 90}  # GPU of paged.kernels.GPUS -> compute capability (sm_80, sm_90)
 DTYPES = ("float16", "bfloat16")
 HEAD_DIMS = (64, 128)
 GROUPS = (1, 4, 8)
@@ -62,7 +71,6 @@ STEPS = {  # step -> (context length, new tokens) of each sequence
     "decode_split": [(8192, 1)],  # batch 1: split-K and the merge kernel
     "prefill": [(1024, 512), (384, 384)],  # a chunk with cached context and a whole prompt
 }
-KV_OPERANDS = ("K", "V")  # the kernels' pointer arguments whose loads are K/V tiles
 # the report's order: the engine's kernels (by kernel, then GPU), then chapter 04's (by GPU)
 _ORDER = {"decode": 0, "decode_split": 1, "merge": 2, "prefill": 3}
 _ORDER.update({"teaching": 4, "tuned": 5, "tuned, no hints": 6})  # then the learner's kernel
@@ -171,98 +179,6 @@ def specialise(launch, arch: int, hints: bool = True):
     if not hints:
         attrs = {k: [a for a in v if a[0] != "tt.divisibility"] for k, v in attrs.items()}
     return ASTSource(fn, signature, constexprs, attrs), target, options
-
-
-def load_sites(fn) -> list[tuple[int, int, str]]:
-    """``(first line, last line, operand)`` of each ``tl.load`` in a kernel's source, innermost first:
-    the operand is the pointer argument its address starts from (``K + physical * stride ...`` -> ``"K"``)."""
-    path = inspect.getsourcefile(fn.fn)
-    tree = ast.parse(Path(path).read_text())
-    func = next(
-        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == fn.fn.__name__
-    )
-    sites = []
-    for node in ast.walk(func):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and node.args:
-            base = node.args[0]
-            while isinstance(base, (ast.BinOp, ast.Subscript, ast.Call, ast.Attribute)):
-                base = base.left if isinstance(base, ast.BinOp) else getattr(base, "value", base)
-                base = base.func if isinstance(base, ast.Call) else base
-            sites.append((node.lineno, node.end_lineno, getattr(base, "id", "?")))
-    return sorted(sites, key=lambda s: s[1] - s[0])
-
-
-_VEC = re.compile(r"\.v(\d+)")
-_BITS = re.compile(r"\.[bsuf](\d+)$")
-
-
-def ptx_memory_ops(ptx: str, source: str, sites: dict) -> dict:
-    """Count the PTX's global loads (by operand and width in bytes), ``cp.async`` copies, TMA copies and
-    matrix instructions. A load belongs to the ``tl.load`` whose source lines hold the ``.loc`` (line info)
-    it carries; one the compiler moved elsewhere (a scalar merged into later code) counts as ``"other"``."""
-    files = {
-        m.group(1): os.path.realpath(m.group(2))
-        for m in re.finditer(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M)
-    }
-    source = os.path.realpath(source)
-    loads: dict[str, dict[str, int]] = {}
-    counts = {"cp_async": 0, "tma": 0, "mma": 0, "wgmma": 0}
-    here = None
-    for raw in ptx.splitlines():
-        line = raw.strip()
-        if line.startswith(".loc"):
-            f, row = line.split()[1:3]
-            here = int(row) if files.get(f) == source else None
-            continue
-        op = line.split("@", 1)[-1].split()[1:2] if line.startswith("@") else line.split()[:1]
-        op = op[0] if op else ""
-        width = None
-        if op.startswith("ld.global"):
-            vec = _VEC.search(op)
-            bits = _BITS.search(op)
-            width = (int(vec.group(1)) if vec else 1) * (int(bits.group(1)) // 8 if bits else 0)
-        elif op.startswith("cp.async.bulk.tensor"):
-            counts["tma"] += 1
-        elif re.match(r"cp\.async\.c[ag]\.shared\.global", op):
-            counts["cp_async"] += 1
-            width = int(line.rstrip(";").split(",")[2].strip(), 0)
-        elif op.startswith("mma.sync"):
-            counts["mma"] += 1
-        elif op.startswith("wgmma.mma_async"):
-            counts["wgmma"] += 1
-        if width is not None:
-            operand = next((v for lo, hi, v in sites if here and lo <= here <= hi), "other")
-            by_width = loads.setdefault(operand, {})
-            by_width[str(width)] = by_width.get(str(width), 0) + 1
-    return {"loads": loads, **counts}
-
-
-def cubin_resources(cubin: bytes) -> dict:
-    """``REG``, ``STACK``, ``SHARED`` (static), ``LOCAL`` of the cubin's kernel, by the wheel's cuobjdump."""
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run(
-            [str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    found = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", text))
-    return {k: int(v) for k, v in found.items()}
-
-
-def occupancy(spec, registers: int, shared: int, num_warps: int) -> dict:
-    """Programs of ``num_warps`` warps one SM holds, by each limit (registers are allocated per warp in
-    units of 256; each program costs 1 KB of shared memory reserved by the driver on sm_80 and later)."""
-    per_warp = math.ceil(max(registers, 1) * 32 / 256) * 256
-    limits = {
-        "registers": spec.regs_per_sm // per_warp // num_warps,
-        "shared memory": spec.smem_per_sm // (shared + 1024),
-        "warps": spec.max_warps_per_sm // num_warps,
-    }
-    by = min(limits, key=limits.get)
-    return {"programs_per_sm": limits[by], "limited_by": by, "limits": limits}
 
 
 def compile_launch(launch, gpu: str, hints: bool = True) -> dict:
@@ -543,128 +459,6 @@ def _sort_key(row: dict) -> tuple:
     )
 
 
-def kv_loads(row: dict) -> dict:
-    """``{"wide": 16-byte K/V loads (vector loads and cp.async), "narrow": narrower ones}``."""
-    wide = narrow = 0
-    for operand in KV_OPERANDS:
-        for width, n in row.get("loads", {}).get(operand, {}).items():
-            if int(width) >= 16:
-                wide += n
-            else:
-                narrow += n
-    return {"wide": wide, "narrow": narrow}
-
-
-def error_summary(error: str) -> str:
-    """A compile error in one line: its first line (where) and its last (why)."""
-    lines = [line.strip() for line in error.splitlines() if line.strip()]
-    return lines[0] if len(lines) < 2 else f"{lines[0]} {lines[-1]}"
-
-
-def check(rows: list[dict], baseline: list[dict] | None = None) -> list[str]:
-    """The report's failures, one line each: compile errors, spills, narrow or missing K/V tile loads,
-    and fewer 16-byte K/V loads or ``cp.async`` than ``baseline`` (rows of the committed report)."""
-    problems = []
-    before = {r["id"]: r for r in baseline or [] if "error" not in r}
-    for row in rows:
-        name = row["id"]
-        if "error" in row:
-            problems.append(f"{name}: compile error: {error_summary(row['error'])}")
-            continue
-        if row["stack_bytes"] > 0:
-            problems.append(
-                f"{name}: spills: {row['stack_bytes']} bytes of stack at {row['registers']} registers"
-            )
-        kv = kv_loads(row)
-        if row["kernel"] != "merge" and kv["wide"] == 0:
-            problems.append(f"{name}: no 16-byte K/V tile load found (loads: {row['loads']})")
-        if kv["narrow"]:
-            problems.append(
-                f"{name}: {kv['narrow']} K/V tile loads narrower than 16 bytes (loads: {row['loads']})"
-            )
-        old = before.get(name)
-        if old is not None:
-            for label, now, then in (
-                ("16-byte K/V loads", kv["wide"], kv_loads(old)["wide"]),
-                ("cp.async copies", row["cp_async"], old["cp_async"]),
-            ):
-                if now < then:
-                    problems.append(f"{name}: {now} {label}, the committed report has {then}")
-    return problems
-
-
-COLUMNS = (
-    "| kernel | GPU | dtype | head dim | group | block | tile | warps / stages | registers | stack B "
-    "| shared KB | K/V loads 16 B / narrower | cp.async | TMA | mma / wgmma | programs per SM |\n"
-    + "|---" * 16
-    + "|\n"
-)
-
-
-def markdown(rows: list[dict]) -> str:
-    """One markdown table row per compiled kernel (:data:`COLUMNS`)."""
-    lines = []
-    for r in rows:
-        lead = f"| {r['kernel']} | {r['gpu']} (sm_{TARGETS[r['gpu']]}) | {r['dtype']} | {r['head_dim']} | "
-        lead += "- | - | " if r["kernel"] == "merge" else f"{r['group']} | {r['block_size']} | "
-        if "error" in r:
-            lines.append(lead + f"compile error: {error_summary(r['error'])[:120]} |" + " |" * 9)
-            continue
-        launch, kv, occ = r["launch"], kv_loads(r), r["occupancy"]
-        rows_, cols = launch.get("BLOCK_M", launch.get("GROUP_P2")), launch.get("BLOCK_N")
-        tile = f"{rows_} x {cols or launch.get('BLOCK_SIZE')}"
-        if r["kernel"] == "merge":
-            tile = f"{r['num_splits']} splits"
-        lines.append(
-            lead
-            + f"{tile} | {r['num_warps']} / {r['num_stages']} | {r['registers']} | {r['stack_bytes']} | "
-            f"{r['shared_bytes'] / 1024:.1f} | {kv['wide']} / {kv['narrow']} | {r['cp_async']} | "
-            f"{r['tma']} | {r['mma']} / {r['wgmma']} | {occ['programs_per_sm']} ({occ['limited_by']}) |"
-        )
-    return COLUMNS + "\n".join(lines) + "\n"
-
-
-REPORT_INTRO = """# What the compiler made of the engine's Triton kernels
-
-Static: every kernel the engine launches, compiled for an A100 (sm_80) and an H200 (sm_90; an H100 SXM
-has the same SM count and shared memory, so the same launch configs) on a machine without a GPU, with
-the specialisation a launch on that GPU gets. Nothing was run: there are no times here. Written by
-`python -m paged bench kernel --compile --update-static` (`paged_course/bench/kernel_compile.py`);
-CI recompiles and fails on a compile error, a spill, a K/V tile load narrower than 16 bytes, or fewer
-16-byte K/V loads or `cp.async` than this report.
-
-Columns: *tile* is the launch's rows x KV tokens (the GQA group padded to 16 rows for decode, query tokens
-for prefill); *stack B* is local memory per thread (register spills); *shared KB* what a program
-allocates; *K/V loads* count the PTX's load instructions of K and V tiles (static counts, not executions),
-by width; *cp.async* asynchronous copies into shared memory (Triton's software pipelining); *mma /
-wgmma* tensor-core instructions (Ampere's warp-level `mma.sync`, Hopper's warp-group `wgmma`);
-*programs per SM* the most that fit by registers (64 K per SM, allocated per warp in units of 256),
-shared memory (plus 1 KB per program reserved by the driver) and warps (64 per SM), and which limit
-binds: arithmetic on the compiler's numbers, not a measurement.
-"""
-
-
-def report_markdown(report: dict) -> str:
-    """The committed report's text: the engine's kernels, then chapter 04's lab kernels, then the checks."""
-    text = (
-        REPORT_INTRO
-        + f"\nTriton {report['triton']}; the steps compiled: {report['steps_text']}.\n\n"
-    )
-    text += "## The engine's kernels\n\n" + markdown(report["rows"])
-    if report.get("lab"):
-        text += (
-            "\n## Chapter 04's kernels (not checked)\n\nAt the decode step of batch 64, context "
-            "4,096, fp16, 32 query heads over 8 KV heads of dim 128, block size 16. *tuned, no hints* is "
-            "the tuned kernel compiled without `tt.divisibility` (Triton then knows nothing of its "
-            "pointers' alignment).\n\n" + markdown(report["lab"])
-        )
-    problems = report["problems"]
-    text += "\n## Checks\n\n" + (
-        "\n".join(f"- FAIL {p}" for p in problems) if problems else "All pass."
-    )
-    return text + "\n"
-
-
 STEPS_TEXT = (
     "decode: 64 sequences of context 4,096 (one pass) and 1 of context 8,192 (split-K and the merge "
     "kernel); prefill: a 512-token chunk after 512 cached tokens and a 384-token prompt, in one launch"
@@ -714,18 +508,6 @@ def main(out: Path, processes: int | None = None, update_static: bool = False) -
     problems = report["problems"]
     print("compile report: " + (f"{len(problems)} problem(s)" if problems else "all checks pass"))
     return 1 if problems else 0
-
-
-def dump(report: dict) -> str:
-    """The report as JSON with one line per row (readable diffs when a kernel changes)."""
-    lines = []
-    for key, value in report.items():
-        if isinstance(value, list) and value and isinstance(value[0], dict):
-            rows = ",\n".join(f"  {json.dumps(v, sort_keys=True)}" for v in value)
-            lines.append(f" {json.dumps(key)}: [\n{rows}\n ]")
-        else:
-            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
-    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def _triton_version() -> str | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from paged_course.bench.kernel import (
+from paged_course.bench.kernel_shapes import (
     HEAD_DIM,
     HEADS,
     KV_HEADS,

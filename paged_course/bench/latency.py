@@ -178,7 +178,7 @@ def run_engine(
     output_tokens = sum(map(len, tokens.values()))
     return {
         "chunked": chunked,
-        "budget": llm.engine.scheduler_config.max_num_batched_tokens,
+        "budget": llm.config.scheduler.max_num_batched_tokens,
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "output_tokens": output_tokens,

@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup
+from paged_course.engine_views import decodes
 
 
 def _time_schedule(
@@ -61,7 +62,7 @@ def _time_schedule(
         dt = time.perf_counter() - t0
         if step:  # step 0 is the prefill of every request
             seconds.append(dt)
-            assert len(out.decodes) == num_running, "every request must decode in every timed step"
+            assert len(decodes(out)) == num_running, "every request must decode in every timed step"
         for s in out.scheduled:
             s.seq.append_token_id(1)
     return seconds

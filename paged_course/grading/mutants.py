@@ -62,7 +62,7 @@ def load_mutants() -> dict[str, dict[str, dict[str, str]]]:
 
 def graded_regions() -> dict[str, str]:
     """``{exercise id: solutions file name}`` for every region whose graded tests carry points."""
-    from paged_course.grading.classroom import collect
+    from paged_course.grading.collect import collect
 
     graded = {t["id"] for t in collect(ROOT) if t["points"] > 0}
     found = {}

@@ -232,18 +232,19 @@ def write_kv_checked(
     if num_tokens == 0:
         return
     lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
-    if lo < -1 or hi >= cache.num_slots:
+    num_slots = cache.num_blocks * cache.block_size
+    if lo < -1 or hi >= num_slots:
         bad = lo if lo < -1 else hi
         raise ValueError(
-            f"slot {bad} outside [-1, {cache.num_slots}) (num_blocks {cache.num_blocks} x "
+            f"slot {bad} outside [-1, {num_slots}) (num_blocks {cache.num_blocks} x "
             f"block_size {cache.block_size})"
         )
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     if slots.unique().numel() != slots.numel():
         raise ValueError(f"slot_mapping writes a slot twice: {slots.tolist()}")
-    flat_k = cache.key_cache[layer].view(cache.num_slots, *want)  # row = slot
-    flat_v = cache.value_cache[layer].view(cache.num_slots, *want)
+    flat_k = cache.key_cache[layer].view(num_slots, *want)  # row = slot
+    flat_v = cache.value_cache[layer].view(num_slots, *want)
     flat_k.index_copy_(0, slots, key[keep])
     flat_v.index_copy_(0, slots, value[keep])
 

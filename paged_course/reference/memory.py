@@ -20,6 +20,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from paged.config import check_int  # the engine's positive-int check, one copy
+
 _DTYPE_BYTES = {
     "float32": 4,
     "fp32": 4,
@@ -57,12 +59,6 @@ def dtype_bytes(dtype: Any) -> int:
     )
 
 
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class KVSpec:
     """The KV-cache shape of one model: what decides its memory per token.
@@ -86,7 +82,7 @@ class KVSpec:
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "num_kv_heads", "head_dim"):
-            _positive(field_name, getattr(self, field_name))
+            check_int(field_name, getattr(self, field_name))
         dtype_bytes(self.dtype)
 
     @property
@@ -100,7 +96,8 @@ class KVSpec:
 
     def bytes_per_block(self, block_size: int) -> int:
         """Bytes of one KV block holding ``block_size`` tokens, over all layers (seed error E8 corrected)."""
-        return self.bytes_per_token * _positive("block_size", block_size)
+        check_int("block_size", block_size)
+        return self.bytes_per_token * block_size
 
     def bytes_per_sequence(self, num_tokens: int) -> int:
         """Bytes of the KV of a ``num_tokens``-token sequence stored contiguously (no block rounding)."""

@@ -92,7 +92,7 @@ class CheckedEngine:
             assert len(table) * bs >= s.start + s.num_tokens, (
                 f"sequence {s.seq.seq_id}: its block table has no slot for position {s.start + s.num_tokens - 1}"
             )
-            for p in s.positions:
+            for p in range(s.start, s.start + s.num_tokens):
                 self.gpu[table[p // bs] * bs + p % bs] = tuple(s.seq.token_ids[: p + 1])
         for s in (
             out.scheduled

@@ -30,6 +30,7 @@ from paged.config import CacheConfig, SchedulerConfig
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from paged.engine.stats import percentile
+from paged_course.engine_views import prefills
 
 STATES = ("waiting", "running", "preempted", "swapped")
 
@@ -105,7 +106,7 @@ def make_workload(
 
 
 @dataclass
-class SimResult:
+class ScheduleResult:
     """What a run recorded. Times in seconds of the cost model.
 
     ``timelines[request_id]`` is a list of ``(start, end, state)`` with state in ``STATES``;
@@ -193,7 +194,7 @@ def simulate(
     name: str = "continuous",
     max_steps: int = 200_000,
     scheduler_cls=Scheduler,
-) -> SimResult:
+) -> ScheduleResult:
     """Run the workload through a real ``Scheduler`` (continuous batching). Deterministic.
 
     The fake model appends token ``(prompt[0] + len(seq)) % 30000``; a request finishes after its
@@ -205,7 +206,7 @@ def simulate(
     cost = cost or CostModel()
     sched = scheduler_cls(scheduler_config, cache_config)
     bm, bs = sched.block_manager, cache_config.block_size
-    res = SimResult(
+    res = ScheduleResult(
         name, num_blocks=cache_config.num_gpu_blocks, num_slots=cache_config.num_gpu_blocks * bs
     )
     pending = sorted(workload, key=lambda r: r.arrival_s)
@@ -246,9 +247,9 @@ def simulate(
         for seq in out.preempted:
             res.requests[seq.group.request_id]["preemptions"] += 1
         res.num_preemptions += len(out.preempted)
-        prefill_tokens = sum(g.num_tokens for g in out.prefills)
+        prefill_tokens = sum(g.num_tokens for g in prefills(out))
         res.recomputed_tokens += sum(
-            g.num_tokens for g in out.prefills if g.seq_group.request_id in ran
+            g.num_tokens for g in prefills(out) if g.seq_group.request_id in ran
         )
         used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
         res.steps.append(
@@ -257,7 +258,7 @@ def simulate(
                 "seconds": seconds,
                 "tokens": out.num_batched_tokens,
                 "prefill_tokens": prefill_tokens,
-                "running": out.num_seqs,
+                "running": len(out.scheduled),
                 "used_blocks": used,
                 "used_slots": used * bs,
                 "swapped_blocks": moved,
@@ -320,14 +321,14 @@ def simulate_static(
     cost: CostModel | None = None,
     max_model_len: int | None = None,
     name: str = "static",
-) -> SimResult:
+) -> ScheduleResult:
     """Static batching baseline (module docstring): fixed batches, padded rows, results at batch end.
 
     Memory: a batch reserves ``batch_size * max_model_len`` slots up front (pre-allocation for the
     longest possible request), so ``batch_size`` is what the KV cache can hold at the maximum length.
     """
     cost = cost or CostModel()
-    res = SimResult(name, num_slots=batch_size * max_model_len if max_model_len else 0)
+    res = ScheduleResult(name, num_slots=batch_size * max_model_len if max_model_len else 0)
     now = 0.0
     ordered = sorted(workload, key=lambda r: r.arrival_s)
     for i in range(0, len(ordered), batch_size):
@@ -438,7 +439,7 @@ def chunk_budget_sweep(
     ``max(max_model_len, 2048)``).
 
     Each row: ``name``, ``budget``, ``ttft_p50`` / ``ttft_p99`` / ``itl_p50`` / ``itl_p99`` (seconds of the
-    cost model, ``SimResult.latency()``), ``tokens_per_s``, ``steps``, ``max_step_s`` (the longest step: the
+    cost model, ``ScheduleResult.latency()``), ``tokens_per_s``, ``steps``, ``max_step_s`` (the longest step: the
     worst gap a decoding request can see) and ``preemptions``.
     """
     from paged_course.sim.step_order import V0DefaultScheduler

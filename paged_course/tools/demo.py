@@ -176,16 +176,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from paged.core.block_table import blocks_needed
     from paged.core.sequence import SamplingParams
-    from paged.engine.llm import (
-        LLM,
-        IgnoredRequestWarning,
-        group_finish_messages,
-        load_model,
-        resolve_device,
-    )
+    from paged.engine.llm import LLM, IgnoredRequestWarning, group_finish_messages
+    from paged.engine.model_loader import load_model, resolve_device
     from paged.worker.attention import use_attention
     from paged.worker.kv_cache import block_bytes
-    from paged.worker.model_runner import kv_shape
+    from paged.worker.worker import kv_shape
     from paged_course.reference.compare import greedy_agreement
 
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():

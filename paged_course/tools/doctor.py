@@ -22,21 +22,23 @@ def _version(module: str) -> str | None:
 
 
 def environment() -> dict[str, str]:
-    """Versions and the device, as printed by ``info``."""
-    import torch
+    """Versions and the device, as printed by ``info``: the benchmarks' record
+    (:func:`paged_course.bench.environment`) in words."""
+    from paged_course.bench import environment as record
 
-    if torch.cuda.is_available():
-        device = f"cuda ({torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} visible)"
+    env = record()
+    if env["cuda_devices"]:
+        device = f"cuda ({env['device']}, {env['cuda_devices']} visible)"
     else:
-        device = f"cpu ({os.cpu_count()} cores; no CUDA GPU)"
+        device = f"cpu ({env['cpu_count']} cores; no CUDA GPU)"
     return {
-        "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
-        "python": platform.python_version(),
-        "paged": _version("paged") or "?",
-        "torch": torch.__version__,
-        "transformers": _version("transformers") or "missing",
-        "triton": _version("triton") or "missing",
-        "numpy": _version("numpy") or "missing",
+        "os": f"{env['os']} ({env['machine']})",
+        "python": env["python"],
+        "paged": env["paged"] or "?",
+        "torch": env["torch"],
+        "transformers": env["transformers"] or "missing",
+        "triton": env["triton"] or "missing",
+        "numpy": env["numpy"] or "missing",
         "device": device,
     }
 

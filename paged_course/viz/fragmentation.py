@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
-from paged_course.sim.fragmentation import KINDS, MANAGERS, SimResult, compare, slot_kinds
+from paged_course.sim.fragmentation import KINDS, MANAGERS, FragmentationResult, compare, slot_kinds
 from paged_course.sim.workload import Trace, chat_trace
 
 COLORS = {
@@ -41,7 +41,7 @@ def _binned(values: np.ndarray, bins: int) -> np.ndarray:
     return np.add.reduceat(values.astype(float), edges[:-1]) / np.diff(edges)
 
 
-def plot_utilization(results: dict[str, SimResult], bins: int = 400, axes=None):
+def plot_utilization(results: dict[str, FragmentationResult], bins: int = 400, axes=None):
     """Stacked areas of each kind's share of the pool over time, one panel per manager."""
     if axes is None:
         _, axes = plt.subplots(
@@ -71,7 +71,7 @@ def plot_utilization(results: dict[str, SimResult], bins: int = 400, axes=None):
     return axes
 
 
-def pool_snapshot(res: SimResult, step: int) -> tuple[np.ndarray, np.ndarray]:
+def pool_snapshot(res: FragmentationResult, step: int) -> tuple[np.ndarray, np.ndarray]:
     """``(owner, kind)`` arrays of length ``pool_slots`` at ``step``: request id (-1 none) and index into
     ``("real", "reserved", "internal", "external", "free")``. Paged block ids come from replaying the
     allocations up to ``step`` with a LIFO free list (as vLLM v0's naive allocator)."""
@@ -128,7 +128,9 @@ def pool_snapshot(res: SimResult, step: int) -> tuple[np.ndarray, np.ndarray]:
     return owner, kind
 
 
-def plot_pool_strip(results: dict[str, SimResult], step: int, width: int | None = None, ax=None):
+def plot_pool_strip(
+    results: dict[str, FragmentationResult], step: int, width: int | None = None, ax=None
+):
     """The pool at ``step``, one row per manager: each request's tokens in its own color, its reserved
     slots in a pale version of it, internal waste grey, external fragmentation red, free white."""
     if ax is None:
@@ -191,7 +193,7 @@ def plot_held_slots(rows: list[tuple[str, int, int, int]], block_size: int | Non
     return ax
 
 
-def plot_shares(results: dict[str, SimResult], ax=None):
+def plot_shares(results: dict[str, FragmentationResult], ax=None):
     """One horizontal stacked bar per manager: time-averaged share of the pool by kind."""
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 2.4))
@@ -213,7 +215,7 @@ def small_comparison(
     num_requests: int = 400,
     pool_slots: int = 16384,
     seed: int = 0,
-) -> tuple[Trace, dict[str, SimResult]]:
+) -> tuple[Trace, dict[str, FragmentationResult]]:
     """A quick run for the widget: ``load`` = arrival rate / what the paged pool can serve (about)."""
     trace = chat_trace(num_requests, seed=seed, max_seq_len=max_seq_len)
     capacity = pool_slots / trace.final_len.mean() / trace.output_len.mean()  # requests per step

@@ -1,7 +1,7 @@
 """Pictures of the scheduler for chapter 06: timelines, memory over time, and a step-by-step widget.
 
 - ``plot_timelines``: a Gantt chart, one row per request, coloured by state (waiting, running,
-  preempted = waiting again after recompute preemption, swapped) from a ``paged_course.sim.scheduling.SimResult``.
+  preempted = waiting again after recompute preemption, swapped) from a ``paged_course.sim.scheduling.ScheduleResult``.
 - ``plot_memory``: KV slots held and tokens computed per step, over time, for several runs.
 - ``Stepper``: a tiny real ``Scheduler`` driven one ``schedule()`` call at a time by a fake model;
   ``Stepper.draw()`` shows its queues and its GPU pool (``paged_course.viz.kv_pool.plot_pool``).
@@ -18,6 +18,7 @@ from matplotlib.patches import Patch
 from paged.config import CacheConfig, SchedulerConfig
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from paged_course.engine_views import decodes, prefills
 from paged_course.viz.kv_pool import plot_pool
 
 STATE_COLORS = {
@@ -140,13 +141,13 @@ class Stepper:
         self.sched.free_finished()
         self.step_no += 1
         parts = [f"step {self.step_no}:"]
-        if out.prefills:
+        if prefills(out):
             parts.append(
                 "prefill "
-                + ", ".join(f"{g.seq_group.request_id}({g.num_tokens})" for g in out.prefills)
+                + ", ".join(f"{g.seq_group.request_id}({g.num_tokens})" for g in prefills(out))
             )
-        if out.decodes:
-            parts.append("decode " + ", ".join(g.seq_group.request_id for g in out.decodes))
+        if decodes(out):
+            parts.append("decode " + ", ".join(g.seq_group.request_id for g in decodes(out)))
         for label, seqs in (
             ("preempted", out.preempted),
             ("swapped in", out.swapped_in),

@@ -29,6 +29,12 @@ from paged.core.scheduler_outputs import SchedulerOutputs
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from paged_course.sim.kv_check import CheckedEngine, assert_all_free
 
+
+def prefills(out) -> list:
+    """The step's prompt chunks (``SchedulerOutputs.scheduled`` entries that are prefills)."""
+    return [s for s in out.scheduled if s.is_prefill]
+
+
 S = SequenceStatus
 
 
@@ -286,7 +292,7 @@ def test_a_long_prompt_runs_in_chunks(impl, threshold, chunks):
     s.add_request(g)
     engine = CheckedEngine(s)
     engine.run()
-    got = [x.num_tokens for out in engine.log for x in out.prefills]
+    got = [x.num_tokens for out in engine.log for x in prefills(out)]
     assert got == chunks, (
         f"a 40-token prompt, budget 16, threshold {threshold}: chunks {got}, expected {chunks}"
     )

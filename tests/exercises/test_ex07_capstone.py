@@ -1,7 +1,7 @@
 """Graded: chapter 07, the capstone. The engine assembled from *your* parts (chapters 02, 03, 05, 06 and 07:
 allocator, slot mapping, KV write, decode attention, prefix cache, copy-on-write, scheduler, prefill attention,
-sampler) serves the built-in model, and its greedy tokens equal transformers' ``generate`` on a workload that
-exercises chunked prefill, prefix caching, copy-on-write and preemption.
+sampler, input preparation, update) serves the built-in model, and its greedy tokens equal transformers'
+``generate`` on a workload that exercises chunked prefill, prefix caching, copy-on-write and preemption.
 
 No part falls back to the reference here: a part that is missing or unfinished fails the capstone and is
 named. Tokens are compared as vLLM's tests do (``paged_course.reference.compare``): equal, or parting only at a
@@ -37,7 +37,7 @@ ALL_REGIONS = (
 
 
 def _your_parts(impl) -> Parts:
-    """Your nine parts; fails first, in course order, on every region of theirs not written yet (the
+    """Your parts (``PART_SOURCES``); fails first, in course order, on every region of theirs not written yet (the
     engine would stop at whichever stub it happens to call first, which says little about where to start)."""
     chosen, missing, unwritten = {}, [], {}
     for part, (module, attribute) in PART_SOURCES.items():

@@ -43,6 +43,49 @@ _DRAW = """
     return tokens.tolist()
 """
 
+_INPUTS = """
+    starts = [context - query for context, query in zip(context_lens, query_lens)]
+    positions = [p for start, query in zip(starts, query_lens) for p in range(start, start + query)]
+    slots = list(slot_mapping(block_tables, starts, query_lens, block_size))
+    query_start = [0]
+    for query in query_lens:
+        query_start.append(query_start[-1] + query)
+    sample_rows = [query_start[s + 1] - 1 for s in keep]
+    tables = [list(table) + [0] * (width - len(table)) for table in block_tables]
+    return StepInputs(positions, slots, sample_rows, query_start, tables)
+"""
+
+_UPDATE_SEQ = """
+    seq.append_token_id(token)
+    if token in seq.group.stop_token_ids:
+        seq.status = SequenceStatus.FINISHED_STOPPED
+    elif (
+        len(seq) - seq.num_prompt_tokens >= seq.group.sampling_params.max_tokens
+        or len(seq) >= max_model_len
+    ):
+        seq.status = SequenceStatus.FINISHED_LENGTH
+"""
+
+_UPDATE_STEP = """
+    by_id = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
+    max_model_len = scheduler.config.max_model_len
+    got = []
+    for seq_id, tokens in sampled.items():
+        seq = by_id[seq_id]
+        for token in tokens[1:]:
+            child = seq.fork(next(scheduler.seq_ids))
+            seq.group.seqs.append(child)
+            scheduler.fork_seq(seq, child)
+            update_sequence(child, token, max_model_len)
+            got.append(child)
+        update_sequence(seq, tokens[0], max_model_len)
+        got.append(seq)
+    touched = {s.group.request_id: s.group for s in [*out.ignored, *out.exhausted, *got]}
+    if any(s.is_finished for s in got):
+        scheduler.free_finished()
+    return StepResult([group for group in touched.values() if group.is_finished], got)
+"""
+
 
 def _swap(code: str, old: str, new: str) -> str:
     """``code`` with one snippet replaced (the snippet must be there: a stale mutant fails loudly)."""
@@ -125,6 +168,72 @@ MUTANTS = {
         ),
         "top_k of -1 passed through (every token but the first removed)": _swap(
             _DRAW, "params[i].top_k if params[i].top_k > 0 else vocab", "params[i].top_k"
+        ),
+    },
+    "ch07.ex6": {
+        "positions from 0: a chunk after a prefix hit or a decode restarts at position 0": _swap(
+            _INPUTS, "for p in range(start, start + query)]", "for p in range(query)]"
+        ),
+        "slots of the first tokens of the sequence, not of its new ones": _swap(
+            _INPUTS,
+            "slot_mapping(block_tables, starts, query_lens, block_size)",
+            "slot_mapping(block_tables, [0] * len(starts), query_lens, block_size)",
+        ),
+        "a sequence samples at its first new token": _swap(
+            _INPUTS, "query_start[s + 1] - 1 for s in keep", "query_start[s] for s in keep"
+        ),
+        "every sequence samples, keep ignored": _swap(
+            _INPUTS, "for s in keep]", "for s in range(len(query_lens))]"
+        ),
+        "the block manager's tables padded in place": _swap(
+            _INPUTS,
+            "tables = [list(table) + [0] * (width - len(table)) for table in block_tables]",
+            "tables = [table.extend([0] * (width - len(table))) or table for table in block_tables]",
+        ),
+    },
+    "ch07.ex7": {
+        "one token too many: max_tokens compared with >": _swap(
+            _UPDATE_SEQ,
+            ">= seq.group.sampling_params.max_tokens",
+            "> seq.group.sampling_params.max_tokens",
+        ),
+        "the stop token is not appended": _swap(
+            _UPDATE_SEQ,
+            "    seq.append_token_id(token)\n    if token in seq.group.stop_token_ids:\n"
+            "        seq.status = SequenceStatus.FINISHED_STOPPED\n    elif",
+            "    if token in seq.group.stop_token_ids:\n"
+            "        seq.status = SequenceStatus.FINISHED_STOPPED\n        return\n"
+            "    seq.append_token_id(token)\n    if",
+        ),
+        "max_tokens counts the prompt too": _swap(
+            _UPDATE_SEQ, "len(seq) - seq.num_prompt_tokens >=", "len(seq) >="
+        ),
+        "max_model_len never checked": _swap(
+            _UPDATE_SEQ, "\n        or len(seq) >= max_model_len", ""
+        ),
+    },
+    "ch07.ex8": {
+        "children forked after the parent's token: each child holds two new tokens": _swap(
+            _UPDATE_STEP,
+            "        for token in tokens[1:]:",
+            "        update_sequence(seq, tokens[0], max_model_len)\n        for token in tokens[1:]:",
+        ).replace(
+            "            got.append(child)\n        update_sequence(seq, tokens[0], max_model_len)\n",
+            "            got.append(child)\n",
+        ),
+        "children never registered with the scheduler (no shared blocks, never scheduled)": _swap(
+            _UPDATE_STEP, "            scheduler.fork_seq(seq, child)\n", ""
+        ),
+        "finished sequences keep their blocks until the next schedule()": _swap(
+            _UPDATE_STEP,
+            "    if any(s.is_finished for s in got):\n        scheduler.free_finished()\n",
+            "",
+        ),
+        "ignored and exhausted requests never reported": _swap(
+            _UPDATE_STEP, "[*out.ignored, *out.exhausted, *got]", "got"
+        ),
+        "the first sample's extra tokens dropped: n > 1 returns one output": _swap(
+            _UPDATE_STEP, "        for token in tokens[1:]:", "        for token in []:"
         ),
     },
 }

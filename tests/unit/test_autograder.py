@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_course.grading import classroom
+from paged_course.grading import classroom, collect
 from paged_course.grading.autograder import build_bundle, find_submission_files
 from paged_course.publish.release import ROOT
 from paged_course.publish.sync import exercise_ids
@@ -206,13 +206,13 @@ def test_classroom_config_sums_points_per_chapter():
 
 @pytest.mark.slow
 def test_static_points_agree_with_pytest_collection():
-    static = classroom.static_tests(ROOT)
+    static = collect.static_tests(ROOT)
     if static is None:
         pytest.skip(
             "a graded test file needs pytest to be counted; collect() already uses collection"
         )
     assert classroom.chapter_points(static) == classroom.chapter_points(
-        classroom.collected_tests(ROOT)
+        collect.collected_tests(ROOT)
     ), "the static marker reader and pytest's collection disagree on a chapter's points"
 
 
@@ -226,13 +226,13 @@ def test_static_reader_counts_parametrize_cases(tmp_path):
         "@pytest.mark.exercise(id='ch05.ex2', points=5)\ndef test_b(impl):\n    pass\n\n"
         "def test_helper():\n    pass\n"
     )
-    assert classroom.chapter_points(classroom.static_tests(tmp_path)) == {
+    assert classroom.chapter_points(collect.static_tests(tmp_path)) == {
         "ch05": {"points": 3 * 2 * 2 + 5, "tests": 7, "exercises": ["ch05.ex1", "ch05.ex2"]}
     }
     (folder / "test_ex06_dyn.py").write_text(
         "import pytest\n\n@pytest.mark.exercise('ch06.ex1', points=1)\n"
         "@pytest.mark.parametrize('n', list(range(3)))\ndef test_c(impl, n):\n    pass\n"
     )
-    assert classroom.static_tests(tmp_path) is None, (
+    assert collect.static_tests(tmp_path) is None, (
         "computed argvalues: the static reader must defer to pytest"
     )

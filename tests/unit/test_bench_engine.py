@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 from paged_course.bench import engine as bench
+from paged_course.bench import engine_peers
 from paged_course.reference.models import tiny_model
 
 FAKE_PEER = textwrap.dedent("""
@@ -42,7 +43,7 @@ def test_vllm_session_speaks_the_peer_protocol(tmp_path, monkeypatch):
     script = tmp_path / "peer.py"
     script.write_text(FAKE_PEER)
     monkeypatch.setattr(type(model), "save_pretrained", _fake_save([[1, 2, 3], [4, 5]]))
-    with bench.vllm_session(
+    with engine_peers.vllm_session(
         model, [([5, 6, 7], 3), ([8, 9], 2)], sys.executable, script=script
     ) as (once, info):
         assert info == {"vllm": "fake", "block_size": 32, "startup_seconds": 0.1}, (
@@ -72,7 +73,9 @@ def test_vllm_session_failure_names_the_reason(tmp_path, monkeypatch, body, matc
     script.write_text(body)
     monkeypatch.setattr(type(model), "save_pretrained", _fake_save([]))
     with pytest.raises(RuntimeError, match=match):
-        with bench.vllm_session(model, [([1, 2], 1)], sys.executable, script=script, timeout=1):
+        with engine_peers.vllm_session(
+            model, [([1, 2], 1)], sys.executable, script=script, timeout=1
+        ):
             pass
 
 
@@ -84,8 +87,7 @@ def test_compare_systems_reports_the_fake_peer(tmp_path, monkeypatch, capsys):
     script.write_text(FAKE_PEER)
     ours = bench.run_paged(model, work)[0]
     monkeypatch.setattr(type(model), "save_pretrained", _fake_save(ours))
-    monkeypatch.setattr(bench, "VLLM_PEER", script)
-    real_session = bench.vllm_session
+    real_session = engine_peers.vllm_session
     monkeypatch.setattr(
         bench, "vllm_session", lambda m, w, p, t: real_session(m, w, p, t, script=script)
     )
@@ -111,10 +113,10 @@ def test_compare_systems_reports_the_fake_peer(tmp_path, monkeypatch, capsys):
 def test_find_vllm_says_why_not(monkeypatch):
     monkeypatch.delenv("PAGED_VLLM_PYTHON", raising=False)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    python, why = bench.find_vllm()
+    python, why = engine_peers.find_vllm()
     assert python is None and "PAGED_VLLM_PYTHON" in why
     monkeypatch.setenv("PAGED_VLLM_PYTHON", "/opt/vllm/bin/python")
-    assert bench.find_vllm() == ("/opt/vllm/bin/python", "$PAGED_VLLM_PYTHON")
+    assert engine_peers.find_vllm() == ("/opt/vllm/bin/python", "$PAGED_VLLM_PYTHON")
 
 
 def test_bench_flags_belong_to_engine(capsys):

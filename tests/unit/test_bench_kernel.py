@@ -15,6 +15,7 @@ import torch
 
 from paged import kernels
 from paged_course.bench import kernel as bench
+from paged_course.bench import kernel_gpu
 
 if not kernels.HAS_TRITON:  # pragma: no cover - Linux always has triton
     pytest.skip(kernels.REASON, allow_module_level=True)
@@ -118,12 +119,12 @@ def test_targets_report_numbers_and_verdicts():
         row(1, 8192, 16, 30.0, 1.0, 3.0),
         row(8, 4096, 16, 60.0, 1.0, 1.2),
     ]
-    out = bench._targets(rows, 4800.0)
+    out = kernel_gpu._targets(rows, 4800.0)
     assert out["B=64 ctx=4096 >= 80% of peak HBM"] == "85.0% (met)"
     assert out["B=1 ctx=8192 >= 40% of peak HBM"] == "30.0% (not met)"
     assert out["B>=8 never slower than SDPA"] == "worst tuned/SDPA time 1.20 (not met)"
     assert out["paging overhead at B=64 ctx=4096 <= 5%"].startswith("worst paged/contiguous 1.070")
-    unknown = bench._targets([dict(rows[0], pct_peak=None)], None)
+    unknown = kernel_gpu._targets([dict(rows[0], pct_peak=None)], None)
     assert "unknown GPU" in unknown["B=64 ctx=4096 >= 80% of peak HBM"]
 
 

@@ -10,16 +10,17 @@ from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_table import BlockTable, blocks_needed, slot_mapping
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from paged_course.engine_views import slot
 from paged_course.reference import pad_block_tables
 
 
 def test_case5_slot_at_an_exact_block_boundary():
     table = BlockTable(4, [10, 11, 12])
     expected = {1: 40, 2: 41, 3: 42, 4: 43, 5: 44, 6: 45, 7: 46, 8: 47, 9: 48}
-    for length, slot in expected.items():
-        assert table.slot(length - 1) == slot, f"last slot of a {length}-token sequence"
-        assert table.slot(length - 1) == table[(length - 1) // 4] * 4 + (length - 1) % 4
-    assert table.slot(7) == 47, "L = 8 ends block 11 at 47, not 43"
+    for length, want in expected.items():
+        assert slot(table, length - 1) == want, f"last slot of a {length}-token sequence"
+        assert slot(table, length - 1) == table[(length - 1) // 4] * 4 + (length - 1) % 4
+    assert slot(table, 7) == 47, "L = 8 ends block 11 at 47, not 43"
     assert table.slot_mapping(0, 9) == [40, 41, 42, 43, 44, 45, 46, 47, 48]
 
 
@@ -66,7 +67,7 @@ def test_bad_input():
         BlockTable(4, [1, 2], num_tokens=4)
     table = BlockTable(4, [3], num_tokens=2)
     with pytest.raises(ValueError, match="position 4 is outside"):
-        table.slot(4)
+        slot(table, 4)
     with pytest.raises(ValueError, match="outside capacity 4"):
         table.slot_mapping(2, 5)
 

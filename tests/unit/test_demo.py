@@ -115,7 +115,7 @@ def test_stats_leave_the_warm_up_out(capsys):
 def _block_bytes() -> int:
     from paged.models import load_default
     from paged.worker.kv_cache import block_bytes
-    from paged.worker.model_runner import kv_shape
+    from paged.worker.worker import kv_shape
 
     model, _ = load_default(torch.float32)
     return block_bytes(*kv_shape(model), demo.BLOCK_SIZE, torch.float32)

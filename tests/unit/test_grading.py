@@ -23,7 +23,16 @@ from pathlib import Path
 import pytest
 
 from paged_course import grading
-from paged_course.grading import GradingInterrupted, Report, TestResult, grade, normalize_chapter
+from paged_course.grading import (
+    GradingInterrupted,
+    Report,
+    TestResult,
+    grade,
+    normalize_chapter,
+    progress,
+    reports,
+    runner,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +106,7 @@ def graded(tmp_path_factory):
     suite = _suite(tmp / "suite")
     stream = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grading, "WATCHDOG_FLOOR_S", 1.0)
+        mp.setattr(runner, "WATCHDOG_FLOOR_S", 1.0)
         report = grade(
             impl="solutions",
             timeout=1,
@@ -167,7 +176,7 @@ def test_reasons_are_plain_words(graded):
     assert long.startswith("AssertionError: lengths 0, 1, 2") and long.endswith(
         "expected 3 requests to fit, got 2"
     ), "a long assertion message keeps its head and its expected/got end"
-    assert len(long) <= grading._MAX_REASON
+    assert len(long) <= reports._MAX_REASON
 
 
 def test_progress_line_per_chapter(graded):
@@ -207,7 +216,7 @@ def test_report_files(graded):
 
 def test_summary_lines_wrap_instead_of_cutting(graded):
     report, _, _ = graded
-    lines = grading._summary_lines(report, width=72)
+    lines = progress._summary_lines(report, width=72)
     text = "\n".join(lines)
     assert all(len(line) <= 72 for line in text.splitlines()), text
     entry = next(line for line in lines if "ch02.ex3" in line)
@@ -226,9 +235,9 @@ def test_error_message_keeps_the_expected_got_lines():
         "E       assert 1 == 5\n"
         "E         +1\n\ntest_x.py:3: AssertionError\n"
     )
-    assert grading._error_message(output) == "AssertionError: length 17 needs 2 blocks, got 1"
+    assert reports._error_message(output) == "AssertionError: length 17 needs 2 blocks, got 1"
     bare = "E       assert 1 == 5\nE        +  where 1 = f()\n"
-    assert grading._error_message(bare) == "assert 1 == 5 +  where 1 = f()", (
+    assert reports._error_message(bare) == "assert 1 == 5 +  where 1 = f()", (
         "no message: pytest's diff is the reason"
     )
     plain = (
@@ -237,11 +246,11 @@ def test_error_message_keeps_the_expected_got_lines():
         "E         Left contains one more item: 4\n"
     )
     assert (
-        grading._error_message(plain)
+        reports._error_message(plain)
         == "AssertionError: fully cached prompt: at most max_blocks blocks: assert [7, 1, 4] == [7, 1]"
     ), "a message without got / expected keeps pytest's comparison, which shows both"
     long = "A" * 3000 + " expected 7, got 9"
-    short = grading.shorten_middle(long, 300)
+    short = reports.shorten_middle(long, 300)
     assert len(short) <= 300 and short.endswith("expected 7, got 9") and short.startswith("AAA")
 
 
@@ -477,7 +486,7 @@ def test_later():
 def test_a_failure_that_comes_from_an_earlier_exercise_names_it(tmp_path):
     suite = _suite(tmp_path / "suite", USES)
     report = grade(impl="solutions", timeout=5, tests_dir=suite, root=suite)
-    later = next(line for line in grading._summary_lines(report, width=400) if "ch03.ex2" in line)
+    later = next(line for line in progress._summary_lines(report, width=400) if "ch03.ex2" in line)
     assert (
         "ch03.ex2 uses your ch03.ex1, which fails: AssertionError: the earlier piece keeps its order"
         in later
@@ -507,7 +516,7 @@ def test_a_failure_that_names_what_it_needs_first_keeps_its_words(tmp_path):
     first failing exercise of its ``uses`` (a late one, ch07.ex2)."""
     suite = _suite(tmp_path / "suite", NAMES_ITS_NEEDS)
     report = grade(impl="solutions", timeout=5, tests_dir=suite, root=suite)
-    line = next(x for x in grading._summary_lines(report, width=400) if "ch07.ex1" in x)
+    line = next(x for x in progress._summary_lines(report, width=400) if "ch07.ex1" in x)
     assert (
         "needs ch02.ex1 first: 2 regions are not written yet, in course order: ch02.ex1, ch07.ex2"
         in line
@@ -573,7 +582,7 @@ def test_a_regions_later_tests_that_call_the_timed_out_function_are_blocked_at_o
     assert (
         re.search(r"^ch01 TB\.T ", stream.getvalue(), re.M) and "B blocked" in stream.getvalue()
     ), stream.getvalue()
-    summary = "\n".join(grading._summary_lines(report, 200))
+    summary = "\n".join(progress._summary_lines(report, 200))
     assert "at learner.py:3 (in spin) (1 more test blocked: they call it too)" in summary, summary
 
 
@@ -618,7 +627,7 @@ def test_an_all_or_nothing_region_scores_0_unless_every_test_passes(tmp_path):
         t for t in results["tests"] if t["score"] and t["status"] != "passed"
     ]
     assert 'failures="2"' in report.junit()
-    line = next(x for x in grading._summary_lines(report, width=400) if "ch02.ex6" in x)
+    line = next(x for x in progress._summary_lines(report, width=400) if "ch02.ex6" in x)
     assert "1/2 failing" in line and "graded all or nothing" in line, line
 
 

@@ -17,7 +17,9 @@ import torch
 
 from paged import kernels
 from paged.kernels.launch_config import GPUS
+from paged_course.bench import kernel_asm
 from paged_course.bench import kernel_compile as kc
+from paged_course.bench import kernel_compile_report as kreport
 
 if not kernels.HAS_TRITON:  # pragma: no cover - Linux always has triton
     pytest.skip(kernels.REASON, allow_module_level=True)
@@ -45,7 +47,7 @@ class _Fn:  # what load_sites reads of a JITFunction: .fn, the Python function
 def test_loads_are_attributed_to_their_tl_load_by_line_info(tmp_path):
     path = tmp_path / "k.py"
     path.write_text(SOURCE)
-    sites = kc.load_sites(_Fn(path))
+    sites = kernel_asm.load_sites(_Fn(path))
     assert sorted(sites) == [(2, 2, "BT"), (3, 6, "K")]
     ptx = textwrap.dedent(
         f"""\
@@ -68,7 +70,7 @@ def test_loads_are_attributed_to_their_tl_load_by_line_info(tmp_path):
         .file 2 "/elsewhere/standard.py"
         """
     )
-    ops = kc.ptx_memory_ops(ptx, str(path), sites)
+    ops = kernel_asm.ptx_memory_ops(ptx, str(path), sites)
     # K: the v4.b32 load and the 16-byte cp.async (16 bytes), the v2.b16 load and the 4-byte cp.async;
     # "other": line 9 and a line of another file are no tl.load of the kernel
     assert ops["loads"]["K"] == {"16": 2, "4": 2} and ops["loads"]["BT"] == {"4": 1}
@@ -76,15 +78,34 @@ def test_loads_are_attributed_to_their_tl_load_by_line_info(tmp_path):
     assert (ops["cp_async"], ops["mma"], ops["wgmma"], ops["tma"]) == (2, 1, 1, 0)
 
 
+def test_loads_inside_a_helper_the_kernel_calls_count_under_the_helpers_names(tmp_path):
+    """Chapter 04's teaching kernel reads K and V inside a ``@jit`` helper of its file (``walk_blocks``)."""
+    path = tmp_path / "k.py"
+    path.write_text(
+        "def walk(K, V, n):\n"
+        "    return tl.load(K + n) + tl.load(V + n)\n"
+        "\n"
+        "\n"
+        "def kernel(K, V, BT, O):\n"
+        "    physical = tl.load(BT)\n"
+        "    tl.store(O, walk(K, V, physical))\n"
+        "\n"
+        "\n"
+        "def unused(Q):\n"
+        "    return tl.load(Q)\n"
+    )
+    assert sorted(kernel_asm.load_sites(_Fn(path))) == [(2, 2, "K"), (2, 2, "V"), (6, 6, "BT")]
+
+
 def test_occupancy_arithmetic():
     """116 registers x 128 threads: 3,840 per warp (15 units of 256), 17 warps per SM -> 4 programs;
     39,168 + 1,024 bytes of shared memory: 4 programs in 164 KB; 16 by warps."""
-    occ = kc.occupancy(GPUS["A100"], 116, 39168, 4)
+    occ = kernel_asm.occupancy(GPUS["A100"], 116, 39168, 4)
     assert occ["limits"] == {"registers": 4, "shared memory": 4, "warps": 16}
     assert occ["programs_per_sm"] == 4
-    spilled = kc.occupancy(GPUS["H200"], 255, 57344, 4)
+    spilled = kernel_asm.occupancy(GPUS["H200"], 255, 57344, 4)
     assert spilled["limits"]["registers"] == 2 and spilled["limited_by"] == "registers"
-    assert kc.occupancy(GPUS["H200"], 24, 2048, 4)["limited_by"] == "warps"
+    assert kernel_asm.occupancy(GPUS["H200"], 24, 2048, 4)["limited_by"] == "warps"
 
 
 def _row(**kw) -> dict:
@@ -108,16 +129,16 @@ def _row(**kw) -> dict:
         "tma": 0,
         "mma": 32,
         "wgmma": 0,
-        "occupancy": kc.occupancy(GPUS["A100"], 116, 39168, 4),
+        "occupancy": kernel_asm.occupancy(GPUS["A100"], 116, 39168, 4),
     }
     return {**row, **kw}
 
 
 def test_checks_name_every_failure_and_pass_a_good_row():
     good = _row()
-    assert kc.check([good], [good]) == []
-    assert kc.kv_loads(good) == {"wide": 32, "narrow": 0}, "block-table gathers do not count"
-    found = kc.check(
+    assert kreport.check([good], [good]) == []
+    assert kreport.kv_loads(good) == {"wide": 32, "narrow": 0}, "block-table gathers do not count"
+    found = kreport.check(
         [
             _row(id="a", stack_bytes=16, registers=255),
             _row(id="b", loads={"K": {"16": 8, "2": 4}, "V": {"16": 8}}),
@@ -136,14 +157,16 @@ def test_checks_name_every_failure_and_pass_a_good_row():
         "e: 19 cp.async copies, the committed report has 35",
     ]
     merge = _row(id="m", kernel="merge", loads={"LSE": {"4": 9}, "O_PART": {"16": 8}})
-    assert kc.check([merge]) == [], "the merge kernel reads no K/V tile"
+    assert kreport.check([merge]) == [], "the merge kernel reads no K/V tile"
 
 
 def test_row_ids_and_table():
     assert kc.row_id(_row()) == "decode:A100:float16:d128:g4:bs16"
     merge = _row(kernel="merge", num_splits=26, launch={"SPLITS_P2": 32})
     assert kc.row_id(merge) == "merge:A100:float16:d128:s26", "the merge kernel sees no group"
-    text = kc.markdown([_row(), {**merge, "id": "m"}, {**_row(), "error": "CompilationError: x"}])
+    text = kreport.markdown(
+        [_row(), {**merge, "id": "m"}, {**_row(), "error": "CompilationError: x"}]
+    )
     lines = text.splitlines()
     assert lines[0].startswith("| kernel | GPU |") and len(lines) == 5
     assert (
@@ -169,7 +192,7 @@ def test_every_engine_configuration_is_compiled():
 def test_committed_report_passes_its_own_checks_and_covers_every_configuration():
     report = json.loads((kc.STATIC / "kernels.json").read_text())
     rows = report["rows"]
-    assert report["problems"] == [] and kc.check(rows, rows) == []
+    assert report["problems"] == [] and kreport.check(rows, rows) == []
     ids = {r["id"] for r in rows}
     for c in kc.engine_configs():
         for kernel in ("decode", "decode_split", "prefill"):
@@ -177,7 +200,7 @@ def test_committed_report_passes_its_own_checks_and_covers_every_configuration()
     assert {r["gpu"] for r in rows if r["kernel"] == "merge"} == {"A100", "H200"}
     lab = {r["kernel"] for r in report["lab"]}
     assert {"teaching", "tuned", "tuned, no hints"} <= lab
-    assert (kc.STATIC / "kernels.md").read_text() == kc.report_markdown(report)
+    assert (kc.STATIC / "kernels.md").read_text() == kreport.report_markdown(report)
 
 
 # ---------------------------------------------------------------------------- compiled for real
@@ -218,10 +241,10 @@ def test_planted_spill_and_planted_compile_error_fail_the_report():
         ]
     )
     by_name = {r["variant"]: r for r in rows}
-    assert kc.check([by_name["engine"]]) == []
-    spill = kc.check([by_name["planted-spill"]])
+    assert kreport.check([by_name["engine"]]) == []
+    spill = kreport.check([by_name["planted-spill"]])
     assert spill and "spills" in spill[0], spill
-    error = kc.check([by_name["planted-dot-8"]])
+    error = kreport.check([by_name["planted-dot-8"]])
     assert len(error) == 1 and "compile error: CompilationError: at " in error[0], error
     assert error[0].endswith("K >= 16"), "the second tl.dot (P V) has K = BLOCK_N = 8"
 

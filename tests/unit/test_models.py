@@ -80,7 +80,7 @@ def test_default_model_rebuilt_when_incomplete(cache_dir):
     ],
 )
 def test_tiny_models(arch, cls, kv_heads):
-    from paged.worker.model_runner import kv_shape
+    from paged.worker.worker import kv_shape
 
     model = tiny_models.tiny_model(arch)
     assert type(model).__name__ == cls and not model.training
@@ -118,7 +118,7 @@ def test_loading_shows_no_transformers_progress_bars(tmp_path, monkeypatch):
     import transformers.core_model_loading as loading
     from transformers.utils import logging
 
-    from paged.engine.llm import load_model
+    from paged.engine.model_loader import load_model
 
     tiny_models.tiny_model("llama").save_pretrained(tmp_path)
     seen = []

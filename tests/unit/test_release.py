@@ -114,6 +114,16 @@ def test_student_tree_holds_every_exercise_and_the_package(student):
         "paged_course/grading/autograder.py",
     ):
         assert not (out / rel).exists(), f"the student release ships the instructor tool {rel}"
+    withheld = {"paged_course.publish.release", "paged_course.grading.classroom"}
+    withheld.add("paged_course.grading.autograder")
+    for path in (out / "paged_course").rglob("*.py"):  # lazy imports too: a command must not break
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [a.name for a in node.names]
+            module = getattr(node, "module", None) or ""
+            found = {module, *names, *(f"{module}.{n}" for n in names)} & withheld
+            assert not found, f"{path.relative_to(out)} imports the withheld {found}"
     graded = sorted(p.name for p in (out / "tests" / "exercises").glob("test_*.py"))
     assert graded == sorted(p.name for p in (ROOT / "tests" / "exercises").glob("test_*.py")), (
         "graded tests copied"

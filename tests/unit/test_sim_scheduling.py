@@ -126,3 +126,17 @@ def test_stepper_tiny_memory_preempts_newest_first():
         "step 8: decode B",
     ]
     assert s.queues()["finished"] == ["A", "B", "C"] and not s.sched.has_unfinished_requests()
+
+
+def test_both_simulators_summarise_the_shared_counts_alike():
+    """The fragmentation and scheduling results share ``steps``, ``preemptions``, ``recomputed_tokens``."""
+    from paged_course.sim.fragmentation import simulate as simulate_pool
+    from paged_course.sim.workload import chat_trace
+
+    pool = simulate_pool(chat_trace(40, seed=0, max_seq_len=256), 1024, "paged").summary()
+    cfg = SchedulerConfig(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64)
+    cache = CacheConfig(block_size=4, num_gpu_blocks=24)
+    sched = simulate(make_workload(6, seed=0, max_len=64), cfg, cache).summary()
+    shared = {"steps", "preemptions", "recomputed_tokens"}
+    assert shared <= set(pool) and shared <= set(sched)
+    assert all(isinstance(s[k], int) and s[k] >= 0 for s in (pool, sched) for k in shared)

@@ -12,28 +12,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.config import CacheConfig, SchedulerConfig
+from paged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged.engine.llm_engine import LLMEngine
-from paged.worker.kv_cache import KVCache
-from paged.worker.model_runner import GRAPH_SIZES, DecodeGraph, kv_shape
-from paged_course.reference.models import tiny_model
+from paged.worker.model_runner import GRAPH_SIZES, DecodeGraph
+from tests.engine.tiny import tiny_model
 
 BLOCKS, BS = 48, 4
 
 
 def _engine(model, graphs: bool, max_num_seqs: int = 12) -> LLMEngine:
-    layers, kv_heads, head_dim = kv_shape(model)
-    kv = KVCache(layers, BLOCKS + graphs, BS, kv_heads, head_dim)
-    return LLMEngine(
-        model,
-        kv,
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32, max_model_len=64),
+    config = EngineConfig(
+        ModelConfig(cuda_graphs=graphs),
         CacheConfig(block_size=BS, num_gpu_blocks=BLOCKS, enable_prefix_caching=True),
-        cuda_graphs=graphs,
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32, max_model_len=64),
         profile=True,  # the step history
     )
+    return LLMEngine(model, config)
 
 
 def _run(engine, work) -> list[list[int]]:

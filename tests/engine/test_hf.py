@@ -15,8 +15,9 @@ from paged.worker.attention import (
     use_paged_attention,
 )
 from paged.worker.kv_cache import KVCache
-from paged.worker.model_runner import forward_logits, kv_shape
-from paged_course.reference.models import TINY_ARCHS, tiny_model
+from paged.worker.model_runner import forward_logits
+from paged.worker.worker import kv_shape
+from tests.engine.tiny import TINY_ARCHS, tiny_model
 
 
 def _pool(model, num_blocks=32, block_size=4, fill=1e4):

@@ -7,7 +7,7 @@ import pytest
 
 from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM, IgnoredRequestWarning
-from paged_course.reference.models import tiny_model
+from tests.engine.tiny import tiny_model
 
 
 @pytest.fixture(scope="module")

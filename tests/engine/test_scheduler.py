@@ -16,8 +16,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from paged.config import EngineConfig
 from paged.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+
+
+def prefills(out) -> list:
+    """The step's prompt chunks (``SchedulerOutputs.scheduled`` entries that are prefills)."""
+    return [s for s in out.scheduled if s.is_prefill]
+
+
+def decodes(out) -> list:
+    """The step's decodes."""
+    return [s for s in out.scheduled if not s.is_prefill]
+
 
 S = SequenceStatus
 
@@ -55,7 +67,7 @@ class FakeEngine:
             assert len(table) * self.bs >= s.start + s.num_tokens, (
                 f"seq {s.seq.seq_id}: table too short"
             )
-            for p in s.positions:
+            for p in range(s.start, s.start + s.num_tokens):
                 self.gpu[table[p // self.bs] * self.bs + p % self.bs] = tuple(
                     s.seq.token_ids[: p + 1]
                 )
@@ -174,9 +186,13 @@ def test_cache_config_rejects_bad_values(kwargs, words):
         CacheConfig(**kwargs)
 
 
-def test_scheduler_rejects_swap_without_cpu_blocks_and_unsized_pool():
+def test_config_rejects_swap_without_cpu_blocks_and_scheduler_an_unsized_pool():
     with pytest.raises(ValueError, match="num_cpu_blocks > 0"):
-        sched(4, mode="swap")
+        EngineConfig(scheduler=SchedulerConfig(preemption_mode="swap"), cache=CacheConfig())
+    with pytest.raises(ValueError, match="exceeds the model's 2048 positions"):
+        EngineConfig(scheduler=SchedulerConfig(max_model_len=4096))
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        CacheConfig(gpu_memory_utilization=0.0)
     with pytest.raises(ValueError, match="num_gpu_blocks must be set"):
         Scheduler(SchedulerConfig(), CacheConfig())
     assert (
@@ -208,7 +224,7 @@ def test_case7_prompt_larger_than_cache_is_ignored_and_does_not_block():
     eng = FakeEngine(s)
     first = eng.step()
     assert [x.group.request_id for x in first.ignored] == ["A"]
-    assert [g.seq_group.request_id for g in first.prefills] == ["B"], "B must not wait behind A"
+    assert [g.seq_group.request_id for g in prefills(first)] == ["B"], "B must not wait behind A"
     assert a.seqs[0].status is S.FINISHED_IGNORED
     assert "20 tokens" in a.seqs[0].finish_message and "4 blocks" in a.seqs[0].finish_message
     assert eng.run() == 3, "B: prefill, one decode, then the loop sees nothing left"
@@ -255,7 +271,7 @@ def test_case8_alone_and_cannot_grow_finishes_kv_exhausted():
     assert "KV cache exhausted" in seq.finish_message and "2 blocks" in seq.finish_message
     assert [x.group.request_id for x in eng.log[-1].exhausted] == ["X"]
     assert s.num_preemptions == 0, "no preempt/re-prefill loop"
-    assert sum(len(o.prefills) for o in eng.log) == 1
+    assert sum(len(prefills(o)) for o in eng.log) == 1
     assert_all_free(s)
 
 
@@ -269,8 +285,8 @@ def test_case8_two_requests_the_later_one_is_preempted_and_both_finish():
     preempted = [x.group.request_id for o in eng.log for x in o.preempted]
     assert preempted == ["B"], "the victim is the most recently admitted request, once"
     assert [x.group for x in eng.log[2].preempted] == [b]
-    assert [g.seq_group.request_id for g in eng.log[2].decodes] == ["A"]
-    reprefill = [g for o in eng.log for g in o.prefills if g.seq_group is b][1]
+    assert [g.seq_group.request_id for g in decodes(eng.log[2])] == ["A"]
+    reprefill = [g for o in eng.log for g in prefills(o) if g.seq_group is b][1]
     assert (reprefill.start, reprefill.num_tokens) == (0, 5), "prompt 3 + 2 generated recomputed"
     for g in (a, b):
         assert g.seqs[0].status is S.FINISHED_LENGTH and len(g.seqs[0].output_token_ids) == 6
@@ -339,16 +355,16 @@ def test_mixed_step_and_num_computed_tokens_contract():
     s.add_request(a)
     eng = FakeEngine(s)
     out = eng.step()
-    (entry,) = out.prefills
+    (entry,) = prefills(out)
     assert (entry.start, entry.num_tokens, entry.token_ids) == (0, 5, [1, 2, 3, 4, 5])
     assert a.seqs[0].num_computed_tokens == 5, "the scheduler marks scheduled tokens computed"
     s.add_request(make("B", 6, 2))
     out = eng.step()
-    assert [g.seq_group.request_id for g in out.decodes] == ["A"]
-    assert [g.seq_group.request_id for g in out.prefills] == ["B"], (
+    assert [g.seq_group.request_id for g in decodes(out)] == ["A"]
+    assert [g.seq_group.request_id for g in prefills(out)] == ["B"], (
         "a prefill and decodes share the step"
     )
-    assert out.num_batched_tokens == 1 + 6 and out.decodes[0].positions == range(5, 6)
+    assert out.num_batched_tokens == 1 + 6 and decodes(out)[0].start == 5
     seq_a, seq_b = out.scheduled
     assert seq_a.seq is a.seqs[0] and len(seq_a.block_table) == 2 and len(seq_b.block_table) == 2
 
@@ -364,7 +380,7 @@ def test_token_and_seq_budgets_are_fcfs():
     for rid, p in [("A", 10), ("B", 7), ("C", 3), ("D", 2)]:
         s.add_request(make(rid, p, 3))
     out = s.schedule()
-    assert [g.seq_group.request_id for g in out.prefills] == ["A"], (
+    assert [g.seq_group.request_id for g in prefills(out)] == ["A"], (
         "B (7) > 6 tokens left; C may not overtake"
     )
     assert out.num_batched_tokens == 10
@@ -377,7 +393,7 @@ def test_prefix_cached_tokens_cost_no_budget():
     s.add_request(make("Y", range(100, 116), 1))  # 12 tokens cached (the last block is recomputed)
     s.add_request(make("Z", range(200, 212), 1))
     out = s.schedule()
-    assert [(g.seq_group.request_id, g.start, g.num_tokens) for g in out.prefills] == [
+    assert [(g.seq_group.request_id, g.start, g.num_tokens) for g in prefills(out)] == [
         ("Y", 12, 4),
         ("Z", 0, 12),
     ], "4 + 12 tokens fit the 16-token budget only if cached tokens are free"
@@ -395,9 +411,9 @@ def test_watermark_keeps_blocks_free_at_admission_only():
     assert [x.group for x in out.ignored] == [too_big] and "keeps 10 free" in too_big.seqs[
         0
     ].finish_message
-    assert [g.seq_group for g in out.prefills] == [fits]
+    assert [g.seq_group for g in prefills(out)] == [fits]
     s.add_request(make("more", 1, 1, bs=1))
-    assert eng.step().prefills == [], "admission stops while fewer than 10 blocks would stay free"
+    assert prefills(eng.step()) == [], "admission stops while fewer than 10 blocks would stay free"
     # running requests may use the reserve: decodes grow into the last 10 blocks without preemption
     s2 = sched(100, bs=1, max_model_len=200, watermark=0.1)
     g = make("grow", 90, 11, bs=1)
@@ -511,7 +527,7 @@ def test_random_arrivals_and_aborts_all_finish_and_free_everything(
             break
         assert t < bound, f"no progress after {bound} steps"
         out = eng.step()
-        assert out.num_seqs <= 4
+        assert len(out.scheduled) <= 4
         assert out.num_batched_tokens <= 16 or len(out.scheduled) == 1, "token budget exceeded"
     for g in groups:
         for seq in g.seqs:

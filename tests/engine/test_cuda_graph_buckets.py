@@ -1,6 +1,6 @@
 """The CUDA-graph decode path's host side, on CPU (``paged.worker.model_runner``): nothing here needs a GPU.
 
-``tests/unit/test_decode_graphs.py`` runs whole engines through the graphs; this file pins the pieces:
+``tests/engine/test_decode_graphs.py`` runs whole engines through the graphs; this file pins the pieces:
 which captured batch size (bucket) a decode step of every size takes, what the padding rows hold, the
 static buffers' shapes for every bucket, and each case that falls back to the eager forward (a step with a
 prompt chunk, a row that does not sample, a batch larger than every bucket, a capture that fails).
@@ -11,12 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged.config import EngineConfig, ModelConfig, SchedulerConfig
 from paged.core.scheduler_outputs import ScheduledSeq
 from paged.core.sequence import Sequence
 from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache
-from paged.worker.model_runner import GRAPH_SIZES, DecodeGraph, ModelRunner, kv_shape
-from paged_course.reference.models import tiny_model
+from paged.worker.model_runner import GRAPH_SIZES, DecodeGraph, ModelRunner
+from paged.worker.worker import kv_shape
+from tests.engine.tiny import tiny_model
 
 BS, BLOCKS, MAX_LEN = 4, 48, 64
 
@@ -29,8 +31,11 @@ def model():
 def _runner(model, max_num_seqs: int, graphs: bool = True) -> ModelRunner:
     layers, kv_heads, head_dim = kv_shape(model)
     kv = KVCache(layers, BLOCKS + 1, BS, kv_heads, head_dim)  # + 1: the padding rows' block
-    parts = Parts()
-    return ModelRunner(model, kv, parts, max_num_seqs, MAX_LEN, cuda_graphs=graphs)
+    config = EngineConfig(
+        ModelConfig(cuda_graphs=graphs),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=MAX_LEN),
+    )
+    return ModelRunner(model, kv, Parts(), config)
 
 
 def _decodes(n: int, samples: bool = True) -> list[ScheduledSeq]:

@@ -142,8 +142,9 @@ def test_engine_chunks_through_the_kernel_match_the_torch_path():
     from paged.engine.parts import Parts
     from paged.worker.attention import AttentionMetadata, use_paged_attention
     from paged.worker.kv_cache import KVCache
-    from paged.worker.model_runner import forward_logits, kv_shape
-    from paged_course.reference.models import tiny_model
+    from paged.worker.model_runner import forward_logits
+    from paged.worker.worker import kv_shape
+    from tests.engine.tiny import tiny_model
 
     model = tiny_model("llama")
     gen = torch.Generator().manual_seed(1)

@@ -4,7 +4,7 @@ hash collisions, chained block keys, copy-on-write of a shared partial block, a 
 mixed hit/miss batches and a swapped-out request coming back, parallel sampling, stop conditions, bad
 input, and no block left in use.
 
-Comparison as vLLM's tests do (``paged_course.reference.compare``): tokens equal, or the first differing position is a
+Comparison as vLLM's tests do (``tests/engine/tiny.py``): tokens equal, or the first differing position is a
 near-tie of the two tokens' logits under a plain forward pass.
 """
 
@@ -20,8 +20,7 @@ from paged.core.sequence import SamplingParams
 from paged.engine.llm import LLM
 from paged.engine.llm_engine import MaxModelLenWarning
 from paged.worker.attention import use_attention
-from paged_course.reference.compare import greedy_agreement
-from paged_course.reference.models import tiny_model
+from tests.engine.tiny import greedy_agreement, tiny_model
 
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 

@@ -1,6 +1,6 @@
 """Chunked prefill (vLLM v1 scheduling) proved on the real engine and at scheduler level.
 
-Engine level (the real ``LLM`` on the tiny models of ``paged_course.reference.models``): greedy tokens equal
+Engine level (the real ``LLM`` on the tiny models of ``tests/engine/tiny.py``): greedy tokens equal
 transformers' ``generate`` with budgets of 5, 8 and 16 tokens; with a prefix-cache hit that ends inside
 a chunk; under recompute and swap preemption of a half-computed prompt; with ``n > 1`` (the fork comes
 after the last chunk); a decoding request keeps decoding every step while a long prompt is prefilled;
@@ -12,7 +12,7 @@ random arrivals, lengths, budgets, thresholds, pools, preemption modes and prefi
 finishes, no block leaks, and every request's tokens equal those of an unconstrained run of the same
 requests (the fake token rule depends only on a sequence's own tokens).
 
-Token comparison as in ``test_engine.py`` (``paged_course.reference.compare``): equal, or parted at a near-tie.
+Token comparison as in ``test_engine.py`` (``tests/engine/tiny.py``): equal, or parted at a near-tie.
 """
 
 from __future__ import annotations
@@ -33,8 +33,13 @@ from paged.core.scheduler import CacheConfig, Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from paged.engine.llm import LLM
 from paged.worker.attention import use_attention
-from paged_course.reference.compare import greedy_agreement
-from paged_course.reference.models import tiny_model
+from tests.engine.tiny import greedy_agreement, tiny_model
+
+
+def prefills(out) -> list:
+    """The step's prompt chunks (``SchedulerOutputs.scheduled`` entries that are prefills)."""
+    return [s for s in out.scheduled if s.is_prefill]
+
 
 S = SequenceStatus
 MAX_TOKENS = 8
@@ -149,7 +154,7 @@ def test_chunked_tokens_equal_transformers_at_small_budgets(llama, budget):
     )
     pieces = {}
     for _, out, _ in log:
-        for s in out.prefills:
+        for s in prefills(out):
             pieces.setdefault(s.seq.seq_id, []).append((s.start, s.num_tokens))
     for chunks in pieces.values():  # each prompt's chunks tile it: contiguous, no gap, no overlap
         assert [start for start, _ in chunks] == list(
@@ -187,12 +192,12 @@ def test_prefix_hit_that_ends_inside_a_chunk(llama, same_call):
     chunks = [
         (s.start, s.num_tokens)
         for _, out, _ in log
-        for s in out.prefills
+        for s in prefills(out)
         if s.seq.num_prompt_tokens == 46
     ]
     assert chunks == ([(24, 22)] if same_call else [(24, 10), (34, 10), (44, 2)])
     if same_call:
-        assert [(s.start, s.num_tokens) for s in log[0][1].prefills] == [(0, 30), (24, 22)], (
+        assert [(s.start, s.num_tokens) for s in prefills(log[0][1])] == [(0, 30), (24, 22)], (
             "both in step 1: the hit names blocks the first request writes in that step"
         )
     _assert_agree(
@@ -219,7 +224,7 @@ def test_fully_cached_prompt_still_computes_its_last_token_in_chunks(llama):
     log = _spy(llm.engine.scheduler)
     again = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
     assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 28)
-    assert [(s.start, s.num_tokens) for _, out, _ in log for s in out.prefills] == [
+    assert [(s.start, s.num_tokens) for _, out, _ in log for s in prefills(out)] == [
         (28, 3),
         (31, 1),
     ]
@@ -358,11 +363,11 @@ def test_long_prefill_token_threshold_caps_each_chunk(llama):
     llm = _llm(model, max_num_batched_tokens=32, max_num_seqs=4, long_prefill_token_threshold=6)
     log = _spy(llm.engine.scheduler)
     got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
-    first = [(s.start, s.num_tokens) for s in log[0][1].prefills]
+    first = [(s.start, s.num_tokens) for s in prefills(log[0][1])]
     assert first == [(0, 6), (0, 6), (0, 3)], (
         "three prompts share step 1, none over the 6-token cap"
     )
-    sizes = [s.num_tokens for _, out, _ in log for s in out.prefills]
+    sizes = [s.num_tokens for _, out, _ in log for s in prefills(out)]
     assert max(sizes) == 6 and sizes.count(6) == 6, "each 20-token prompt: 6 + 6 + 6 + 2"
     _assert_agree(ref, prompts, got, _reference(ref, prompts), "threshold 6")
 
@@ -385,20 +390,20 @@ def test_chunking_off_keeps_whole_prompts_and_its_config_error(llama):
         )
     prompts = [_prompt(100, seed=12), _prompt(60, seed=13), _prompt(20, seed=14)]
     llm = _llm(model, enable_chunked_prefill=False, max_num_seqs=4)
-    assert llm.engine.scheduler_config.max_num_batched_tokens == 2048, (
+    assert llm.config.scheduler.max_num_batched_tokens == 2048, (
         "default budget: max(max_model_len, 2048)"
     )
     llm = _llm(model, enable_chunked_prefill=False, max_num_batched_tokens=128, max_num_seqs=4)
     log = _spy(llm.engine.scheduler)
     got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
-    prefills = [[(s.start, s.num_tokens) for s in out.prefills] for _, out, _ in log]
-    assert prefills[0] == [(0, 100)], (
+    chunks = [[(s.start, s.num_tokens) for s in prefills(out)] for _, out, _ in log]
+    assert chunks[0] == [(0, 100)], (
         "the 60-token prompt does not fit the 28 tokens left, and is never cut"
     )
-    assert prefills[1] == [(0, 60), (0, 20)], (
+    assert chunks[1] == [(0, 60), (0, 20)], (
         "step 2: the whole 60 and 20-token prompts beside the decode"
     )
-    assert all(p == [] for p in prefills[2:])
+    assert all(p == [] for p in chunks[2:])
     _assert_agree(ref, prompts, got, _reference(ref, prompts), "chunking off")
 
 
@@ -493,7 +498,7 @@ def _run(
             continue
         _, _, samples = log[-1]
         assert out.num_batched_tokens <= budget, "token budget exceeded"
-        assert out.num_seqs <= max_num_seqs, "more sequences in a step than max_num_seqs"
+        assert len(out.scheduled) <= max_num_seqs, "more sequences in a step than max_num_seqs"
         for e, sampled in zip(out.scheduled, samples):
             remaining = lengths[e.seq.seq_id] - e.start
             if threshold and e.num_tokens > 1:
@@ -621,79 +626,3 @@ def test_random_chunked_runs_finish_free_everything_and_match_an_unconstrained_r
 
 
 # ====================================================================== the latency benchmark's functions
-def test_latency_workload_is_seeded_and_spreads_the_long_prompts():
-    from paged_course.bench.latency import latency_workload
-
-    work = latency_workload(
-        num_short=4, num_long=3, short_output=(20, 30), long_prompt=(1000, 1010), seed=3
-    )
-    assert work == latency_workload(
-        num_short=4, num_long=3, short_output=(20, 30), long_prompt=(1000, 1010), seed=3
-    )
-    shorts, longs = [r for r in work if not r.long], [r for r in work if r.long]
-    assert len(shorts) == 4 and all(
-        r.arrival_tokens == 0 and 20 <= r.max_tokens <= 30 for r in shorts
-    )
-    assert [r.arrival_tokens for r in longs] == [20, 40, 60], "every 4 x 20 // 4 generated tokens"
-    assert all(1000 <= len(r.prompt) <= 1010 and min(r.prompt) >= 2 for r in longs)
-    with pytest.raises(ValueError, match="long_prompt must be a range"):
-        latency_workload(long_prompt=(10, 5))
-
-
-def test_simulated_budget_sweep_bounds_the_inter_token_latency():
-    """The cost model's numbers (no clock): a 256-token budget bounds the p99 ITL of decodes that run beside
-    1,000-token prompts, at the same throughput; a 64-token budget costs throughput (more steps)."""
-    from paged_course.bench.latency import latency_workload, simulate_budgets
-    from paged_course.sim.scheduling import CostModel
-
-    work = latency_workload(
-        num_short=6, num_long=2, short_output=(32, 40), long_prompt=(1000, 1050)
-    )
-    rows = {r["budget"]: r for r in simulate_budgets(work, budgets=(64, 256, None))}
-    cost = CostModel()
-    assert rows[256]["max_step_tokens"] <= 256 and rows[None]["max_step_tokens"] > 1000
-    assert rows[256]["itl_p99"] == pytest.approx(cost.step_seconds(256)), (
-        "the p99 gap is a full-budget step"
-    )
-    assert rows[None]["itl_p99"] > 2.5 * rows[256]["itl_p99"]
-    assert rows[256]["tok_s"] == pytest.approx(rows[None]["tok_s"], rel=0.01)
-    assert rows[64]["tok_s"] < 0.9 * rows[None]["tok_s"]
-    assert rows[None]["ttft_p99"] < rows[256]["ttft_p99"] < rows[64]["ttft_p99"], (
-        "long prompts start later"
-    )
-
-
-def test_engine_latency_run_gives_the_same_tokens_with_and_without_chunks(llama):
-    import matplotlib.pyplot as plt
-
-    from paged_course.bench.latency import compare_engine, latency_workload, simulate_budgets
-    from paged_course.viz.latency import plot_latency
-
-    model, _ = llama
-    work = latency_workload(
-        num_short=3,
-        num_long=2,
-        short_prompt=(4, 8),
-        short_output=(12, 16),
-        long_prompt=(40, 60),
-        long_output=(2, 4),
-        vocab=127,
-    )
-    result = compare_engine(
-        model, work, budget=8, repeats=1, max_num_seqs=4, block_size=4, max_model_len=128
-    )
-    assert result["same_tokens"] and result["output_tokens"] == sum(r.max_tokens for r in work)
-    assert result["on"]["max_step_tokens"] <= 8 < result["off"]["max_step_tokens"]
-    assert result["on"]["prefill_chunks"] > result["off"]["prefill_chunks"] == len(work)
-    for name in ("off", "on"):
-        r = result[name]
-        assert all(
-            0 < r[k] < math.inf
-            for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tok_s", "cpu_tok_s")
-        )
-        assert len(r["step_seconds"]) == r["steps"]
-    fig = plot_latency(
-        result, simulate_budgets(work, budgets=(8, 16, None), max_num_seqs=4, max_model_len=128)
-    )
-    assert len(fig.axes) == 5
-    plt.close(fig)

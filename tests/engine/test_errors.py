@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from paged.core.sequence import SamplingParams
-from paged.engine.llm import HUB_TIMEOUT_S, LLM, IgnoredRequestWarning, group_finish_messages
-from paged_course.reference.models import tiny_model
+from paged.engine.llm import LLM, IgnoredRequestWarning, group_finish_messages
+from paged.engine.model_loader import HUB_TIMEOUT_S
+from tests.engine.tiny import tiny_model
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 MISSING = "paged-tests/no-such-model-7f3c"  # not in any local cache
@@ -90,9 +91,9 @@ def test_silent_hub_fails_within_the_timeout(hub):
         elapsed = time.perf_counter() - start
     message = str(info.value)
     assert f"the Hugging Face hub ({endpoint}) is unreachable" in message, message
-    assert f"no answer within {HUB_TIMEOUT_S:g} s (paged.engine.llm.HUB_TIMEOUT_S)" in message, (
-        message
-    )
+    assert (
+        f"no answer within {HUB_TIMEOUT_S:g} s (paged.engine.model_loader.HUB_TIMEOUT_S)" in message
+    ), message
     assert f"model {MISSING!r} is not in the local cache" in message, message
     assert elapsed < 15, (
         f"a guard against transformers' retries (about 25 s), not a speed claim: {elapsed:.1f} s"

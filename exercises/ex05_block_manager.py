@@ -112,7 +112,7 @@ class BlockSpaceManager(ReferenceBlockManager):
             ValueError: ``seq`` is swapped out (``seq.seq_id in self.swap.tables``).
         """
         raise NotImplementedError(
-            "ch05.ex8: a free cached hit costs a free block too; claim the hits before allocating"
+            "ch05.ex8: the hits shared, fresh blocks for the rest, the watermark kept; None: no change"
         )
 
     def _grow(

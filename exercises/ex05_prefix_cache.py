@@ -19,6 +19,8 @@ hold them. The block manager (``paged/core/block_manager.py``) calls it like thi
 The data structures are given (``__init__``): ``_by_key`` maps a key to the list of ``Entry`` objects
 stored under it (several blocks can hold one key: two requests computing the same prefix at once, or a
 hash collision), ``_by_block`` maps a block id to its entry, ``_next_uid`` numbers the entries.
+Costs: ``lookup`` reads only the entries stored under the keys it tries, and ``evict`` takes constant
+time: neither scans the cache, which holds an entry per cached block of a pool of many thousands.
 
 1. ``update_hashes`` (ch05.ex1): extend ``seq.block_hashes`` to every full block of ``seq.token_ids``,
    ``key(i) = hash_fn(key(i - 1), tuple(tokens of block i))`` with ``key(-1) = ROOT_KEY``; a block is
@@ -106,7 +108,7 @@ class PrefixCache:
         """Extend ``seq.block_hashes`` (the keys of its first full blocks) to all its full blocks; return it."""
         keys, tokens, bs = seq.block_hashes, seq.token_ids, self.block_size
         raise NotImplementedError(
-            "ch05.ex1: go on after the keys already there; chain each key to the previous one"
+            "ch05.ex1: one chained key per full block; the keys already there are kept"
         )
         return keys
 
@@ -115,7 +117,7 @@ class PrefixCache:
         keys, tokens, bs = self.update_hashes(seq), seq.token_ids, self.block_size
         hits: list[int] = []
         raise NotImplementedError(
-            "ch05.ex2: at most max_blocks; tokens and parent_uid must match; a miss ends it"
+            "ch05.ex2: the longest verified cached prefix, at most max_blocks blocks"
         )
         return hits
 
@@ -127,14 +129,14 @@ class PrefixCache:
             raise ValueError(f"insert: blocks up to {stop} requested, only {len(keys)} are full")
         added = 0
         raise NotImplementedError(
-            "ch05.ex3: keep cached entries; chain new ones to the parent's uid; stop at a gap"
+            "ch05.ex3: blocks first..stop-1 registered, chained to their parents; the count added"
         )
         return added
 
     def evict(self, block_id: int) -> bool:
         """Forget ``block_id``'s entry (the block is reused for other data). Returns whether it was cached."""
         raise NotImplementedError(
-            "ch05.ex4: remove its entry from both maps, keep the others, leave no empty list"
+            "ch05.ex4: the block's entry forgotten, every other entry kept; whether it was cached"
         )
 
     def record_query(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
@@ -167,7 +169,7 @@ def eviction_order(
     The arguments are not changed.
     """
     raise NotImplementedError(
-        "ch05.ex5: copy the inputs; free each table tail first; count 0 joins the queue"
+        "ch05.ex5: the cached blocks in future eviction order; the arguments unchanged"
     )
 
 
@@ -182,7 +184,7 @@ def copy_on_write(table, allocator, allocate: Callable[[], int]) -> list[tuple[i
         allocate: hands out one free block id (call it only for a copy).
     """
     raise NotImplementedError(
-        "ch05.ex6: copy only a shared, partly filled last block; release one reference"
+        "ch05.ex6: a private copy of a shared, partly filled last block; [] otherwise"
     )
 
 

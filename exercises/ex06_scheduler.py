@@ -22,12 +22,12 @@ which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` inde
    at most ``config.long_prefill_token_threshold`` when that is set (> 0), and within ``budget``: a
    prompt longer than the budget is cut (chunked prefill) when ``config.enable_chunked_prefill``, else
    it waits (0).
-2. ``_schedule_running`` (ch06.ex2): running sequences in admission order (``self.running``, oldest
-   first), each gets its next chunk (1 token for a decode). While ``allocate_slots`` returns ``None``, preempt
-   the most recently admitted sequence still in the queue and try again; with nobody younger left the
-   sequence preempts itself, unless nothing older kept running either: then it alone holds the pool and
-   can never grow, and ``self._exhaust(seq, out)`` ends it. A sequence whose chunk is 0 (no budget left)
-   keeps its blocks and stays running.
+2. ``_schedule_running`` (ch06.ex2): every running sequence (``self.running``, oldest first) gets its
+   next chunk (1 token for a decode) or leaves ``running``; returns the budget left. Memory that
+   ``allocate_slots`` cannot give comes from preemptions, and only then; a victim is never older than a
+   sequence that keeps running (this policy, pinned by a few checks: the most recently admitted first,
+   the sequence itself when nobody younger is left). A sequence alone in the pool that cannot grow never
+   will: ``self._exhaust(seq, out)`` ends it. A sequence whose chunk is 0 keeps its blocks and stays.
 3. ``_preempt`` (ch06.ex3): by swap when ``config.preemption_mode == "swap"`` and the CPU pool has room
    (``block_manager.swap_out`` returns the pairs, not ``None``), else by recompute; the swap with its
    bookkeeping (below).
@@ -86,7 +86,7 @@ class Scheduler(ReferenceScheduler):
             self.config.enable_chunked_prefill,
         )
         raise NotImplementedError(
-            "ch06.ex1: cap by the threshold if set; over budget: cut when chunked, else wait"
+            "ch06.ex1: tokens that run now, within the threshold and the budget; 0: it waits"
         )
 
     def _schedule_running(self, out: SchedulerOutputs, budget: int) -> int:
@@ -94,7 +94,7 @@ class Scheduler(ReferenceScheduler):
         Returns the budget left."""
         queue, self.running, bm = self.running, deque(), self.block_manager
         raise NotImplementedError(
-            "ch06.ex2: oldest first; while it cannot grow evict the newest, itself, or exhaust"
+            "ch06.ex2: each running sequence grows or leaves; victims the newest; budget left"
         )
         return budget
 
@@ -103,14 +103,14 @@ class Scheduler(ReferenceScheduler):
         self.num_preemptions += 1
         out.preempted.append(seq)
         raise NotImplementedError(
-            "ch06.ex3: swap if asked and it fits: pairs, status, count, sorted place; else recompute"
+            "ch06.ex3: its GPU memory back: swapped when asked and the CPU has room, else recomputed"
         )
 
     def _schedule_swapped(self, out: SchedulerOutputs, budget: int) -> int:
         """Bring swapped sequences back, oldest first, while seats, budget and memory allow. Returns the budget left."""
         bm = self.block_manager
         raise NotImplementedError(
-            "ch06.ex4: oldest first; no fit: wait, or recompute if nothing runs; then swap in"
+            "ch06.ex4: swapped sequences back oldest first while seats, budget, memory allow"
         )
         return budget
 
@@ -118,7 +118,7 @@ class Scheduler(ReferenceScheduler):
         """Admit waiting sequences first come, first served, while seats, budget and the watermark allow."""
         bm, seats = self.block_manager, self._num_seats()
         raise NotImplementedError(
-            "ch06.ex5: seats, one prefix lookup, budget and watermark; a misfit stops admission"
+            "ch06.ex5: waiting sequences admitted first come, first served, while they fit"
         )
 
 

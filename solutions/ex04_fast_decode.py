@@ -37,6 +37,11 @@ from paged.kernels import validate_decode_inputs
 from paged.kernels._triton import INTERPRET, jit, require_triton, tl, triton
 
 # BEGIN SOLUTION ch04.ex3 -- ungraded: make _learner_kernel read K/V at memory speed (see the module docstring)
+# HINT: Profile first: how many KV bytes does one program load per loop step, and is its tl.dot tall
+# HINT+ enough for tensor cores? The lab's four ideas are in the module docstring, one at a time.
+# HINT: Pad the GQA group to BLOCK_M >= 16 rows (masked), load BLOCK_N tokens per step, each gathering its
+# HINT+ own physical block BT[t // BLOCK_SIZE] and slot t % BLOCK_SIZE, keep the online update in fp32,
+# HINT+ and raise CONFIG["num_stages"] on a GPU.
 # STUB: from .ex04_online_softmax import walk_blocks  # noqa: E402 -- your ch04.ex2, the teaching kernel's loop
 # STUB:
 # STUB: CONFIG = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}  # the teaching kernel ignores BLOCK_N

@@ -114,7 +114,7 @@ class BlockSpaceManager(ReferenceBlockManager):
         Raises:
             ValueError: ``seq`` is swapped out (``seq.seq_id in self.swap.tables``).
         """
-        # BEGIN SOLUTION ch05.ex8 -- a free cached hit costs a free block too; claim the hits before allocating
+        # BEGIN SOLUTION ch05.ex8 -- the hits shared, fresh blocks for the rest, the watermark kept; None: no change
         # HINT: Count what the admission removes from the free queue: the fresh blocks, and also every hit
         # HINT+ whose reference count is 0 (it sits in the queue, still cached). Compare what would remain
         # HINT+ with the watermark before changing anything.

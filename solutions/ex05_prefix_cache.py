@@ -16,6 +16,8 @@ hold them. The block manager (``paged/core/block_manager.py``) calls it like thi
 The data structures are given (``__init__``): ``_by_key`` maps a key to the list of ``Entry`` objects
 stored under it (several blocks can hold one key: two requests computing the same prefix at once, or a
 hash collision), ``_by_block`` maps a block id to its entry, ``_next_uid`` numbers the entries.
+Costs: ``lookup`` reads only the entries stored under the keys it tries, and ``evict`` takes constant
+time: neither scans the cache, which holds an entry per cached block of a pool of many thousands.
 
 1. ``update_hashes`` (ch05.ex1): extend ``seq.block_hashes`` to every full block of ``seq.token_ids``,
    ``key(i) = hash_fn(key(i - 1), tuple(tokens of block i))`` with ``key(-1) = ROOT_KEY``; a block is
@@ -102,7 +104,11 @@ class PrefixCache:
     def update_hashes(self, seq) -> list[int]:
         """Extend ``seq.block_hashes`` (the keys of its first full blocks) to all its full blocks; return it."""
         keys, tokens, bs = seq.block_hashes, seq.token_ids, self.block_size
-        # BEGIN SOLUTION ch05.ex1 -- go on after the keys already there; chain each key to the previous one
+        # BEGIN SOLUTION ch05.ex1 -- one chained key per full block; the keys already there are kept
+        # HINT: A block's key must stand for its whole prefix, not only its own tokens: what does hash_fn
+        # HINT+ take besides the block's tokens? And which blocks have keys already from an earlier call?
+        # HINT: Start from the last key there (ROOT_KEY when there is none) at the first block without a
+        # HINT+ key; each full block's key hashes the key before it with that block's tokens as a tuple.
         parent = keys[-1] if keys else ROOT_KEY
         for start in range(len(keys) * bs, len(tokens) - bs + 1, bs):
             parent = self.hash_fn(parent, tuple(tokens[start : start + bs]))
@@ -114,7 +120,12 @@ class PrefixCache:
         """Block ids of the longest verified cached prefix of ``seq``, at most ``max_blocks`` blocks."""
         keys, tokens, bs = self.update_hashes(seq), seq.token_ids, self.block_size
         hits: list[int] = []
-        # BEGIN SOLUTION ch05.ex2 -- at most max_blocks; tokens and parent_uid must match; a miss ends it
+        # BEGIN SOLUTION ch05.ex2 -- the longest verified cached prefix, at most max_blocks blocks
+        # HINT: Two different prefixes can share a key (a collision). Which two facts about an entry prove
+        # HINT+ that it holds this block of this very prefix? And can a hit follow a miss?
+        # HINT: Walk the keys up to max_blocks; among the entries under a key take one whose tokens equal the
+        # HINT+ block's tokens and whose parent_uid is the uid of the previous hit (0 for the first block);
+        # HINT+ stop at the first block with no such entry.
         parent_uid = 0
         for i, key in enumerate(keys[: max(max_blocks, 0)]):
             block = tuple(tokens[i * bs : (i + 1) * bs])
@@ -140,7 +151,12 @@ class PrefixCache:
         if len(keys) < stop:
             raise ValueError(f"insert: blocks up to {stop} requested, only {len(keys)} are full")
         added = 0
-        # BEGIN SOLUTION ch05.ex3 -- keep cached entries; chain new ones to the parent's uid; stop at a gap
+        # BEGIN SOLUTION ch05.ex3 -- blocks first..stop-1 registered, chained to their parents; the count added
+        # HINT: A lookup only trusts an entry whose parent_uid names the previous block's entry: which entry
+        # HINT+ is the parent of block `first`, and what if a block in the range is cached already, or its
+        # HINT+ parent is not cached at all?
+        # HINT: Keep an entry that is there; for a new one take a fresh uid and the parent's uid (0 for block
+        # HINT+ 0) and add it to both maps; when a block after 0 has no parent entry, register nothing more.
         parent = self._by_block.get(block_ids[first - 1]) if first else None
         for i in range(first, stop):
             entry = self._by_block.get(block_ids[i])
@@ -164,7 +180,11 @@ class PrefixCache:
 
     def evict(self, block_id: int) -> bool:
         """Forget ``block_id``'s entry (the block is reused for other data). Returns whether it was cached."""
-        # BEGIN SOLUTION ch05.ex4 -- remove its entry from both maps, keep the others, leave no empty list
+        # BEGIN SOLUTION ch05.ex4 -- the block's entry forgotten, every other entry kept; whether it was cached
+        # HINT: The entry lives in two maps. Which other entries can share its key, and what must a later
+        # HINT+ lookup of that key still find?
+        # HINT: Pop the block's entry from _by_block (None: return False), remove that one entry from its
+        # HINT+ key's list, and delete the key when its list is left empty.
         entry = self._by_block.pop(block_id, None)
         if entry is None:
             return False
@@ -204,7 +224,13 @@ def eviction_order(
 
     The arguments are not changed.
     """
-    # BEGIN SOLUTION ch05.ex5 -- copy the inputs; free each table tail first; count 0 joins the queue
+    # BEGIN SOLUTION ch05.ex5 -- the cached blocks in future eviction order; the arguments unchanged
+    # HINT: Replay what the pool will do as the sequences finish: how does it free a table's blocks, when
+    # HINT+ does a block join the free queue, and at which end? Your replay must leave the caller's lists
+    # HINT+ as they were.
+    # HINT: Work on copies of the queue and the counts. For each finishing table, last block first, take
+    # HINT+ one holder away; a block whose count reaches 0 goes to the back of the queue. Evictions take
+    # HINT+ from the front: keep the cached blocks of the final queue, in queue order.
     queue, counts = list(free_queue), list(ref_counts)
     for table in finishing:
         for b in reversed(table):
@@ -225,7 +251,12 @@ def copy_on_write(table, allocator, allocate: Callable[[], int]) -> list[tuple[i
         allocator: the GPU allocator (``ref_count(b)``, ``free_many(ids)``).
         allocate: hands out one free block id (call it only for a copy).
     """
-    # BEGIN SOLUTION ch05.ex6 -- copy only a shared, partly filled last block; release one reference
+    # BEGIN SOLUTION ch05.ex6 -- a private copy of a shared, partly filled last block; [] otherwise
+    # HINT: Which writes can change what another holder of a block reads: a write into a full block, into
+    # HINT+ a block only this table holds, or into a partly filled block that has other holders?
+    # HINT: Nothing to do for an empty table, a full last block (num_tokens a multiple of block_size) or a
+    # HINT+ reference count of 1. Otherwise put allocate() in the table's last entry, drop one reference to
+    # HINT+ the shared block with free_many and return the pair (shared, private).
     if not table.block_ids or table.num_tokens % table.block_size == 0:
         return []
     shared = table.block_ids[-1]

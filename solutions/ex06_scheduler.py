@@ -19,12 +19,12 @@ which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` inde
    at most ``config.long_prefill_token_threshold`` when that is set (> 0), and within ``budget``: a
    prompt longer than the budget is cut (chunked prefill) when ``config.enable_chunked_prefill``, else
    it waits (0).
-2. ``_schedule_running`` (ch06.ex2): running sequences in admission order (``self.running``, oldest
-   first), each gets its next chunk (1 token for a decode). While ``allocate_slots`` returns ``None``, preempt
-   the most recently admitted sequence still in the queue and try again; with nobody younger left the
-   sequence preempts itself, unless nothing older kept running either: then it alone holds the pool and
-   can never grow, and ``self._exhaust(seq, out)`` ends it. A sequence whose chunk is 0 (no budget left)
-   keeps its blocks and stays running.
+2. ``_schedule_running`` (ch06.ex2): every running sequence (``self.running``, oldest first) gets its
+   next chunk (1 token for a decode) or leaves ``running``; returns the budget left. Memory that
+   ``allocate_slots`` cannot give comes from preemptions, and only then; a victim is never older than a
+   sequence that keeps running (this policy, pinned by a few checks: the most recently admitted first,
+   the sequence itself when nobody younger is left). A sequence alone in the pool that cannot grow never
+   will: ``self._exhaust(seq, out)`` ends it. A sequence whose chunk is 0 keeps its blocks and stays.
 3. ``_preempt`` (ch06.ex3): by swap when ``config.preemption_mode == "swap"`` and the CPU pool has room
    (``block_manager.swap_out`` returns the pairs, not ``None``), else by recompute; the swap with its
    bookkeeping (below).
@@ -82,7 +82,11 @@ class Scheduler(ReferenceScheduler):
             self.config.long_prefill_token_threshold,
             self.config.enable_chunked_prefill,
         )
-        # BEGIN SOLUTION ch06.ex1 -- cap by the threshold if set; over budget: cut when chunked, else wait
+        # BEGIN SOLUTION ch06.ex1 -- tokens that run now, within the threshold and the budget; 0: it waits
+        # HINT: Three limits meet here: what is left, the long-prefill threshold (0 means none) and the
+        # HINT+ budget. Which of them may cut a prompt short, and which one makes it wait instead?
+        # HINT: Cap what is left by the threshold when it is set. If that fits the budget, run it; if not,
+        # HINT+ run the budget's worth with chunked prefill on, and nothing (0) with it off.
         n = min(remaining, threshold) if threshold else remaining
         if n <= budget:
             return n
@@ -93,7 +97,12 @@ class Scheduler(ReferenceScheduler):
         """Grow every running sequence (oldest first) by its next chunk; preempt the newest when short.
         Returns the budget left."""
         queue, self.running, bm = self.running, deque(), self.block_manager
-        # BEGIN SOLUTION ch06.ex2 -- oldest first; while it cannot grow evict the newest, itself, or exhaust
+        # BEGIN SOLUTION ch06.ex2 -- each running sequence grows or leaves; victims the newest; budget left
+        # HINT: A sequence that cannot get its blocks needs someone else's: whose, so that the oldest work is
+        # HINT+ kept? And what if nobody is left to give them up, or it is the only sequence in the pool?
+        # HINT: Take the sequences oldest first from a local queue. While allocate_slots returns None, preempt
+        # HINT+ the queue's newest; with the queue empty, preempt the sequence itself when something older is
+        # HINT+ running, else _exhaust it. A chunk of 0 keeps the sequence running without a step.
         while queue:
             seq = queue.popleft()
             n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
@@ -122,7 +131,12 @@ class Scheduler(ReferenceScheduler):
         """Take a running sequence's memory: swap it out (if asked and the CPU pool has room), else recompute."""
         self.num_preemptions += 1
         out.preempted.append(seq)
-        # BEGIN SOLUTION ch06.ex3 -- swap if asked and it fits: pairs, status, count, sorted place; else recompute
+        # BEGIN SOLUTION ch06.ex3 -- its GPU memory back: swapped when asked and the CPU has room, else recomputed
+        # HINT: What does the step's output need to tell the engine about a swap, and where must a swapped
+        # HINT+ sequence wait so that the oldest comes back first? When is swap impossible?
+        # HINT: In swap mode try block_manager.swap_out; with pairs, list them in out.blocks_to_swap_out, mark
+        # HINT+ the sequence SWAPPED, count it and insert it into self.swapped by self._rank. With None (or in
+        # HINT+ recompute mode), call self._recompute and count a recompute.
         pairs = None
         if self.config.preemption_mode == "swap":
             pairs = self.block_manager.swap_out(seq)
@@ -139,7 +153,12 @@ class Scheduler(ReferenceScheduler):
     def _schedule_swapped(self, out: SchedulerOutputs, budget: int) -> int:
         """Bring swapped sequences back, oldest first, while seats, budget and memory allow. Returns the budget left."""
         bm = self.block_manager
-        # BEGIN SOLUTION ch06.ex4 -- oldest first; no fit: wait, or recompute if nothing runs; then swap in
+        # BEGIN SOLUTION ch06.ex4 -- swapped sequences back oldest first while seats, budget, memory allow
+        # HINT: Which swapped sequence has waited longest, and what must be true (seats, budget, GPU blocks)
+        # HINT+ before it comes back? What if it does not fit while nothing else is running to free memory?
+        # HINT: Loop on self.swapped[0] while a seat is free; stop at a chunk of 0. When swap_in returns None,
+        # HINT+ wait if something runs, else recompute it and go on. Otherwise list the pairs, allocate its
+        # HINT+ chunk's slots (their copies too), mark it RUNNING, count it, and schedule its chunk.
         while self.swapped and self._num_seats() < self.config.max_num_seqs:
             seq = self.swapped[0]
             n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
@@ -166,7 +185,12 @@ class Scheduler(ReferenceScheduler):
     def _schedule_waiting(self, out: SchedulerOutputs, budget: int) -> None:
         """Admit waiting sequences first come, first served, while seats, budget and the watermark allow."""
         bm, seats = self.block_manager, self._num_seats()
-        # BEGIN SOLUTION ch06.ex5 -- seats, one prefix lookup, budget and watermark; a misfit stops admission
+        # BEGIN SOLUTION ch06.ex5 -- waiting sequences admitted first come, first served, while they fit
+        # HINT: FCFS: may a later request overtake one that does not fit? Which tokens of a prompt cost no
+        # HINT+ budget, and which block manager call applies the watermark?
+        # HINT: For the queue's front: seats first (a group takes _seats of them), then one
+        # HINT+ get_computed_blocks, the chunk of what the cache does not hold, and allocate_slots with those
+        # HINT+ blocks; the first that fails stops admission. An admitted one becomes RUNNING and is scheduled.
         while self.waiting:
             seq = self.waiting[0]
             if seats + self._seats(seq) > self.config.max_num_seqs:

@@ -329,15 +329,15 @@ for prompt in ([1, 2, 3, 4, 9], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7])
 # *generated*. The manager calls `insert(seq, block_ids, first, stop)`: register logical blocks
 # `first .. stop - 1` of `seq`, whose physical ids are in its block table `block_ids`.
 #
-# * A block already cached keeps its entry (a hit, or a block registered earlier).
-# * A new entry gets a fresh `uid` (`self._next_uid`, then count up) and, as `parent_uid`, the `uid` of
-#   the entry of the block before it (0 for block 0). The parent of block `first` is the entry of block
-#   `first - 1`, if that block is cached.
-# * The chain stops at the first block whose parent block is not cached: nothing can ever hit it (a
-#   lookup walks from block 0), so registering it would only waste the map.
+# What `insert` promises:
 #
-# `insert` returns the number of new entries, and stores each one in both maps (`_by_key[key]`, a list,
-# and `_by_block[block_id]`).
+# * A block already cached keeps its entry (a hit, or a block registered earlier).
+# * Every new entry can be found by a lookup (which walks from block 0): its `uid` is one no entry has had
+#   (`self._next_uid` hands them out), and its `parent_uid` is the `uid` of the entry of the block before it
+#   (0 for block 0), so block `first`'s parent is the entry of block `first - 1`.
+# * No entry is made that nothing could ever hit: a block whose previous block is not cached.
+# * Each new entry is in both maps (`_by_key[key]`, a list, and `_by_block[block_id]`); the return value
+#   is how many there are.
 #
 # **Eviction of one block.** A block whose last holder frees it is not wiped: it stays cached while it
 # waits in the free queue (section 6). Only when the allocator hands it out for *new* data does the
@@ -714,8 +714,9 @@ print(
 # (what goes in, what comes out, what must hold afterwards). The checks do not compare your manager with
 # ours step by step: they check invariants any correct manager keeps (every reference count equals the
 # number of tables holding the block, a `None` changes nothing, admission leaves the watermark free, one
-# lookup per admission, no verb scans the pool), and then run the engine on it. `hint("ch05.ex8")` gives
-# a nudge, a second call a stronger one.
+# lookup per admission, no verb scans the pool), and then run the scheduler on it with a content-checked
+# fake engine. The real engine runs on your manager in section 10 and in the capstone's checks (chapter
+# 07). `hint("ch05.ex8")` gives a nudge, a second call a stronger one.
 
 # %%
 _ = check("ch05.ex7")

@@ -300,23 +300,27 @@ for threshold in (0, 6):
 # %% [markdown]
 # ## 4. Build step 2: running sequences first, the newest is preempted
 #
-# `_schedule_running(out, budget)` walks the running sequences in admission order (`self.running`, oldest
-# first; the method starts with them in `queue` and rebuilds `self.running` as it goes). For each one:
+# `_schedule_running(out, budget)` gives every running sequence its next chunk, or takes it out of
+# `running`. When it is called, `self.running` holds the running sequences in admission order (oldest first;
+# the method starts with them in `queue` and rebuilds `self.running`). What must hold when it returns:
 #
-# 1. `n = self._chunk(remaining, budget)`. If `n` is 0 (no budget left), the sequence keeps its blocks and
-#    stays running; it just computes nothing this step.
-# 2. `new_blocks = block_manager.allocate_slots(seq, n)` gives the slots, or returns `None` (changing nothing)
-#    when the pool has no room; while it is `None`, memory must come from somewhere (PagedAttention paper §4.5:
-#    first come first served, so the **latest** request gives way; vLLM v1 preempts the same way when its
-#    `allocate_slots` returns `None`):
-#    * if sequences younger than it are still in the queue, preempt the youngest (`self._preempt(...)`,
-#      build step 3) and try again;
-#    * else, if older sequences already kept running in this step, preempt the sequence itself;
-#    * else it is alone in the pool and still cannot grow: it can never grow, so `self._exhaust(seq, out)`
-#      ends it as `kv_cache_exhausted` instead of preempting and re-prefilling it forever.
-# 3. Once it fits: `new_blocks.copies` are the copy-on-write pairs for
-#    `out.blocks_to_copy`; it stays running, and `self._mark_scheduled(seq, n, out)` lists its tokens in
-#    `out` (and returns `n`, to take from the budget).
+# * **Budget.** Each sequence that stays gets `self._chunk(remaining, budget)` tokens, listed with
+#   `self._mark_scheduled(seq, n, out)` (it returns `n`, to take from the budget); the method returns the
+#   budget left. A chunk of 0 (no budget left) is no reason to leave: the sequence keeps its blocks and
+#   stays, computing nothing this step.
+# * **Memory.** `block_manager.allocate_slots(seq, n)` gives a sequence its slots (a `NewBlocks`, whose
+#   `copies` are copy-on-write pairs for `out.blocks_to_copy`) or returns `None`, changing nothing, when the
+#   pool has no room. A sequence is scheduled only once it got its slots.
+# * **Victims.** When memory is short, it comes from a preemption (`self._preempt(...)`, build step 3), and
+#   only then. The victim is never older than a sequence that keeps running: PagedAttention (paper §4.5)
+#   serves first come, first served, so the **latest** request gives way (vLLM v1 0.8.5 to 0.34.0 preempts
+#   the tail of its running list when `allocate_slots` returns `None`, `vllm/v1/core/sched/scheduler.py`).
+# * **No endless loop.** A sequence that is alone in the pool and still cannot grow never will:
+#   `self._exhaust(seq, out)` ends it as `kv_cache_exhausted` (preempting it would re-prefill it forever).
+#
+# How you walk the queue and pick among the allowed victims is yours; the checks test these promises on
+# hand-made cases and seeded random runs, and a few pinned cases check the policy this chapter names
+# (the newest victim first, a sequence preempting itself when nobody younger is left).
 #
 # Two consequences: decodes are never starved by a long prompt admitted after them (they come first in the
 # walk), and a preempted sequence is always younger than every sequence that keeps running.
@@ -367,19 +371,21 @@ reveal(
 # %% [markdown]
 # ## 5. Build step 3: preemption by recompute or swap
 #
-# `_preempt(seq, out)` takes a running sequence's memory (the counters `num_preemptions` and
-# `out.preempted` are done for you):
+# `_preempt(seq, out)` gives a running sequence's GPU blocks back to the pool (the counters
+# `num_preemptions` and `out.preempted` are done for you). After the call:
 #
-# * **swap**, when `config.preemption_mode == "swap"` and the CPU pool has room: the blocks move to the CPU
-#   pool. `block_manager.swap_out(seq)` returns the `(gpu_block, cpu_block)` pairs the engine must copy (add
-#   them to `out.blocks_to_swap_out`), or `None` when the CPU pool is full; the sequence becomes `SWAPPED`, counts in
-#   `num_swap_outs`, and joins `self.swapped` **in arrival order** (`insort(..., key=self._rank)`: victims go
-#   newest first, but they come back oldest first). Its `num_computed_tokens` stays: its K/V still exist.
-# * **recompute**, otherwise: `self._recompute(seq, out)` frees its blocks and resets it (status `WAITING`,
-#   `num_computed_tokens` 0: every token it has, prompt and generated, is prefilled again later) at the
-#   **front** of `self.waiting` (victims go newest first, so the front stays oldest first); one that has
-#   grown too long to fit beside the watermark ends `kv_cache_exhausted` there instead. Count it in
-#   `num_recomputes`.
+# * **swapped**, when `config.preemption_mode == "swap"` and the CPU pool has room
+#   (`block_manager.swap_out(seq)` returns the `(gpu_block, cpu_block)` pairs, or `None` when the CPU pool is
+#   full): the engine finds the pairs in `out.blocks_to_swap_out`; the sequence is `SWAPPED` with its
+#   `num_computed_tokens` kept (its K/V still exist), counted in `num_swap_outs`; and `self.swapped` is still
+#   in **arrival order** (`self._rank`): victims leave newest first, yet must come back oldest first.
+# * **recomputed**, otherwise, counted in `num_recomputes`: `self._recompute(seq, out)` is the plumbing that
+#   frees its blocks, resets it (`WAITING`, `num_computed_tokens` 0: all its tokens, prompt and generated,
+#   are prefilled again later) at the **front** of `self.waiting`, or ends it `kv_cache_exhausted` when it
+#   has grown too long to be admitted again.
+#
+# Swap keeps the work and pays for copies over PCIe; recompute throws the work away and pays for a prefill
+# (section 9 compares them).
 #
 # **Your turn.** Write the region `ch06.ex3`.
 
@@ -470,17 +476,21 @@ for args in [(16, 1, 4), (15, 2, 4), (16, 2, 4), (6, 10, 2)]:
 # ## 6. Build step 4: swapped sequences come back
 #
 # `_schedule_swapped(out, budget)` runs only in a step that preempted nobody (a preemption means there was
-# no room). While `self.swapped` is not empty and a seat is free (`self._num_seats() < config.max_num_seqs`),
-# take the **oldest** swapped sequence and its chunk `n` (stop when it is 0):
+# no room). It returns the budget left, and:
 #
-# * `block_manager.swap_in(seq, n)` returns the `(cpu_block, gpu_block)` pairs for `out.blocks_to_swap_in`, or
-#   `None` when it does not fit now (the watermark rule of admission, with room for the `n` new tokens). On
-#   `None`: when other sequences run, stop: they will free memory; when nothing runs, it would wait forever,
-#   so send it to recompute instead (`self._recompute(seq, out)`, which frees its CPU blocks and puts it at
-#   the front of `waiting`) and go on;
-# * else take it out of `swapped`: `block_manager.allocate_slots(seq, n).copies` gives its next slots
-#   (copy-on-write pairs to `out.blocks_to_copy`; it cannot be `None`, `swap_in` made room), it becomes `RUNNING`, counts in `num_swap_ins`, goes to the back of `self.running`
-#   and into `out.swapped_in`, and `self._mark_scheduled(seq, n, out)` lists its tokens.
+# * **Order.** Swapped sequences come back oldest first (`self.swapped` is in arrival order); none overtakes
+#   an older one that does not fit.
+# * **Room.** One comes back only with a free seat (`self._num_seats() < config.max_num_seqs`), a chunk
+#   `n > 0` of the budget, and GPU room: `block_manager.swap_in(seq, n)` returns the `(cpu_block,
+#   gpu_block)` pairs for `out.blocks_to_swap_in`, or `None`, changing nothing, when it does not fit now
+#   (the admission watermark, with room for the `n` new tokens).
+# * **Back in.** A sequence that came back is out of `swapped`, `RUNNING`, at the back of `self.running`, in
+#   `out.swapped_in`, counted in `num_swap_ins`, and its chunk is scheduled (`self._mark_scheduled`) on the
+#   slots of `block_manager.allocate_slots(seq, n)` (never `None` after a swap in; its `copies` go to
+#   `out.blocks_to_copy`).
+# * **No waiting forever.** A swapped sequence that does not fit while nothing else runs would wait for
+#   memory nobody will free: it leaves `swapped` by recompute (`self._recompute(seq, out)`, which also frees
+#   its CPU blocks).
 #
 # Return the budget left. **Your turn:** the region `ch06.ex4`.
 
@@ -491,23 +501,25 @@ _ = check("ch06.ex4")
 # ## 7. Build step 5: admission, first come first served, and the watermark (E9)
 #
 # `_schedule_waiting(out, budget)` runs only in a step that preempted nobody and with nothing swapped out. For
-# the sequence at the front of `self.waiting`:
+# the waiting sequences in arrival order. What must hold:
 #
 # (A request that can never run, longer than `max_model_len`, with more samples than seats, or larger than the
 # whole pool beside the watermark, never gets here: `add_request` decides that once, and the next step lists
 # it in `out.ignored` with its reason, so it blocks nobody.)
 #
-# * it needs its seats: `self._seats(seq)` (a request with `n` samples that has not forked yet needs `n`)
-#   on top of those taken, at most `config.max_num_seqs`;
-# * its chunk counts only the tokens the prefix cache cannot give: look the prefix up **once**,
-#   `computed = block_manager.get_computed_blocks(seq)`, and
-#   `n = self._chunk(len(seq) - len(computed) * block_manager.block_size, budget)`;
-# * the **watermark**: `block_manager.allocate_slots(seq, n, computed)` shares the cached prefix and gives
+# * **First come, first served.** The first sequence that does not fit stops admission: nobody behind it
+#   overtakes.
+# * **Seats.** A sequence takes `self._seats(seq)` seats (a request with `n` samples that has not forked yet
+#   needs `n`); the seats taken never exceed `config.max_num_seqs`.
+# * **Budget.** Tokens the prefix cache already holds cost no budget. Look the prefix up once per
+#   admission attempt, `computed = block_manager.get_computed_blocks(seq)`; the chunk is `self._chunk` of
+#   the tokens those blocks do not cover, and a chunk of 0 does not fit.
+# * **The watermark.** `block_manager.allocate_slots(seq, n, computed)` shares the cached prefix and gives
 #   slots to `n` tokens only if that leaves at least `watermark × num_gpu_blocks` blocks free, else returns
-#   `None` (the call shape of vLLM v1's `get_computed_blocks` then `allocate_slots`, `vllm/v1/core/kv_cache_manager.py`,
-#   0.8.5; the watermark itself is v0's);
-# * if it fits: status `RUNNING`, back of `self.running`, its seats taken, `self._mark_scheduled(...)`; if it does not, **stop**:
-#   nobody behind it overtakes (FCFS).
+#   `None` (the call shape of vLLM v1's `get_computed_blocks` then `allocate_slots`,
+#   `vllm/v1/core/kv_cache_manager.py`, 0.8.5; the watermark itself is v0's).
+# * **Admitted.** Out of `waiting`, `RUNNING`, at the back of `self.running`, its chunk scheduled with
+#   `self._mark_scheduled(...)`.
 #
 # **Ledger row E9.** The fragmentation article (§3.2) describes the block manager's `watermark=0.01` as *"the water line:
 # below this ratio, preemption is triggered"*. That is not what it does. In vLLM v0 (`SelfAttnBlockSpaceManager.can_allocate`

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 import pytest
 
@@ -67,6 +68,17 @@ def cache_with(cls, bs, hash_fn, prompts_and_blocks):
     for prompt, block_ids in prompts_and_blocks:
         seq = seq_of(prompt, bs)
         RefCache.insert(cache, seq, block_ids, 0, len(prompt) // bs)
+    return cache
+
+
+BIG_CACHE = 50_000  # entries: a verb that scans the cache costs seconds here
+
+
+def big_cache(cls):
+    """A cache of ``cls`` holding BIG_CACHE entries: one long sequence, block size 1, registered by the
+    reference ``insert`` (its blocks are the chain 0, 1, 2, ...)."""
+    cache = cls(1, strong)
+    RefCache.insert(cache, seq_of(range(BIG_CACHE), 1), list(range(BIG_CACHE)), 0, BIG_CACHE)
     return cache
 
 
@@ -393,6 +405,25 @@ def test_lookup_in_the_engine_serves_each_token_its_own_prefix(impl):
     assert want[1] > 0
 
 
+@pytest.mark.exercise("ch05.ex2", points=1)
+def test_lookup_costs_the_keys_it_tries_not_the_cache(impl):
+    cls = mix(impl("ex05_prefix_cache"), "lookup")
+    cache = big_cache(cls)
+    prompts = [
+        seq_of(list(range(9)) if i % 10 == 0 else [BIG_CACHE + i, 0, 1], 1) for i in range(1000)
+    ]
+    start = time.perf_counter()
+    hits = [len(cache.lookup(seq, 8)) for seq in prompts]
+    seconds = time.perf_counter() - start
+    assert hits == [8 if i % 10 == 0 else 0 for i in range(1000)], (
+        "the cache holds the chain 0, 1, 2, ..."
+    )
+    assert seconds < 1.0, (
+        f"1,000 lookups (900 misses) took {seconds:.2f} s in a cache of {len(cache)} entries: a lookup "
+        "reads the entries under its keys (a dictionary look-up), it never scans the cache"
+    )
+
+
 # ================================================================ ch05.ex3: registration
 @pytest.mark.exercise("ch05.ex3", points=1)
 @pytest.mark.parametrize("bs", [2, 4])
@@ -528,6 +559,21 @@ def test_evict_in_the_engine_serves_each_token_its_own_prefix(impl):
     assert got == want, (
         "same requests, same tokens, same hit rate as with the reference prefix cache"
     )
+
+
+@pytest.mark.exercise("ch05.ex4", points=1)
+def test_evict_takes_constant_time(impl):
+    cls = mix(impl("ex05_prefix_cache"), "evict")
+    cache = big_cache(cls)
+    start = time.perf_counter()
+    for b in range(0, 2000):
+        cache.evict(b)
+    seconds = time.perf_counter() - start
+    assert seconds < 1.0, (
+        f"2,000 evictions took {seconds:.2f} s in a cache of {BIG_CACHE} entries: evict finds the entry "
+        "through the block map, it never scans the cache"
+    )
+    assert len(cache) == BIG_CACHE - 2000
 
 
 # ================================================================ ch05.ex5: the eviction order (LRU)

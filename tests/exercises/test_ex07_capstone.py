@@ -5,7 +5,9 @@ sampler, input preparation, update) serves the built-in model, and its greedy to
 
 No part falls back to the reference here: a part that is missing or unfinished fails the capstone and is
 named. Tokens are compared as vLLM's tests do (``paged_course.reference.compare``): equal, or parting only at a
-logit near-tie.
+logit near-tie. One more check runs the real engine on chapter 05's block manager alone among the reference
+parts (tiny model): the same tokens and statistics as on the reference manager (it lives here so that
+chapter 05's check cells answer in seconds).
 """
 
 from __future__ import annotations
@@ -185,3 +187,55 @@ def test_your_engine_matches_transformers_under_preemption(impl, model, mode):
         assert stats["swap_outs"] > 0, "swap mode must move a victim to the CPU pool"
     _check_against_transformers(reference, wants, prompts, params, outs)
     assert stats["kv_blocks_used"] == 0, "every block is back in your allocator at the end"
+
+
+# ---------------------------------------------------------------- chapter 05's block manager in the engine
+BLOCK_MANAGER = ("ch05.ex7", "ch05.ex8", "ch05.ex9", "ch05.ex10")
+
+
+@pytest.mark.timeout(120)  # a cold process imports transformers' modelling code first (seconds)
+@pytest.mark.exercise("ch07.ex1", points=3, uses=BLOCK_MANAGER)
+def test_the_engine_runs_on_your_block_manager_like_the_reference(impl):
+    """Chapter 05's block manager alone among the reference parts (tiny model, CPU): with prefix hits and a
+    fork, then with preemption by swapping, the same tokens and statistics as the reference manager's."""
+    from paged_course.reference.models import tiny_model
+
+    cls = impl("ex05_block_manager").BlockSpaceManager
+    model = tiny_model("llama", vocab_size=128)
+    shared = [3, 1, 4, 1, 5, 9, 2, 6]
+    prompts = [shared + [7, 7], shared + [8], [50 + i for i in range(13)], [90, 91], shared + [7]]
+    params = [
+        SamplingParams(max_tokens=6, ignore_eos=True, n=2 if i == 1 else 1)
+        for i in range(len(prompts))
+    ]
+    keys = ("prefix_cache_hit_rate", "cow_copies", "preemptions", "swap_outs", "kv_blocks_used")
+    for blocks, mode, cpu in [(14, "recompute", 0), (9, "swap", 16)]:
+        runs = []
+        for parts in (Parts(), Parts(block_manager=cls)):
+            llm = LLM(
+                model,
+                block_size=4,
+                num_gpu_blocks=blocks,
+                num_cpu_blocks=cpu,
+                preemption_mode=mode,
+                max_num_batched_tokens=8,
+                max_num_seqs=4,
+                parts=parts,
+                verbose=False,
+            )
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            stats = llm.stats()
+            runs.append(
+                ([[c.token_ids for c in o.outputs] for o in outs], [stats[k] for k in keys])
+            )
+        (want, ref_stats), (got, your_stats) = runs
+        where = f"{blocks} blocks, preemption by {mode}"
+        assert got == want, (
+            f"{where}: the engine on your manager gave {got}, on the reference's {want}"
+        )
+        assert your_stats == ref_stats, (
+            f"{where}: {dict(zip(keys, your_stats))} on your manager, {dict(zip(keys, ref_stats))} on "
+            "the reference's"
+        )
+        assert ref_stats[0] > 0 and ref_stats[1] > 0 and your_stats[-1] == 0
+        assert (ref_stats[2] > 0) == (blocks == 9), f"{where}: preemptions {ref_stats[2]}"

@@ -88,6 +88,11 @@ MUTANTS = {
                 hits = self.prefix_cache.lookup(seq, len(hits) - 1)
             return hits
         """,
+        "caps the hits by the prompt alone (a grown sequence admitted again recomputes its generated blocks)": """
+            if self.prefix_cache is None:
+                return []
+            return self.prefix_cache.lookup(seq, (seq.num_prompt_tokens - 1) // self.block_size)
+        """,
     },
     "ch05.ex8": {
         "watermark ignores free cached hits": _ADMIT_HEAD

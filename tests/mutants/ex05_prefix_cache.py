@@ -31,6 +31,12 @@ MUTANTS = {
                 parent = self.hash_fn(parent, tuple(tokens[start:start + bs]))
                 keys.append(parent)
         """,
+        "extends by one block per call (a sequence that grew by several keeps some keyless)": """
+            parent = keys[-1] if keys else ROOT_KEY
+            start = len(keys) * bs
+            if start + bs <= len(tokens):
+                keys.append(self.hash_fn(parent, tuple(tokens[start:start + bs])))
+        """,
     },
     "ch05.ex2": {
         "trusts the hash without comparing tokens": """
@@ -81,6 +87,28 @@ MUTANTS = {
                     break
                 hits.append(bucket[0].block_id)
                 parent_uid = bucket[0].uid
+        """,
+        "verifies the tokens of block 0 only (a collision deeper in the prefix hits)": """
+            parent_uid = 0
+            for i, key in enumerate(keys[:max(max_blocks, 0)]):
+                block = tuple(tokens[i * bs:(i + 1) * bs])
+                entry = next((e for e in self._by_key.get(key, ())
+                              if (i > 0 or e.token_ids == block) and e.parent_uid == parent_uid), None)
+                if entry is None:
+                    break
+                hits.append(entry.block_id)
+                parent_uid = entry.uid
+        """,
+        "scans every cached entry for each block (O(entries) per block, not a key look-up)": """
+            parent_uid = 0
+            for i, key in enumerate(keys[:max(max_blocks, 0)]):
+                block = tuple(tokens[i * bs:(i + 1) * bs])
+                entry = next((e for e in list(self._by_block.values())
+                              if e.key == key and e.token_ids == block and e.parent_uid == parent_uid), None)
+                if entry is None:
+                    break
+                hits.append(entry.block_id)
+                parent_uid = entry.uid
         """,
     },
     "ch05.ex3": {
@@ -148,6 +176,22 @@ MUTANTS = {
                     added += 1
                 parent = entry
         """,
+        "never moves the parent on (every new entry chained to the entry before block first)": """
+            parent = self._by_block.get(block_ids[first - 1]) if first else None
+            for i in range(first, stop):
+                entry = self._by_block.get(block_ids[i])
+                if entry is None:
+                    if i and parent is None:
+                        break
+                    entry = Entry(block_ids[i], keys[i], self._next_uid, parent.uid if i else 0,
+                                  tuple(tokens[i * bs:(i + 1) * bs]))
+                    self._next_uid += 1
+                    self._by_block[entry.block_id] = entry
+                    self._by_key.setdefault(entry.key, []).append(entry)
+                    added += 1
+                if parent is None:
+                    parent = entry
+        """,
     },
     "ch05.ex4": {
         "forgets the block map only (a stale entry stays findable)": """
@@ -176,6 +220,17 @@ MUTANTS = {
                 if not bucket:
                     del self._by_key[entry.key]
             return True
+        """,
+        "finds the entry by scanning every key's list (O(entries) per eviction)": """
+            for key, bucket in list(self._by_key.items()):
+                for entry in bucket:
+                    if entry.block_id == block_id:
+                        bucket.remove(entry)
+                        if not bucket:
+                            del self._by_key[key]
+                        del self._by_block[block_id]
+                        return True
+            return False
         """,
     },
     "ch05.ex5": {
@@ -220,6 +275,24 @@ MUTANTS = {
                 for b in reversed(table):
                     ref_counts[b] -= 1
                     if ref_counts[b] == 0:
+                        queue.append(b)
+            return [b for b in queue if b in cached]
+        """,
+        "appends to the caller's free queue (in place)": """
+            queue, counts = free_queue, list(ref_counts)
+            for table in finishing:
+                for b in reversed(table):
+                    counts[b] -= 1
+                    if counts[b] == 0:
+                        queue.append(b)
+            return [b for b in queue if b in cached]
+        """,
+        "frees the first finishing table tail first, the later ones head first": """
+            queue, counts = list(free_queue), list(ref_counts)
+            for k, table in enumerate(finishing):
+                for b in (reversed(table) if k == 0 else table):
+                    counts[b] -= 1
+                    if counts[b] == 0:
                         queue.append(b)
             return [b for b in queue if b in cached]
         """,
@@ -273,6 +346,16 @@ MUTANTS = {
                 return []
             private = allocate()
             return [(shared, private)]
+        """,
+        "asks whether the first block is shared instead of the last": """
+            if not table.block_ids or table.num_tokens % table.block_size == 0:
+                return []
+            shared = table.block_ids[-1]
+            if allocator.ref_count(table.block_ids[0]) <= 1:
+                return []
+            table.block_ids[-1] = allocate()
+            allocator.free_many([shared])
+            return [(shared, table.block_ids[-1])]
         """,
     },
 }

@@ -24,6 +24,14 @@ MUTANTS = {
                 return n
             return budget if chunked else 0
         """,
+        "the threshold caps only prompts over the budget": """
+            if remaining <= budget:
+                return remaining
+            n = min(remaining, threshold) if threshold else remaining
+            if n <= budget:
+                return n
+            return budget if chunked else 0
+        """,
     },
     "ch06.ex2": {
         "oldest instead of newest victim": """
@@ -164,6 +172,55 @@ MUTANTS = {
                 else:
                     self.running.append(seq)
                     budget -= self._mark_scheduled(seq, n, out)
+        """,
+        "the walk stops at the first sequence without budget (those after it leave running)": """
+            while queue:
+                seq = queue.popleft()
+                n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+                if n == 0:
+                    self.running.append(seq)
+                    break
+                while True:
+                    new_blocks = bm.allocate_slots(seq, n)
+                    if new_blocks is not None:
+                        out.blocks_to_copy += new_blocks.copies
+                        self.running.append(seq)
+                        budget -= self._mark_scheduled(seq, n, out)
+                        break
+                    if queue:
+                        self._preempt(queue.pop(), out)
+                    elif self.running:
+                        self._preempt(seq, out)
+                        break
+                    else:
+                        self._exhaust(seq, out)
+                        break
+        """,
+        "a sequence preempts itself before any younger one when it is the first of the step": """
+            while queue:
+                seq = queue.popleft()
+                n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+                if n == 0:
+                    self.running.append(seq)
+                    continue
+                while True:
+                    new_blocks = bm.allocate_slots(seq, n)
+                    if new_blocks is not None:
+                        out.blocks_to_copy += new_blocks.copies
+                        self.running.append(seq)
+                        budget -= self._mark_scheduled(seq, n, out)
+                        break
+                    if queue and self.running:
+                        self._preempt(queue.pop(), out)
+                    elif queue:
+                        self._preempt(seq, out)
+                        break
+                    elif self.running:
+                        self._preempt(seq, out)
+                        break
+                    else:
+                        self._exhaust(seq, out)
+                        break
         """,
     },
     "ch06.ex3": {
@@ -331,6 +388,50 @@ MUTANTS = {
                     self._recompute(seq, out)
                     continue
                 self.swapped.pop(0)
+                out.blocks_to_swap_in += pairs
+                out.blocks_to_copy += bm.allocate_slots(seq, n).copies
+                seq.status = RUNNING
+                self.num_swap_ins += 1
+                self.running.append(seq)
+                out.swapped_in.append(seq)
+                budget -= self._mark_scheduled(seq, n, out)
+        """,
+        "a swapped sequence comes back without a free seat": """
+            while self.swapped:
+                seq = self.swapped[0]
+                n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+                if n == 0:
+                    break
+                if (pairs := bm.swap_in(seq, n)) is None:
+                    if self.running:
+                        break
+                    self.swapped.pop(0)
+                    self._recompute(seq, out)
+                    continue
+                self.swapped.pop(0)
+                out.blocks_to_swap_in += pairs
+                out.blocks_to_copy += bm.allocate_slots(seq, n).copies
+                seq.status = RUNNING
+                self.num_swap_ins += 1
+                self.running.append(seq)
+                out.swapped_in.append(seq)
+                budget -= self._mark_scheduled(seq, n, out)
+        """,
+        "a swapped sequence that does not fit is skipped (a younger one overtakes it)": """
+            index = 0
+            while index < len(self.swapped) and self._num_seats() < self.config.max_num_seqs:
+                seq = self.swapped[index]
+                n = self._chunk(len(seq) - seq.num_computed_tokens, budget)
+                if n == 0:
+                    break
+                if (pairs := bm.swap_in(seq, n)) is None:
+                    if self.running:
+                        index += 1
+                        continue
+                    self.swapped.pop(index)
+                    self._recompute(seq, out)
+                    continue
+                self.swapped.pop(index)
                 out.blocks_to_swap_in += pairs
                 out.blocks_to_copy += bm.allocate_slots(seq, n).copies
                 seq.status = RUNNING

@@ -199,3 +199,17 @@ def test_a_hint_tier_continues_on_hint_plus_lines():
     )
     with pytest.raises(MarkerError, match="continues no"):
         hints(source.replace("# HINT: what is twice", "# HINT+ what is twice"))
+
+
+def test_every_region_of_chapters_01_to_06_has_a_nudge_and_a_stronger_hint():
+    """hint(id) gives a nudge first, a stronger hint on the second call, then points to solution(id)."""
+    found = {}
+    for path in sorted((ROOT / "solutions").glob("ex0[1-6]_*.py")):
+        found.update(hints(path.read_text()))
+    regions = [
+        ex_id
+        for path in sorted((ROOT / "solutions").glob("ex0[1-6]_*.py"))
+        for ex_id in exercise_ids(path.read_text())
+    ]
+    short = {ex_id: len(found.get(ex_id, [])) for ex_id in regions if len(found.get(ex_id, [])) < 2}
+    assert regions and not short, f"regions with fewer than two hint tiers: {short}"

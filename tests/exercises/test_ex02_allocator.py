@@ -364,8 +364,11 @@ def test_free_many_is_all_or_nothing(checked_cls):
     for ids in ([0, 3, 2], [4, 9], [1, 0, 0], [3, -1], [4, 1.0], [0, 3, 4, 3]):
         with pytest.raises(ValueError):
             a.free_many(ids)
-        assert _state(a) == before, (
-            f"free_many({ids}) fails: it frees nothing, not even the valid ids before it"
+        after = _state(a)
+        assert after == before, (
+            f"free_many({ids}) must raise ValueError and change nothing, not even for the valid ids "
+            f"listed before the bad one: free queue {after[0]} and ref counts {after[1]} afterwards, "
+            f"expected free queue {before[0]} and ref counts {before[1]} (all or nothing)"
         )
     with pytest.raises(ValueError, match="already free"):
         a.free(2)  # a double free

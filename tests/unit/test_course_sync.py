@@ -128,8 +128,11 @@ def test_sync_never_overwrites_the_learners_work(tmp_path):
     """A learner's clone: an exercise changed since the last commit is theirs. The check leaves it out
     (pytest stays green while they work), writing refuses with the file named and nothing written, and
     only --force overwrites it."""
-    for folder in ("solutions", "exercises"):
-        shutil.copytree(ROOT / folder, tmp_path / folder)
+    # the stubs as the course ships them, written from solutions/ (never the repository's exercises/,
+    # which may hold the learner's own work while they run pytest)
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    (tmp_path / "exercises").mkdir()
+    sync(tmp_path, force=True)
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)

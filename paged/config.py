@@ -7,6 +7,10 @@ caching) and ``SchedulerConfig`` (how many sequences and tokens one step holds, 
 preemption mode). ``LLM`` builds it from its keyword arguments; the engine, the scheduler and the worker
 read it and check nothing again. Names and defaults follow vLLM v1's (``vllm/config/model.py``,
 ``vllm/config/cache.py``, ``vllm/config/scheduler.py``, 0.11.1).
+
+The engine and the model runner receive the whole ``EngineConfig``; the ``Scheduler`` receives only its
+two sections (``Scheduler(scheduler_config, cache_config, ...)``), the signature chapter 06's learners
+subclass and its graded tests build.
 """
 
 from __future__ import annotations

@@ -1,32 +1,34 @@
 # Generated from solutions/ex04_fast_decode.py by `python -m paged course sync`. Write only where a region raises
 # NotImplementedError("chNN.exK: ...") or holds a starter; grade with `python -m paged grade`.
 
-r"""Exercise 04, part 3 (ungraded, for a GPU): make the paged decode kernel fast.
+r"""Exercise 04, part 3: make the paged decode kernel fast (ch04.ex3, graded on what runs without a GPU).
 
 The marked region holds your kernel ``_learner_kernel`` and its launch config ``CONFIG``. It starts as
 chapter 04's teaching kernel: the frame of ``_decode_kernel`` around a call of your ``walk_blocks``
-(``ex04_online_softmax.py``, region ch04.ex2), so it is correct once ch04.ex2 passes its checks (until then
-its loop is empty and the self-check says so), and it reads about a tenth of a GPU's memory bandwidth
-(the teaching kernel's 11.5% of peak on the H200 run of ``docs/gpu/h200-2026-11-30/``). Replace the call by a
-loop of your own. Decode reads every
-cached K and V byte once and computes about 4 flops per byte per query head, so a good kernel runs at
-the speed of memory. The chapter's performance lab walks the four ideas that get there:
+(``ex04_online_softmax.py``, region ch04.ex2), so it is correct once ch04.ex2 passes its checks, and it
+reads about a tenth of a GPU's memory bandwidth (the teaching kernel's 11.5% of peak on the H200 run of
+``docs/gpu/h200-2026-11-30/``). Decode reads every cached K and V byte once and computes about 4 flops per
+byte per query head, so a good kernel runs at the speed of memory. Replace the call by a loop of your own.
 
-1. the GQA group as the M dimension of ``tl.dot`` (``BLOCK_M`` rows, at least 16: pad and mask), so the
-   scores ``Q K^T`` and the update ``P V`` run on tensor cores;
-2. KV tiles of ``BLOCK_N`` tokens that span several blocks: each token position ``t`` of a tile gathers
-   its own physical block ``BT[t // BLOCK_SIZE]`` and slot ``t % BLOCK_SIZE``;
-3. software pipelining: ``CONFIG["num_stages"]`` 2 or 3 on a GPU;
-4. (split-K is the launcher's business; this exercise runs one program per (sequence, KV head)).
+Contract (what the graded tests check; the launcher below passes the arguments):
 
-Keep the kernel's arguments (the launcher below passes them) and its contract: every masked ``tl.load``
-names ``other=``, positions past a context get score ``-inf``, fp32 accumulation, every ``tl.dot``
-dimension >= 16 (the interpreter accepts less, a GPU does not).
+- the result equals softmax(scale * q . k) @ v over each sequence's context, for any ``BLOCK_N`` that is a
+  power of two >= 16 and any block size: a tile of ``BLOCK_N`` tokens may span several blocks or part of
+  one, each token at ``BT[t // BLOCK_SIZE]``, slot ``t % BLOCK_SIZE``; a context of 0 gives 0;
+- entries of the block table past a context and every slot past it hold garbage (NaN, -1, stale ids):
+  masked loads name ``other=`` and scores past the context are ``-inf``; accumulation in fp32; the output
+  has the query's dtype; the inputs are left unmodified;
+- the GQA group (``GROUP`` query heads of one KV head) is the M dimension of ``tl.dot``, padded to
+  ``BLOCK_M`` >= 16 rows (masked on load and store), so ``Q K^T`` and ``P V`` compile to tensor-core
+  instructions; every ``tl.dot`` dimension >= 16 (the interpreter accepts less, a GPU does not);
+- built for an A100 (sm_80) at the engine's decode step (fp16, head dim 128), it compiles, does not
+  spill, and loads every K/V row 16 bytes at a time.
 
-Check it: ``self_check()`` compares :func:`learner_decode` with ``paged_course.reference`` on small
-inputs (any machine, the interpreter on CPU); ``python -m paged bench kernel --impl exercises`` also
-prints its bandwidth on a GPU against the teaching and the tuned kernels (on CPU: correctness only,
-ungraded). No points: the graded parts of chapter 04 are in ``ex04_online_softmax.py``.
+The chapter's performance lab walks the ideas: the group in ``tl.dot``'s rows, tiles across blocks,
+software pipelining (``CONFIG["num_stages"]`` 2 or 3 on a GPU; split-K is the launcher's business).
+``self_check()`` compares :func:`learner_decode` with ``paged_course.reference`` on small inputs;
+``python -m paged bench kernel --impl exercises`` also times it on a GPU against the teaching and the tuned
+kernels (not on a CPU: the interpreter's times say nothing about a GPU).
 """
 
 # ruff: noqa: E741 -- `l` is the running denominator of the online-softmax literature

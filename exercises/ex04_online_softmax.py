@@ -18,7 +18,7 @@ new block changes them). Three build steps, in this file:
 3. ``merge_splits`` (ch04.ex4, PyTorch): combine the partial outputs of split-K through their
    log-sum-exps; a split that held no token must change nothing.
 
-(``ch04.ex3``, in ``ex04_fast_decode.py``, is the ungraded "make it faster" exercise of the second half.)
+(``ch04.ex3``, in ``ex04_fast_decode.py``, is the "make it faster" exercise of the second half.)
 Check one step in the chapter with ``check("ch04.ex1")``, or all of them with ``python -m paged grade ch04``.
 Sources: Milakov & Gimelshein 2018 (online normalizer); Dao et al. 2022 (FlashAttention) and 2023
 (Flash-Decoding); vLLM ``csrc/attention/attention_kernels.cu`` (``paged_attention_v1`` / ``_v2``).

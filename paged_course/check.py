@@ -293,7 +293,9 @@ def check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> bool
             if broken
             else ""
         )
-        whole = " (spot the bug: it counts only when all of them pass)" if r.all_or_nothing else ""
+        whole = (
+            " (all or nothing: it counts only when all of them pass)" if r.all_or_nothing else ""
+        )
         print(
             f"{exercise}: {r.passed} of {r.total} checks pass{why}{whole}; the first failing one:\n"
             f"{r.first_failure}"

@@ -5,7 +5,7 @@ learner does, and hands each code cell's source and printed text to ``problems``
 
 - ``expect="stubs"`` (``exercises/`` holds the untouched stubs): every ``check("chNN.exK")`` cell says the
   region is not written yet or fails, no line anywhere says a region passes, every part of a capstone table
-  (``paged_course.capstone.origin_table``) is the reference's, and the ungraded self-check of
+  (``paged_course.capstone.origin_table``) is the reference's, and the self-check of
   ``ex04_fast_decode`` reports no case OK;
 - ``expect="typed-in"`` (every region typed in from ``solutions/``): every check cell passes, the capstone
   table names every part it lists as yours (chapter 07's lists every part of ``PART_SOURCES``), its tokens

@@ -41,7 +41,8 @@
 # Part 1 (sections 1-8) has you build the *teaching* kernel, written to be read, in
 # **`exercises/ex04_online_softmax.py`** (three marked regions: `ch04.ex1`, `ch04.ex2`, `ch04.ex4`). Wherever yours
 # does not pass its checks yet, the chapter uses a reference: `paged_course.kernel_lab` for the online-softmax
-# update and the split merge, and the engine's tuned kernel for the decode. Part 2 (sections 9-18) builds the *tuned* kernel that the engine runs:
+# update and the split merge, and the engine's tuned kernel for the decode. Part 2 (sections 9-18) builds the *tuned* kernel that the engine runs,
+# and has you make a kernel of your own fast in **`exercises/ex04_fast_decode.py`** (`ch04.ex3`):
 # `paged.kernels.paged_attention_decode` (the folder `kernels/`). The PyTorch references are in
 # `paged_course.reference`. After each build step a cell `check("ch04.exK")` runs that step's graded tests on your
 # file and prints the first failing case in words; `hint("ch04.exK")` gives a nudge, a second call a stronger one.
@@ -592,7 +593,7 @@ else:
 # log-sum-exps in the hundreds (never `exp` one unshifted); a split with no token, whose partial output may hold
 # anything, NaN included (nothing of it may reach the output: `0 × NaN` is NaN); a row whose splits are all empty (a
 # context of 0), which merges to 0 and `-inf`. With `num_splits > 1`, `paged_decode` in your file runs your kernel
-# for the partials (`decode_splits`), then your merge. (`ch04.ex3` is the ungraded exercise of part 2.)
+# for the partials (`decode_splits`), then your merge. (`ch04.ex3`, in part 2, makes the kernel fast.)
 #
 # **Spot the bug.** This step is already written in your file: `merge_splits` runs, looks right, and merges
 # splits that all hold tokens exactly. One case of the contract goes wrong. The symptom: two splits of one head,
@@ -1131,23 +1132,24 @@ else:
         print("tuned kernel at the roofline: not measured yet: run scripts/gpu_check.sh on a GPU")
 
 # %% [markdown]
-# ## 17. Make it faster (ungraded, for a GPU)
+# ## 17. Make it faster (ch04.ex3)
 #
 # **`exercises/ex04_fast_decode.py`** holds a kernel of your own, `_learner_kernel`, and its launch config
 # `CONFIG`, in one marked region (ch04.ex3). It starts as the teaching kernel: the frame of `_decode_kernel` around
-# a call of your `walk_blocks`, so it passes its self-check once your ch04.ex2 does (until then it reports every
-# case wrong). Replace the call by a loop of your own and take it through the steps of this lab: the group in `tl.dot` with `BLOCK_M` rows, tiles of `BLOCK_N` tokens gathered across blocks, `num_stages`.
-# Keep its contract: masked loads name `other=`, scores past the context are `-inf`, accumulation is fp32, and every
-# `tl.dot` dimension is at least 16 (the interpreter accepts less; a GPU does not). Check it on any machine, then
-# measure it on a GPU:
+# a call of your `walk_blocks`, so it is correct once your ch04.ex2 is (until then it reports every case wrong),
+# and slow. Replace the call by a loop of your own, built from the ideas of this lab: the GQA group as the rows of
+# `tl.dot`, tiles of `BLOCK_N` tokens gathered across blocks, `num_stages`. The file's docstring states the
+# contract. What is graded runs on any machine: the kernel's results in the interpreter, for tiles of 16 to 64
+# tokens over blocks of 8 to 32, and how it compiles for an A100 (next section): tensor-core instructions, no
+# spill, 16-byte K/V loads. The starter is correct but fails the second half, so the region is all or nothing.
+# Its speed on a GPU is yours to measure:
 #
 # ```bash
 # python -c "from exercises.ex04_fast_decode import self_check; self_check()"
 # python -m paged bench kernel --impl exercises   # on a GPU: GB/s and % of peak against the teaching and tuned kernels
 # ```
 #
-# There are no points: on a CPU the benchmark checks correctness only ("ungraded on CPU"). The self-check of the
-# file as it is now:
+# The self-check of the file as it is now (small cases, in the interpreter on a CPU):
 
 # %%
 if HAS_TRITON and (ex04_fast := exercise_module("ex04_fast_decode")) is not None:
@@ -1190,6 +1192,14 @@ else:
     except (RuntimeError, OSError) as exc:  # e.g. no cuobjdump in this Triton build
         print(f"could not compile for a GPU here: {type(exc).__name__}: {exc}")
     print(kernel_compile.text_table([r for r in compiled if not r["kernel"].startswith("prefill")]))
+
+# %% [markdown]
+# Your row is *yours*. The check of ch04.ex3 runs its results in the interpreter, then builds your kernel for an
+# A100 once more (from Triton's cache when nothing changed) and asks for `mma` instructions, no stack and no K/V
+# load narrower than 16 bytes:
+
+# %%
+_ = check("ch04.ex3")
 
 # %% [markdown]
 # Reading a row: *registers* per thread (at most 255); *stack B*, bytes of local memory per thread, nonzero when

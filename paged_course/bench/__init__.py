@@ -1,5 +1,5 @@
 """Benchmarks: ``python -m paged bench {sim,allocator,prefix,scheduler,kernel,engine,all} [--quick] [--out DIR]``
-(``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's ungraded exercise;
+(``bench kernel --impl {solutions,exercises}``: the learner's kernel of chapter 04's "make it faster" exercise;
 ``bench kernel --compile [--jobs N] [--update-static]``: every engine kernel compiled for sm_80 and sm_90
 without a GPU, registers / spills / shared memory / load widths checked (``kernel_compile.py``);
 ``bench kernel --roofline``: decode's byte floor at A100 / H100 / H200 bandwidth, a model, beside a GPU run

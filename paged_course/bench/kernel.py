@@ -28,7 +28,7 @@ bandwidth). The targets are reported with their measured numbers, never asserted
 
 **On CPU** the kernels run in Triton's interpreter: tiny shapes, correctness columns (max error against
 ``paged_course.reference``), and interpreter seconds that say nothing about a GPU. ``--impl`` runs the
-learner's kernel of ``ex04_fast_decode.py`` instead (ungraded; on CPU correctness only).
+learner's kernel of ``ex04_fast_decode.py`` instead (on CPU correctness only, not timed).
 Writes ``kernel.png`` into ``out``; the caller writes ``kernel.json``. The shapes, inputs and byte model are
 ``kernel_shapes``, the GPU run ``kernel_gpu``; this module is the entry point, the CPU check, the learner's
 kernel and the committed GPU runs.
@@ -159,7 +159,7 @@ def _cpu(quick: bool, out: Path) -> dict:
 def _exercise(impl: str, quick: bool, out: Path) -> dict:
     """``--impl``: the learner's ``ex04_fast_decode`` kernel: self-check, then (GPU) its bandwidth."""
     module = importlib.import_module(f"{impl}.ex04_fast_decode")
-    print(f"== {impl}/ex04_fast_decode.py (ungraded): self-check against paged_course.reference")
+    print(f"== {impl}/ex04_fast_decode.py: self-check against paged_course.reference")
     checks = module.self_check(verbose=True)
     result = {
         "mode": "exercise",
@@ -169,7 +169,7 @@ def _exercise(impl: str, quick: bool, out: Path) -> dict:
     }
     if not torch.cuda.is_available():
         print(
-            "ungraded on CPU: correctness only (the interpreter's times say nothing about a GPU); run this on "
+            "not timed on CPU: correctness only (the interpreter's times say nothing about a GPU); run this on "
             "a GPU for the bandwidth"
         )
         return result

@@ -325,19 +325,20 @@ def lab_rows(gpu: str, impl: str | None = "exercises") -> list[dict]:
             continue
         label = name if hints else "tuned, no hints"
         if name == "yours" and impl != "exercises":
-            label = f"{impl}/ex04_fast_decode"
+            label = f"{Path(impl).name}/ex04_fast_decode"
         row = compile_launch(found[0], gpu, hints) if isinstance(found, list) else {"error": found}
         rows.append({"id": f"lab:{label}:{gpu}", "kernel": label, "gpu": gpu, **LAB_SHAPE, **row})
     return rows
 
 
 def compile_lab(
-    impl: str | None = "exercises", gpus=tuple(TARGETS), prefill: bool = True
+    impl: str | None = "exercises", gpus=tuple(TARGETS), prefill: bool = True, timeout: float = 1800
 ) -> list[dict]:
     """Chapter 04: :func:`lab_rows` for each of ``gpus`` and, with ``prefill``, the prefill kernel at head
     dim 128 (fp16) with the engine's tiles and with 64 x 64 (``kernel`` ``"prefill 64 x 64"``), compiled
     in one compile-only child process (this process may have decorated the kernels for the interpreter).
-    About 10-30 s the first time; Triton's cache (``~/.triton/cache``) serves what it compiled before."""
+    About 10-30 s the first time; Triton's cache (``~/.triton/cache``) serves what it compiled before.
+    Raises RuntimeError when the child fails or runs past ``timeout`` seconds."""
     jobs = [{"call": f"{__name__}:lab_rows", "kwargs": {"gpu": g, "impl": impl}} for g in gpus]
     for gpu in gpus if prefill else ():
         for override, name in ((None, "prefill"), ({"BLOCK_N": 64}, "prefill 64 x 64")):
@@ -349,7 +350,7 @@ def compile_lab(
                 "name": name,
             }
             jobs.append({"call": f"{__name__}:variant_rows", "kwargs": kwargs})
-    rows = compile_in_children(jobs, processes=1)
+    rows = compile_in_children(jobs, processes=1, timeout=timeout)
     for row in rows:
         row["kernel"] = row.get("variant", row["kernel"])
     return rows
@@ -380,11 +381,14 @@ def text_table(rows: list[dict]) -> str:
 
 
 def _learner(impl: str):
+    """``<impl>/ex04_fast_decode.py``: ``impl`` names a package of this checkout (``exercises``,
+    ``solutions``) or a folder anywhere (a copy of ``solutions/`` with a planted wrong answer)."""
     import importlib
 
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module(f"{impl}.ex04_fast_decode")
+    folder = Path(impl) if Path(impl).is_absolute() else ROOT / impl
+    if str(folder.parent) not in sys.path:
+        sys.path.insert(0, str(folder.parent))
+    return importlib.import_module(f"{folder.name}.ex04_fast_decode")
 
 
 def _child(jobs_path: str, out_path: str) -> None:
@@ -439,6 +443,10 @@ def compile_in_children(jobs: list[dict], processes: int = 1, timeout: float = 1
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+                raise RuntimeError(
+                    f"compiling ran past {timeout:.0f} s: the child was stopped"
+                ) from None
         failed = [proc.returncode for proc, _ in children if proc.returncode]
         if failed:
             raise RuntimeError(f"a compile child exited with {failed} (its traceback is above)")

@@ -83,7 +83,7 @@ def test_a_capstone_table_missing_a_part_is_named():
 def test_a_spot_the_bug_check_on_the_stubs_reads_as_not_passing():
     # a planted bug passes some checks by design: its check line names them and is still a failure
     said = (
-        "ch02.ex4: 2 of 8 checks pass (spot the bug: it counts only when all of them pass); the first "
+        "ch02.ex4: 2 of 8 checks pass (all or nothing: it counts only when all of them pass); the first "
         "failing one:\ncheck 'free many is all or nothing'"
     )
     cells = [cell(1, '_ = check("ch02.ex4")', said)]

@@ -1,4 +1,4 @@
-"""The ungraded "make it faster" exercise (``solutions/ex04_fast_decode.py``, ch04.ex3).
+"""The "make it faster" exercise (``solutions/ex04_fast_decode.py``, ch04.ex3): its starter and answer.
 
 The reference answer passes the exercise's own self-check under the interpreter, agrees with the engine's
 kernel and keeps the contract's errors. The generated starter is the teaching kernel's frame around a call

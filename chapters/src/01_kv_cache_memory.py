@@ -27,14 +27,15 @@
 #    `docs/sources.md`) and correct its two errors (ledger rows E7: Llama-2-70B; E8: bytes per block);
 # 3. tell apart the kinds of KV waste (reserved slots, internal waste, external fragmentation) and measure each
 #    for static pre-allocation, contiguous first-fit reservation, and paged blocks on a chat-like trace;
-# 4. build two pieces of the simulator yourself, the waste accounting and the paged manager (admission with a
-#    watermark, growth block by block, preemption of the newest request), and run the simulation on them;
+# 4. build three pieces of the simulator yourself, the waste accounting, the paged manager (admission with a
+#    watermark, growth block by block, preemption of the newest request) and the contiguous first-fit allocator
+#    (where external fragmentation comes from), and run the simulation on them;
 # 5. check three claims of the seed with your own numbers: the real-token share before and after paging (C1),
 #    the split between the kinds of waste (C2), and the at-most-one-partial-block bound of paging (C3).
 #
 # The calculator is `paged_course.reference.memory`, the trace and the simulator `paged_course.sim`, the plots
-# `paged_course.viz.fragmentation`. Your pieces go in **`exercises/ex01_fragmentation.py`**: three build steps,
-# each followed by a cell that runs its checks. Until a piece passes them, the chapter runs the simulator's own
+# `paged_course.viz.fragmentation`. Your pieces go in **`exercises/ex01_fragmentation.py`** (three build steps)
+# and **`exercises/ex01_contiguous.py`** (two), each followed by a cell that runs its checks. Until a piece passes them, the chapter runs the simulator's own
 # version and says so in one line.
 
 # %%
@@ -56,6 +57,7 @@ if str(ROOT) not in sys.path:
 from paged_course.reference.memory import KNOWN_MODELS, KVSpec, format_bytes, kv_spec
 from paged_course.predict import reveal
 from paged_course.sim.fragmentation import (
+    ContiguousAllocator,
     PagedManager,
     compare,
     max_concurrency,
@@ -455,22 +457,76 @@ print(
 _ = check("ch01.ex3")
 
 # %% [markdown]
+# ### Build steps 5 and 6: the contiguous allocator
+#
+# The contiguous row came from the simulator's own allocator; now you write it, in
+# **`exercises/ex01_contiguous.py`**. A contiguous request asks for `prompt + max_tokens` adjacent slots when it
+# is admitted and keeps them until it leaves. The allocator keeps the free space as a sorted list of *holes*
+# `[start, end)` and the runs it handed out as `{start: size}`; the docstring states what must hold after every
+# call.
+#
+# **Step 5, `allocate(size)` (region `ch01.ex5`).** First fit: the run goes to the lowest-addressed hole that
+# holds it. When no single hole does, the answer is `None` and nothing changes, even when the holes together
+# hold more than enough. That `None` is external fragmentation: the request waits while the free slots lie in
+# pieces.
+#
+# **Step 6, `free(start)` (region `ch01.ex6`).** The run's slots are free again. Left beside a hole as a hole of
+# their own, they would refuse a run that the two together hold, so a freed run joins the holes it touches. The
+# simulator frees thousands of runs, and the contract promises a binary search for the run's place, not a walk
+# over every hole (the check counts the reads). This is a general-purpose memory allocator in miniature (first
+# fit with merging of neighbours is the classic one: Knuth, *The Art of Computer Programming*, vol. 1, §2.5).
+#
+# **Predict, then run.** A pool of 40 slots holds four runs of 10, at slots 0, 10, 20 and 30. The runs at 10 and
+# 30 finish. Where does a run of 15 go? Put a slot number, or `None`, in `prediction`.
+
+# %%
+prediction = "?"  # your guess, e.g. prediction = 10 (or None)
+
+# %%
+pool = ContiguousAllocator(40)  # the simulator's own allocator
+for size in (10, 10, 10, 10):
+    pool.allocate(size)
+pool.free(10)
+pool.free(30)
+reveal(
+    None if prediction == "?" else prediction,
+    pool.allocate(15),
+    "allocate(15) places the run at",
+    why=f"{pool.free_slots} slots are free, in holes {pool.holes}: none holds 15 (external fragmentation)",
+)
+
+# %%
+_ = check("ch01.ex5")
+_ = check("ch01.ex6")
+
+# %% [markdown]
 # ### Your pieces in the simulator
 #
-# The simulator now runs the whole trace again, with your waste accounting for all three managers and
-# your paged manager for the paged one (the simulator's own pieces stand in for any that does not pass yet),
+# The simulator now runs the whole trace again, with your waste accounting for all three managers, your
+# paged manager for the paged one and your allocator for the contiguous one (the simulator's own pieces stand in for any that does not pass yet),
 # and sets the result next to its own run:
 
 # %%
 your_kinds = learner_or_reference("ch01.ex1", yours("slot_kinds"), slot_kinds)
 your_manager = learner_or_reference(["ch01.ex2", "ch01.ex3"], yours("PagedManager"), PagedManager)
+your_allocator = learner_or_reference(
+    ["ch01.ex5", "ch01.ex6"],
+    getattr(exercise_module("ex01_contiguous"), "ContiguousAllocator", None),
+    ContiguousAllocator,
+)
 start = time.perf_counter()
 your_results = compare(
-    trace, pool_slots=32768, block_size=16, paged_manager=your_manager, slot_kinds=your_kinds
+    trace,
+    pool_slots=32768,
+    block_size=16,
+    paged_manager=your_manager,
+    slot_kinds=your_kinds,
+    contiguous_allocator=your_allocator,
 )
 print(
     f"ran in {time.perf_counter() - start:.2f} s on {'your' if your_kinds is not slot_kinds else 'the reference'} "
-    f"slot_kinds and {'your' if your_manager is not PagedManager else 'the reference'} PagedManager "
+    f"slot_kinds, {'your' if your_manager is not PagedManager else 'the reference'} PagedManager and "
+    f"{'your' if your_allocator is not ContiguousAllocator else 'the reference'} ContiguousAllocator "
     "(the simulator's own run in brackets):"
 )
 for name, res in your_results.items():
@@ -487,9 +543,10 @@ for name, res in your_results.items():
     )
 
 # %% [markdown]
-# When your three pieces pass their checks, every column agrees with the reference and the per-step counts are
+# When your pieces pass their checks, every column agrees with the reference and the per-step counts are
 # the same at every one of the thousands of steps: your manager admitted, grew and preempted exactly as the
-# simulator's own did, and your accounting split every held slot the same way. The claims below are measured
+# simulator's own did, your allocator placed every contiguous run at the same slot, and your accounting split
+# every held slot the same way. The claims below are measured
 # on the simulator's own run (`results`); once your pieces pass, that run and yours are the same.
 #
 # ## 4. The fragmentation article's claims, measured
@@ -621,8 +678,9 @@ for bs in (1, 4, 16, 64, 256):
 #   the reservation rule. Paging removes external fragmentation (any free block serves any request) and bounds
 #   the rest by `block_size - 1` slots per request (C3).
 # - You wrote the waste accounting (`slot_kinds`) and the paged manager (`can_allocate` with vLLM v0's watermark,
-#   `grow` with preemption of the newest request), and the simulator ran the whole trace on them with the same
-#   result at every step. `python -m paged grade ch01` grades the three regions from a terminal.
+#   `grow` with preemption of the newest request) and the first-fit allocator whose holes are external
+#   fragmentation, and the simulator ran the whole trace on them with the same result at every step.
+#   `python -m paged grade ch01` grades the chapter's regions from a terminal.
 # - Next, chapter 02 builds the block allocator that hands out those blocks: which block, not just how many.
 #
 # ## Further reading

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from paged_course.sim.fragmentation_events import (
+    ContiguousAllocator,
     PagedManager,
     _simulate_managed,
     _simulate_paged,
@@ -235,12 +236,16 @@ def simulate(
     *,
     paged_manager=None,
     slot_kinds=None,
+    contiguous_allocator=None,
 ) -> FragmentationResult:
     """Run one manager on ``trace`` with a pool of ``pool_slots`` token slots; see the module docstring.
 
     Args:
         paged_manager: a class with ``PagedManager``'s interface to make the paged manager's decisions
             (``manager="paged"`` only); default: the built-in event loop, which decides the same.
+        contiguous_allocator: a class with ``ContiguousAllocator``'s interface to place the contiguous
+            manager's runs (``manager="contiguous"`` only); default: ``ContiguousAllocator``, the
+            simulator's own.
         slot_kinds: a function with ``slot_kinds``' interface to split each request's held slots into
             real / reserved / internal at every step; default: the built-in accounting, which gives the same.
 
@@ -260,6 +265,10 @@ def simulate(
         raise ValueError(f"watermark must be in [0, 1), got {watermark}")
     if paged_manager is not None and manager != "paged":
         raise ValueError(f"paged_manager replaces the paged manager; manager is {manager!r}")
+    if contiguous_allocator is not None and manager != "contiguous":
+        raise ValueError(
+            f"contiguous_allocator places the contiguous manager's runs; manager is {manager!r}"
+        )
     if paged_manager is not None:
         seg, intervals, rejected, truncated, pre = _simulate_managed(
             trace, pool_slots, block_size, watermark, paged_manager
@@ -269,7 +278,9 @@ def simulate(
             trace, pool_slots, block_size, watermark
         )
     else:
-        seg, intervals, rejected, truncated, pre = _simulate_reserving(trace, pool_slots, manager)
+        seg, intervals, rejected, truncated, pre = _simulate_reserving(
+            trace, pool_slots, manager, contiguous_allocator or ContiguousAllocator
+        )
     seg_arr = np.array(seg, dtype=np.int64).reshape(-1, 7)
     num_steps = int(seg_arr[:, 2].max()) if len(seg_arr) else 0
     iv = np.array(intervals, dtype=np.int64).reshape(-1, 4)
@@ -314,8 +325,10 @@ def compare(
     *,
     paged_manager=None,
     slot_kinds=None,
+    contiguous_allocator=None,
 ) -> dict[str, FragmentationResult]:
-    """The three managers on the same trace and pool (``paged_manager`` and ``slot_kinds``: as ``simulate``)."""
+    """The three managers on the same trace and pool (``paged_manager``, ``slot_kinds`` and
+    ``contiguous_allocator``: as ``simulate``)."""
     return {
         m: simulate(
             trace,
@@ -325,6 +338,7 @@ def compare(
             watermark,
             slot_kinds=slot_kinds,
             paged_manager=paged_manager if m == "paged" else None,
+            contiguous_allocator=contiguous_allocator if m == "contiguous" else None,
         )
         for m in MANAGERS
     }
@@ -376,6 +390,7 @@ def max_concurrency(
 __all__ = [
     "KINDS",
     "MANAGERS",
+    "ContiguousAllocator",
     "PagedManager",
     "FragmentationResult",
     "compare",

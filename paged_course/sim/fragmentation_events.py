@@ -10,6 +10,7 @@ only the trace type and the engine's ``AllocStatus``.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -26,8 +27,57 @@ def _reservation(trace: Trace, manager: str) -> np.ndarray:
     return trace.prompt_len + trace.max_tokens
 
 
-def _simulate_reserving(trace: Trace, pool: int, manager: str):
-    """Static slots or contiguous first-fit: memory is fixed for a request's whole stay (event loop)."""
+class ContiguousAllocator:
+    """The contiguous manager's allocator: runs of adjacent slots, first fit, freed runs merged with the
+    holes they touch (chapter 01's ``exercises/ex01_contiguous.py`` states the contract; ``holes`` are
+    sorted ``[start, end)`` lists, ``runs`` is ``{start: size}``)."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.holes: list[list[int]] = [[0, num_slots]]
+        self.runs: dict[int, int] = {}
+
+    @property
+    def free_slots(self) -> int:
+        return sum(end - start for start, end in self.holes)
+
+    @property
+    def largest_hole(self) -> int:
+        return max((end - start for start, end in self.holes), default=0)
+
+    def allocate(self, size: int) -> int | None:
+        """The start of a run of ``size`` slots in the lowest hole that holds it; ``None``: no change."""
+        for i, (start, end) in enumerate(self.holes):
+            if end - start >= size:
+                if end - start == size:
+                    del self.holes[i]
+                else:
+                    self.holes[i][0] = start + size
+                self.runs[start] = size
+                return start
+        return None
+
+    def free(self, start: int) -> None:
+        """The run at ``start`` back among the holes (binary search), merged with the ones it touches."""
+        end = start + self.runs.pop(start)
+        i = bisect.bisect(self.holes, [start])
+        before = i > 0 and self.holes[i - 1][1] == start
+        after = i < len(self.holes) and self.holes[i][0] == end
+        if before and after:
+            self.holes[i - 1][1] = self.holes.pop(i)[1]
+        elif before:
+            self.holes[i - 1][1] = end
+        elif after:
+            self.holes[i][0] = start
+        else:
+            self.holes.insert(i, [start, end])
+
+
+def _simulate_reserving(trace: Trace, pool: int, manager: str, allocator_cls=ContiguousAllocator):
+    """Static slots or contiguous first-fit: memory is fixed for a request's whole stay (event loop).
+    ``allocator_cls``: the contiguous manager's allocator (a class with ``ContiguousAllocator``'s interface,
+    chapter 01 passes the learner's)."""
+    allocator = allocator_cls(pool)
     need = _reservation(trace, manager).tolist()
     final, prompt, arrival = (
         trace.final_len.tolist(),
@@ -38,29 +88,15 @@ def _simulate_reserving(trace: Trace, pool: int, manager: str):
     free_slots = list(
         range(pool // msl - 1, -1, -1)
     )  # static: slot indices, lowest on top of the stack
-    # contiguous: holes are hi[k] - lo[k] for k <= count, with lo = [0, end_1, ..] and hi = [start_1, .., pool]
-    lo, hi, count = np.zeros(n + 2, np.int64), np.full(n + 2, pool, np.int64), 0
     finishing: list[tuple[int, int, int]] = []  # heap of (end step, req, offset)
     waiting: deque[int] = deque()
     seg, intervals, rejected = [], [], []
     t, nxt, used, changed = 0, 0, 0, True
 
-    def place(
-        size: int,
-    ) -> int | None:  # first fit: the lowest-address hole of at least `size` slots
-        nonlocal count
+    def place(size: int) -> int | None:
         if manager == "static":
             return free_slots.pop() * msl if free_slots else None
-        k = int(np.argmax(hi[: count + 1] - lo[: count + 1] >= size))
-        if hi[k] - lo[k] < size:
-            return None
-        offset = int(lo[k])
-        hi[k + 1 : count + 2] = hi[
-            k : count + 1
-        ].copy()  # the new allocation becomes number k (0-based)
-        lo[k + 2 : count + 2] = lo[k + 1 : count + 1].copy()
-        hi[k], lo[k + 1], count = offset, offset + size, count + 1
-        return offset
+        return allocator.allocate(size)
 
     while nxt < n or waiting or finishing:
         while finishing and finishing[0][0] <= t:
@@ -70,10 +106,7 @@ def _simulate_reserving(trace: Trace, pool: int, manager: str):
             if manager == "static":
                 free_slots.append(offset // msl)
             else:
-                k = int(np.searchsorted(hi[:count], offset))
-                hi[k:count] = hi[k + 1 : count + 1].copy()
-                lo[k + 1 : count + 1] = lo[k + 2 : count + 2].copy()
-                count -= 1
+                allocator.free(offset)
         while nxt < n and arrival[nxt] <= t:
             changed |= not waiting
             (rejected.append(nxt) if need[nxt] > pool else waiting.append(nxt))

@@ -1,0 +1,260 @@
+"""Graded: chapter 01, the contiguous first-fit allocator (exercises/ex01_contiguous.py).
+
+ch01.ex5 (``allocate``) and ch01.ex6 (``free``) are compared with a slot-by-slot model written here (a list
+of booleans: a run goes to the lowest slot that starts ``size`` free slots; the holes are the maximal runs of
+free slots), on hand-made pools with the fitting hole, the exact fit and the touching neighbour at every
+position, and on random traces. ``None`` and errors leave the state as it was; ``free`` finds its place by
+binary search (the tests count the hole list's reads).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+
+class CountingList(list):
+    """A list that counts the items read from it (indexing and iteration)."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        CountingList.reads += 1
+        return super().__getitem__(index)
+
+    def __iter__(self):
+        for item in super().__iter__():
+            CountingList.reads += 1
+            yield item
+
+
+def _pool(impl, num_slots, runs):
+    """A pool whose runs are ``runs`` (``{start: size}``) and whose holes are everything else."""
+    cls = impl("ex01_contiguous").ContiguousAllocator
+    pool = cls(num_slots)
+    taken = sorted(runs.items())
+    holes, at = [], 0
+    for start, size in taken:
+        if start > at:
+            holes.append([at, start])
+        at = start + size
+    if at < num_slots:
+        holes.append([at, num_slots])
+    pool.holes, pool.runs = holes, dict(runs)
+    return pool
+
+
+def _state(pool):
+    return [list(h) for h in pool.holes], dict(pool.runs)
+
+
+def _model_holes(free):
+    holes, start = [], None
+    for i, is_free in enumerate([*free, False]):
+        if is_free and start is None:
+            start = i
+        elif not is_free and start is not None:
+            holes.append([start, i])
+            start = None
+    return holes
+
+
+def _model_first_fit(free, size):
+    run = 0
+    for i, is_free in enumerate(free):
+        run = run + 1 if is_free else 0
+        if run == size:
+            return i - size + 1
+    return None
+
+
+# ============================================================ ch01.ex5: allocate
+
+
+@pytest.mark.exercise("ch01.ex5", points=2)
+def test_a_new_pool_hands_out_runs_back_to_back(impl):
+    pool = impl("ex01_contiguous").ContiguousAllocator(100)
+    starts = [pool.allocate(size) for size in (10, 1, 30)]
+    assert starts == [0, 10, 11], (
+        f"runs of 10, 1, 30 slots in a new pool of 100: got starts {starts}"
+    )
+    assert pool.holes == [[41, 100]], f"what is left is one hole [41, 100), got {pool.holes}"
+    assert pool.runs == {0: 10, 10: 1, 11: 30}, f"runs must record start -> size, got {pool.runs}"
+    assert pool.allocate(59) == 41, (
+        "a run that fills the last hole exactly starts at its first slot"
+    )
+    assert pool.holes == [], f"an exact fit uses the hole up: no empty hole stays, got {pool.holes}"
+
+
+@pytest.mark.exercise("ch01.ex5", points=1)
+@pytest.mark.parametrize("position", [0, 1, 2, 3])
+def test_the_lowest_hole_that_fits_at_every_position(impl, position):
+    # Four holes of 3 slots; the one at `position` grows to 12. A run of 8 fits only there; a run of 3 then
+    # goes to the lowest hole (first fit), not to the best one.
+    runs, holes_at = {}, []
+    for k in range(4):
+        start = k * 20
+        size = 12 if k == position else 3
+        holes_at.append(start)
+        runs[start + size] = 20 - size
+    pool = _pool(impl, 80, runs)
+    assert pool.allocate(8) == holes_at[position], (
+        f"holes of 3, 3, 3, 3 slots but #{position} of 12: a run of 8 goes to #{position}, at slot "
+        f"{holes_at[position]}"
+    )
+    expected = [[s, s + 3] for s in holes_at]
+    expected[position] = [holes_at[position] + 8, holes_at[position] + 12]
+    assert pool.holes == expected, f"the hole it came from shrinks from its start: {pool.holes}"
+    expected_start = 8 if position == 0 else 0  # hole #0 is [8, 12) or [0, 3)
+    got = pool.allocate(3)
+    assert got == expected_start, (
+        f"first fit: a run of 3 takes the lowest-addressed hole that holds it, at {expected_start}; got {got}"
+    )
+
+
+@pytest.mark.exercise("ch01.ex5", points=1)
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_first_fit_not_best_fit_and_exact_fits_at_every_position(impl, position):
+    # Holes of 9 slots, with one of exactly 5 at `position`: a run of 5 goes to the first hole that holds it.
+    sizes = [9, 9, 9]
+    sizes[position] = 5
+    runs, starts, at = {}, [], 0
+    for size in sizes:
+        starts.append(at)
+        runs[at + size] = 1
+        at += size + 1
+    pool = _pool(impl, at, runs)
+    before = _state(pool)
+    got = pool.allocate(5)
+    assert got == starts[0], (
+        f"holes of {sizes} slots: a run of 5 goes to the first, at {starts[0]} (first fit, not the best "
+        f"fit), got {got}"
+    )
+    if position == 0:
+        assert [starts[0], starts[0] + 5] not in pool.holes and len(pool.holes) == 2, (
+            f"an exact fit removes its hole: {pool.holes}"
+        )
+    assert len(pool.runs) == len(before[1]) + 1 and pool.runs[got] == 5
+
+
+@pytest.mark.exercise("ch01.ex5", points=2)
+def test_external_fragmentation_returns_none_and_changes_nothing(impl):
+    # 30 slots free in holes of 10: a run of 11 fits in none. Nothing may change, not even the holes' lists.
+    pool = _pool(impl, 60, {10: 10, 30: 10, 50: 10})
+    before = _state(pool)
+    hole_lists = [id(h) for h in pool.holes]
+    assert pool.free_slots == 30 and pool.largest_hole == 10
+    assert pool.allocate(11) is None, (
+        "30 slots are free but no hole holds 11: allocate returns None"
+    )
+    assert _state(pool) == before and [id(h) for h in pool.holes] == hole_lists, (
+        f"allocate returned None but changed the state: {_state(pool)} (was {before})"
+    )
+    full = _pool(impl, 8, {0: 8})
+    assert full.allocate(1) is None and full.holes == [] and full.runs == {0: 8}, (
+        "a full pool holds nothing"
+    )
+
+
+@pytest.mark.exercise("ch01.ex5", points=1)
+def test_allocate_reads_each_hole_once_at_most(impl):
+    pool = _pool(impl, 30_000, {3 * k + 2: 1 for k in range(10_000)})  # 10,000 holes of 2 slots
+    pool.holes = CountingList(pool.holes)
+    CountingList.reads = 0
+    assert pool.allocate(3) is None
+    assert CountingList.reads <= len(pool.holes) + 2, (
+        f"allocate read {CountingList.reads} holes of {len(pool.holes)}: one pass at most"
+    )
+
+
+# ============================================================ ch01.ex6: free
+
+
+@pytest.mark.exercise("ch01.ex6", points=1)
+@pytest.mark.parametrize("position", [0, 1, 2])
+@pytest.mark.parametrize("touch", ["none", "before", "after", "both"])
+def test_free_merges_with_the_holes_it_touches_at_every_position(impl, position, touch):
+    # Three runs of 4 slots at 10, 30, 50 in a pool of 70, with holes around them; the run freed is number
+    # `position`, and the runs next to it are moved so that it touches the hole before it, after it, both
+    # or neither.
+    starts = [10, 30, 50]
+    runs = {s: 4 for s in starts}
+    s = starts[position]
+    if touch in ("none", "after"):  # a 1-slot run just before keeps it off the hole before
+        runs[s - 1] = 1
+    if touch in ("none", "before"):  # and one just after keeps it off the hole after
+        runs[s + 4] = 1
+    pool = _pool(impl, 70, runs)
+    free = [True] * 70
+    for start, size in runs.items():
+        free[start : start + size] = [False] * size
+    pool.free(s)
+    free[s : s + 4] = [True] * 4
+    assert pool.holes == _model_holes(free), (
+        f"after freeing the run at {s} (touching {touch}): holes {pool.holes}, expected "
+        f"{_model_holes(free)} (sorted, merged, none empty)"
+    )
+    assert s not in pool.runs and len(pool.runs) == len(runs) - 1, "the freed run leaves runs"
+
+
+@pytest.mark.exercise("ch01.ex6", points=1)
+def test_freeing_every_run_gives_one_hole(impl):
+    pool = _pool(impl, 40, {0: 10, 10: 10, 20: 10, 30: 10})
+    with pytest.raises(KeyError):
+        pool.free(5)  # not a run's start
+    assert pool.runs == {0: 10, 10: 10, 20: 10, 30: 10} and pool.holes == [], (
+        "a failed free changes nothing"
+    )
+    for start in (10, 30, 0, 20):
+        pool.free(start)
+    assert pool.holes == [[0, 40]] and pool.runs == {}, (
+        f"an empty pool is one hole, got {pool.holes}"
+    )
+
+
+@pytest.mark.exercise("ch01.ex6", points=2)
+def test_free_finds_its_place_by_binary_search(impl):
+    runs = {3 * k + 2: 1 for k in range(10_000)}  # 10,000 holes of 2 slots, a run of 1 after each
+    pool = _pool(impl, 30_000, runs)
+    counting = CountingList(pool.holes)
+    pool.holes = counting
+    for start in (2, 3 * 5_000 + 2, 3 * 9_999 + 2, 3 * 7_777 + 2):
+        CountingList.reads = 0
+        pool.free(start)
+        assert pool.holes is counting, "free must update the hole list in place, not rebuild it"
+        assert CountingList.reads <= 40, (
+            f"freeing the run at {start} read {CountingList.reads} of {len(pool.holes)} holes: find its "
+            "place by binary search (bisect), then look at the two holes around it"
+        )
+    assert list(pool.holes)[:2] == [[0, 5], [6, 8]], "the first run's two holes merged into [0, 5)"
+
+
+@pytest.mark.exercise("ch01.ex6", points=1, uses=("ch01.ex5",))
+@pytest.mark.parametrize("seed", range(4))
+def test_random_traces_match_the_slot_model(impl, seed):
+    rng = random.Random(seed)
+    num_slots = 64
+    pool = impl("ex01_contiguous").ContiguousAllocator(num_slots)
+    free = [True] * num_slots
+    for step in range(300):
+        if pool.runs and rng.random() < 0.45:
+            start = rng.choice(sorted(pool.runs))
+            size = pool.runs[start]
+            pool.free(start)
+            free[start : start + size] = [True] * size
+            what = f"free({start})"
+        else:
+            size = rng.choice([1, 2, 3, 5, 8, 13])
+            expected = _model_first_fit(free, size)
+            got = pool.allocate(size)
+            assert got == expected, (
+                f"seed {seed}, step {step}: allocate({size}) gave {got}, first fit is {expected}"
+            )
+            if got is not None:
+                free[got : got + size] = [False] * size
+            what = f"allocate({size})"
+        assert pool.holes == _model_holes(free), (
+            f"seed {seed}, step {step}, after {what}: holes {pool.holes}, expected {_model_holes(free)}"
+        )
+        assert pool.free_slots == sum(free)

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from IPython.display import Markdown, display
 
+from paged_course.check import ROOT, check, exercise_module, hint, learner_or_reference, solution
 from paged_course.reference import ledger
 from paged_course.reference.memory import KNOWN_MODELS, format_bytes
 from paged_course.predict import reveal
@@ -65,6 +66,10 @@ from paged_course.viz.measure import (
     plot_kernel_block_sizes,
 )
 
+if str(ROOT) not in sys.path:
+    sys.path.insert(
+        0, str(ROOT)
+    )  # the notebook runs in chapters/; your exercise files live at the root
 chapter_start = time.perf_counter()
 torch.manual_seed(0)
 torch.set_num_threads(
@@ -412,6 +417,75 @@ print(
 # a step of decodes alone replays a CUDA graph captured for its padded batch size (`LLM(enforce_eager=True)` turns
 # graphs off). Their correctness is tested on CPU with Triton's interpreter; their speed is a question for the next
 # GPU run (`scripts/gpu_check.sh`), whose JSON this cell will read when it is committed.
+#
+# ### What each request sees: your latency report
+#
+# Tokens per second is the operator's view. A user sees four other numbers, defined here as vLLM's serving
+# benchmark defines them (`vllm/benchmarks/serve.py`, 0.10.2, `calculate_metrics`):
+#
+# - **TTFT**, time to first token: the first token's time minus the request's arrival (queueing included);
+# - **TPOT**, time per output token, per request: `(last - first) / (n - 1)`, the pace after the first token;
+# - **ITL**, inter-token latency: every gap between two consecutive tokens of a request, all requests' gaps in
+#   one list (vLLM v1's engine reports the same gaps, `vllm/v1/metrics/stats.py`, 0.10.2; its older name for them,
+#   `vllm:time_per_output_token_seconds`, is deprecated there in favour of `vllm:inter_token_latency_seconds`);
+# - **E2E**, end to end: the last token's time minus the arrival;
+#
+# and **goodput**: the share of all requests that meet every service-level objective (SLO) given, for example
+# TTFT under 0.1 s and TPOT under 20 ms. Means hide the tail, so each is reported with percentiles (p50, p99).
+#
+# **Your turn** (`exercises/ex08_metrics.py`): `percentile` (region `ch08.ex1`, linear interpolation, as
+# `numpy.percentile`) and `latency_report` (region `ch08.ex2`). The traps are in the definitions: TPOT is a mean
+# per request (a long request and a short one count once each) while ITL pools every gap; a request with one
+# token has no TPOT but meets a TPOT objective; a request with no token meets none.
+
+# %%
+_ = check("ch08.ex1")
+_ = check("ch08.ex2")
+
+# %% [markdown]
+# Now the engine: 24 requests of mixed prompt lengths arrive at once, at most 8 run together, so the last ones
+# wait in the queue for their first token. `record_request_times` (`paged_course.bench.request_times`) steps the
+# engine and reads each token's time where the engine takes its own latencies; your report (or the reference's,
+# until yours passes) turns them into numbers. The times are this CPU's, with its load.
+
+# %%
+from paged.engine import LLM  # noqa: E402
+from paged.core.sequence import SamplingParams  # noqa: E402
+from paged_course.bench import request_times  # noqa: E402
+
+yours_module = exercise_module("ex08_metrics")
+your_report = learner_or_reference(
+    ["ch08.ex1", "ch08.ex2"],
+    getattr(yours_module, "latency_report", None),
+    request_times.latency_report,
+)
+make_times = getattr(yours_module, "RequestTimes", request_times.RequestTimes)
+llm = LLM(model, max_num_seqs=8, max_num_batched_tokens=256, verbose=False)
+lengths = [16 + 24 * (i % 5) for i in range(24)]  # 16 to 112 prompt tokens
+prompts = [[(7 * i + j) % 250 for j in range(n)] for i, n in enumerate(lengths)]
+params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True) for _ in prompts]
+run = [
+    make_times(r.arrival, r.tokens)
+    for r in request_times.record_request_times(llm, prompts, params)
+]
+report = your_report(run, slo_ttft=0.1, slo_tpot=0.02)
+who = "your" if your_report is not request_times.latency_report else "the reference"
+print(
+    f"{report['requests']} requests, {report['output_tokens']} tokens, {report['throughput']:.0f} tok/s ({who} report)"
+)
+for name in ("ttft", "tpot", "itl", "e2e"):
+    stats = report[name]
+    print(
+        f"  {name.upper():5s} mean {stats['mean'] * 1e3:7.1f} ms, p50 {stats['p50'] * 1e3:7.1f} ms, p99 {stats['p99'] * 1e3:7.1f} ms"
+    )
+print(f"  goodput (TTFT <= 100 ms and TPOT <= 20 ms): {report['goodput']:.0%} of the requests")
+
+# %% [markdown]
+# The queue shows in TTFT: its p99 belongs to the requests that waited for a seat while the first eight decoded,
+# and it is several times its p50. TPOT and ITL stay close, since every step decodes one token per running
+# request; the mean ITL sits below the mean TPOT when the long-running requests, whose gaps dominate the pooled
+# list, ran in fuller batches. Goodput turns both into one number an operator can set a target for: raise
+# `max_num_seqs` and the TTFT tail shrinks while each step, hence TPOT, grows.
 #
 # ## 4. The seed claims ledger
 #

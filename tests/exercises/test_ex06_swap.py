@@ -278,7 +278,7 @@ def forks(m, kv, bs, shared_tokens, private_tokens=0):
 
 
 # ================================================================ ch06.ex6: swap out
-@pytest.mark.exercise("ch06.ex6", points=2)
+@pytest.mark.exercise("ch06.ex6", points=1)
 @pytest.mark.parametrize("bs", [1, 4])
 def test_swap_out_copies_each_block_to_a_fresh_cpu_block_at_every_length(impl, bs):
     cls = mix(impl("ex06_swap"), "ch06.ex6")
@@ -322,7 +322,7 @@ def test_swap_out_copies_each_block_to_a_fresh_cpu_block_at_every_length(impl, b
         )
 
 
-@pytest.mark.exercise("ch06.ex6", points=2)
+@pytest.mark.exercise("ch06.ex6", points=1)
 @pytest.mark.parametrize("bs", [2, 4])
 def test_swap_out_refuses_when_the_cpu_pool_is_short_and_changes_nothing(impl, bs):
     """Free CPU blocks at every distance from what the swap-out needs, without and with a sibling's
@@ -363,7 +363,7 @@ def test_swap_out_refuses_when_the_cpu_pool_is_short_and_changes_nothing(impl, b
     assert seen == {True, False}
 
 
-@pytest.mark.exercise("ch06.ex6", points=2)
+@pytest.mark.exercise("ch06.ex6", points=1)
 @pytest.mark.parametrize("bs", [1, 3, 4])
 def test_swap_out_of_a_fork_reuses_the_copies_of_shared_blocks(impl, bs):
     cls = mix(impl("ex06_swap"), "ch06.ex6")
@@ -404,7 +404,7 @@ def test_swap_out_of_a_fork_reuses_the_copies_of_shared_blocks(impl, bs):
         check_invariants(m, kv, [parent, child], where)
 
 
-@pytest.mark.exercise("ch06.ex6", points=2)
+@pytest.mark.exercise("ch06.ex6", points=1)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_swap_out_holds_the_invariants_on_a_random_trace(impl, seed):
     cls = mix(impl("ex06_swap"), "ch06.ex6")
@@ -413,7 +413,7 @@ def test_swap_out_holds_the_invariants_on_a_random_trace(impl, seed):
 
 
 # ================================================================ ch06.ex7: swap in
-@pytest.mark.exercise("ch06.ex7", points=2)
+@pytest.mark.exercise("ch06.ex7", points=1)
 @pytest.mark.parametrize("bs", [1, 4])
 def test_swap_in_copies_each_block_back_and_frees_the_cpu_tail_first(impl, bs):
     cls = mix(impl("ex06_swap"), "ch06.ex7")
@@ -454,7 +454,7 @@ def test_swap_in_copies_each_block_back_and_frees_the_cpu_tail_first(impl, bs):
         check_invariants(m, kv, [seq, filler], where)
 
 
-@pytest.mark.exercise("ch06.ex7", points=2)
+@pytest.mark.exercise("ch06.ex7", points=1)
 @pytest.mark.parametrize("bs", [1, 3, 4])
 def test_swap_in_of_a_fork_reuses_the_copy_a_sibling_brought_back(impl, bs):
     cls = mix(impl("ex06_swap"), "ch06.ex7")
@@ -501,7 +501,7 @@ def test_swap_in_of_a_fork_reuses_the_copy_a_sibling_brought_back(impl, bs):
         )
 
 
-@pytest.mark.exercise("ch06.ex7", points=2)
+@pytest.mark.exercise("ch06.ex7", points=1)
 @pytest.mark.parametrize("bs", [2, 4])
 def test_swap_in_forgets_the_copies_of_cpu_blocks_it_frees(impl, bs):
     """A sequence swapped out and back leaves its CPU blocks free; the next sequence swapped out gets
@@ -527,7 +527,7 @@ def test_swap_in_forgets_the_copies_of_cpu_blocks_it_frees(impl, bs):
         check_invariants(m, kv, [a, b], where)
 
 
-@pytest.mark.exercise("ch06.ex7", points=2)
+@pytest.mark.exercise("ch06.ex7", points=1)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_swap_in_holds_the_invariants_on_a_random_trace(impl, seed):
     cls = mix(impl("ex06_swap"), "ch06.ex7")
@@ -565,7 +565,7 @@ def scheduler_run(swap_cls, seed, bs=4, num_blocks=12, num_cpu_blocks=12):
     return tokens, sched.num_swap_outs, sched.num_swap_ins
 
 
-@pytest.mark.exercise("ch06.ex7", points=2, uses=("ch06.ex6",))
+@pytest.mark.exercise("ch06.ex7", points=1, uses=("ch06.ex6",))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_your_swap_space_swaps_forks_in_the_scheduler_like_the_reference(impl, seed):
     cls = impl("ex06_swap").SwapSpace

@@ -5,8 +5,8 @@
 
 Before paging, a serving system gave each request one run of adjacent KV slots, reserved for its whole
 stay (the PagedAttention paper's "contiguous" baseline, Kwon et al., SOSP 2023, §3). You write the
-allocator that hands those runs out: ``allocate`` (ch01.ex5) places a request first fit, ``free``
-(ch01.ex6) gives its run back and merges it with the free space around it. The chapter runs the
+allocator that hands those runs out: ``allocate`` (ch01.ex4) places a request first fit, ``free``
+(ch01.ex5) gives its run back and merges it with the free space around it. The chapter runs the
 simulator's contiguous manager on your class (``simulate(..., contiguous_allocator=ContiguousAllocator)``)
 and shows the third kind of waste that only this design has: **external fragmentation**, free slots that
 add up to enough but lie in holes too small for the request that waits.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 
-PART_REGIONS = {"ContiguousAllocator": ("ch01.ex5", "ch01.ex6")}
+PART_REGIONS = {"ContiguousAllocator": ("ch01.ex4", "ch01.ex5")}
 
 
 class ContiguousAllocator:
@@ -67,7 +67,7 @@ class ContiguousAllocator:
         if size <= 0:
             raise ValueError(f"a run needs at least one slot, got size={size}")
         raise NotImplementedError(
-            "ch01.ex5: the lowest-addressed hole that holds size slots gives its start; None: no change"
+            "ch01.ex4: the lowest-addressed hole that holds size slots gives its start; None: no change"
         )
 
     def free(self, start: int) -> None:
@@ -86,5 +86,5 @@ class ContiguousAllocator:
                 "value allocate returned, once)"
             )
         raise NotImplementedError(
-            "ch01.ex6: the run back among the holes, merged with the holes it touches"
+            "ch01.ex5: the run back among the holes, merged with the holes it touches"
         )

@@ -2,8 +2,8 @@
 
 Before paging, a serving system gave each request one run of adjacent KV slots, reserved for its whole
 stay (the PagedAttention paper's "contiguous" baseline, Kwon et al., SOSP 2023, §3). You write the
-allocator that hands those runs out: ``allocate`` (ch01.ex5) places a request first fit, ``free``
-(ch01.ex6) gives its run back and merges it with the free space around it. The chapter runs the
+allocator that hands those runs out: ``allocate`` (ch01.ex4) places a request first fit, ``free``
+(ch01.ex5) gives its run back and merges it with the free space around it. The chapter runs the
 simulator's contiguous manager on your class (``simulate(..., contiguous_allocator=ContiguousAllocator)``)
 and shows the third kind of waste that only this design has: **external fragmentation**, free slots that
 add up to enough but lie in holes too small for the request that waits.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 
-PART_REGIONS = {"ContiguousAllocator": ("ch01.ex5", "ch01.ex6")}
+PART_REGIONS = {"ContiguousAllocator": ("ch01.ex4", "ch01.ex5")}
 
 
 class ContiguousAllocator:
@@ -63,7 +63,7 @@ class ContiguousAllocator:
         """
         if size <= 0:
             raise ValueError(f"a run needs at least one slot, got size={size}")
-        # BEGIN SOLUTION ch01.ex5 -- the lowest-addressed hole that holds size slots gives its start; None: no change
+        # BEGIN SOLUTION ch01.ex4 -- the lowest-addressed hole that holds size slots gives its start; None: no change
         # HINT: The holes are sorted by address: the first one long enough is the answer. What is left of it,
         # HINT+ and what if nothing is left?
         # HINT: Walk the holes in order; in the first with end - start >= size, remember start, move the hole's
@@ -94,7 +94,7 @@ class ContiguousAllocator:
                 f"no run begins at slot {start} ({len(self.runs)} runs are handed out; free takes the "
                 "value allocate returned, once)"
             )
-        # BEGIN SOLUTION ch01.ex6 -- the run back among the holes, merged with the holes it touches
+        # BEGIN SOLUTION ch01.ex5 -- the run back among the holes, merged with the holes it touches
         # HINT: Find where the run sits among the sorted holes without walking them all. Which holes can it
         # HINT+ touch? At most the one just before it and the one just after it.
         # HINT: i = bisect.bisect(self.holes, [start]); the hole before is holes[i - 1] (touching when its

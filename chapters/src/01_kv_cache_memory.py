@@ -31,12 +31,14 @@
 #    watermark, growth block by block, preemption of the newest request) and the contiguous first-fit allocator
 #    (where external fragmentation comes from), and run the simulation on them;
 # 5. check three claims of the seed with your own numbers: the real-token share before and after paging (C1),
-#    the split between the kinds of waste (C2), and the at-most-one-partial-block bound of paging (C3).
+#    the split between the kinds of waste (C2), and the at-most-one-partial-block bound of paging (C3);
+# 6. size the engine's KV pool from a model's config and a byte budget, as the engine does at start-up.
 #
 # The calculator is `paged_course.reference.memory`, the trace and the simulator `paged_course.sim`, the plots
-# `paged_course.viz.fragmentation`. Your pieces go in **`exercises/ex01_fragmentation.py`** (three build steps)
-# and **`exercises/ex01_contiguous.py`** (two), each followed by a cell that runs its checks. Until a piece passes them, the chapter runs the simulator's own
-# version and says so in one line.
+# `paged_course.viz.fragmentation`. Your pieces go in **`exercises/ex01_fragmentation.py`** (three build steps),
+# **`exercises/ex01_contiguous.py`** (two) and **`exercises/ex01_kv_pool.py`** (sizing the pool), each followed by
+# a cell that runs its checks. Until a piece passes its checks, the chapter runs the simulator's (or the engine's)
+# own version and says so in one line.
 
 # %%
 import sys
@@ -457,7 +459,7 @@ print(
 _ = check("ch01.ex3")
 
 # %% [markdown]
-# ### Build steps 5 and 6: the contiguous allocator
+# ### Build steps 4 and 5: the contiguous allocator
 #
 # The contiguous row came from the simulator's own allocator; now you write it, in
 # **`exercises/ex01_contiguous.py`**. A contiguous request asks for `prompt + max_tokens` adjacent slots when it
@@ -465,12 +467,12 @@ _ = check("ch01.ex3")
 # `[start, end)` and the runs it handed out as `{start: size}`; the docstring states what must hold after every
 # call.
 #
-# **Step 5, `allocate(size)` (region `ch01.ex5`).** First fit: the run goes to the lowest-addressed hole that
+# **Step 4, `allocate(size)` (region `ch01.ex4`).** First fit: the run goes to the lowest-addressed hole that
 # holds it. When no single hole does, the answer is `None` and nothing changes, even when the holes together
 # hold more than enough. That `None` is external fragmentation: the request waits while the free slots lie in
 # pieces.
 #
-# **Step 6, `free(start)` (region `ch01.ex6`).** The run's slots are free again. Left beside a hole as a hole of
+# **Step 5, `free(start)` (region `ch01.ex5`).** The run's slots are free again. Left beside a hole as a hole of
 # their own, they would refuse a run that the two together hold, so a freed run joins the holes it touches. The
 # simulator frees thousands of runs, and the contract promises a binary search for the run's place, not a walk
 # over every hole (the check counts the reads). This is a general-purpose memory allocator in miniature (first
@@ -496,8 +498,8 @@ reveal(
 )
 
 # %%
+_ = check("ch01.ex4")
 _ = check("ch01.ex5")
-_ = check("ch01.ex6")
 
 # %% [markdown]
 # ### Your pieces in the simulator
@@ -510,7 +512,7 @@ _ = check("ch01.ex6")
 your_kinds = learner_or_reference("ch01.ex1", yours("slot_kinds"), slot_kinds)
 your_manager = learner_or_reference(["ch01.ex2", "ch01.ex3"], yours("PagedManager"), PagedManager)
 your_allocator = learner_or_reference(
-    ["ch01.ex5", "ch01.ex6"],
+    ["ch01.ex4", "ch01.ex5"],
     getattr(exercise_module("ex01_contiguous"), "ContiguousAllocator", None),
     ContiguousAllocator,
 )
@@ -637,7 +639,109 @@ plt.show()
 # %% [markdown]
 # The bound holds. The mean, close to 7.5 = (16 - 1) / 2, says the last block is on average half full.
 #
-# ## 5. Explore
+# ## 5. Sizing the pool: how many blocks the engine gets
+#
+# Everything above counts slots in a pool of a given size. Where does that size come from? Before it serves
+# anything, an engine reads the model's KV shape from its config, prices one block (K and V, every layer and
+# KV head, `block_size` tokens) and divides the memory it may spend by that price. vLLM v0 did it in
+# `Worker.determine_num_available_blocks` with `CacheEngine.get_cache_block_size` (`vllm/worker/`, 0.10.2),
+# v1 in `get_kv_cache_config` (`vllm/v1/core/kv_cache_utils.py`, 0.10.2), which stops with an error when not
+# one block fits; this engine does it in `init_kv_cache` (`paged/worker/worker.py`), and caps its default
+# budget where more blocks could never be used: `max_num_seqs` sequences of `max_model_len` tokens, each
+# sequence's last block counted whole.
+#
+# Reading the shape is where engines trip: configs name the same numbers differently (GPT-2's `n_layer`,
+# `n_head`, `n_embd`), grouped-query attention sets `num_key_value_heads`, some models set a `head_dim` that is
+# not `hidden_size / heads`, and a multimodal config wraps its language model's config
+# (`get_text_config()`), beside a vision tower with other numbers.
+#
+# ### Build step 6: `size_kv_pool`
+#
+# **Your turn.** Write the region `ch01.ex6` of **`exercises/ex01_kv_pool.py`**: `size_kv_pool(config, dtype,
+# block_size, budget_bytes, max_num_seqs, max_model_len)` returns the shape, the bytes per block and the blocks
+# bought, or raises a `ValueError` that gives the numbers when the budget holds no block. The docstring states
+# the contract; the checks try every kind of config above, four dtypes, the budget at every remainder, and the
+# cap at every position of `max_model_len` within a block.
+
+# %%
+_ = check("ch01.ex6")
+
+# %% [markdown]
+# **Predict, then run.** A model shaped like Llama-3-8B (32 layers, 32 query heads sharing 8 KV heads of 128)
+# keeps its cache in bfloat16, in blocks of 16 tokens. How many blocks does a budget of 8 GiB buy, when up to
+# 256 sequences of 8,192 tokens may run?
+
+# %%
+prediction = None  # your guess, e.g. prediction = 1000
+
+# %%
+from types import SimpleNamespace
+
+import torch
+from transformers import GPT2Config, LlamaConfig, LlavaConfig
+
+from paged.core.block_table import blocks_needed
+from paged.worker.kv_cache import block_bytes
+from paged.worker.worker import kv_shape
+
+
+def engine_size_kv_pool(config, dtype, block_size, budget_bytes, max_num_seqs, max_model_len):
+    """The engine's pieces in the same form (the chapter uses it until your region passes)."""
+    shape = kv_shape(SimpleNamespace(config=config))
+    per_block = block_bytes(*shape, block_size, dtype)
+    if budget_bytes < per_block:
+        raise ValueError(f"{budget_bytes} bytes hold no KV block of {per_block} bytes")
+    cap = max_num_seqs * blocks_needed(max_model_len, block_size)
+    return (*shape, per_block, min(budget_bytes // per_block, cap))
+
+
+pool_module = exercise_module("ex01_kv_pool")
+size_pool = learner_or_reference(
+    "ch01.ex6", getattr(pool_module, "size_kv_pool", None), engine_size_kv_pool
+)
+llama3 = LlamaConfig(
+    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096
+)
+sized = size_pool(llama3, torch.bfloat16, 16, 8 * 2**30, 256, 8192)
+reveal(
+    prediction,
+    sized[4],
+    "blocks in 8 GiB",
+    why=f"a block is 2 x 32 layers x 8 KV heads x 128 x 16 tokens x 2 bytes = {sized[3]:,} bytes (2 MiB), "
+    "so 8 GiB buy 4,096 blocks, 65,536 tokens; the cap, 256 x 512 blocks, is far above",
+)
+
+# %% tags=["nbval-check-output"]
+cases = [
+    ("Llama-3-8B shape", llama3, 8 * 2**30, 256, 8192),
+    ("the same, 4 seqs x 2048", llama3, 8 * 2**30, 4, 2048),
+    ("GPT-2 small", GPT2Config(), 2**30, 256, 1024),
+    ("Llava over it", LlavaConfig(text_config=llama3.to_dict()), 8 * 2**30, 256, 8192),
+]
+print(
+    f"{'config':<24} {'layers':>6} {'kv_heads':>8} {'head_dim':>8} {'KiB/block':>9} {'blocks':>7}"
+)
+for name, config, budget, seqs, max_len in cases:
+    layers, kv_heads, head_dim, per_block, blocks = size_pool(
+        config, torch.bfloat16, 16, budget, seqs, max_len
+    )
+    print(
+        f"{name:<24} {layers:>6} {kv_heads:>8} {head_dim:>8} {per_block / 1024:>9.0f} {blocks:>7}"
+    )
+
+# %%
+try:
+    size_pool(llama3, torch.bfloat16, 16, 2**20, 256, 8192)
+except ValueError as err:
+    print("1 MiB:", err)
+
+# %% [markdown]
+# With 4 sequences of 2,048 tokens at most, 4 x 128 = 512 blocks are all the engine could ever fill: the other
+# 3,584 would sit idle, so the engine's default budget stops there. The Llava wrapper prices the same as its
+# language model: the vision tower keeps no KV cache. And a budget below one block is a configuration error, said
+# with its numbers, rather than a pool of zero blocks that would fail at the first request.
+#
+# ## 6. Explore
 #
 # Move the sliders: a larger block size raises the paged slack (at most `block_size - 1` per request); a longer
 # `max_seq_len` makes static slots emptier; `load` is the arrival rate relative to what the paged pool can
@@ -681,6 +785,10 @@ for bs in (1, 4, 16, 64, 256):
 #   `grow` with preemption of the newest request) and the first-fit allocator whose holes are external
 #   fragmentation, and the simulator ran the whole trace on them with the same result at every step.
 #   `python -m paged grade ch01` grades the chapter's regions from a terminal.
+# - The engine sizes its pool from the config: (layers, KV heads, head_dim) of the text model, whatever the
+#   config calls them, times `block_size` and the dtype's bytes per block; the budget buys whole blocks, no
+#   more than `max_num_seqs` sequences of `max_model_len` tokens can fill, and a budget below one block is an
+#   error that says so with its numbers.
 # - Next, chapter 02 builds the block allocator that hands out those blocks: which block, not just how many.
 #
 # ## Further reading

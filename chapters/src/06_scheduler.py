@@ -35,11 +35,13 @@
 #    (and correct the fragmentation article's description of it, ledger row E9, `docs/sources.md`);
 # 6. compare the step orders of vLLM v0 and v1, and measure what the chunk budget does to time to first
 #    token and inter-token latency (Sarathi-Serve, OSDI 2024), in a simulator and on the engine;
-# 7. measure recompute against swap by block size (the PagedAttention paper §7.3, Fig. 19).
+# 7. measure recompute against swap by block size (the PagedAttention paper §7.3, Fig. 19), and write the
+#    CPU swap space that copies a block forked samples share once, not once per sample.
 #
 # You write five regions of `exercises/ex06_scheduler.py`, the policy methods of `Scheduler`, a subclass of
 # the reference `paged.core.scheduler.Scheduler` that keeps its plumbing (queues, requests in and out,
-# small helpers that its docstring lists). After each build step a cell `check("ch06.exK")` runs that
+# small helpers that its docstring lists), and two of `exercises/ex06_swap.py`, the CPU swap space that
+# preemption by swap moves blocks into. After each build step a cell `check("ch06.exK")` runs that
 # step's graded tests on your file: a fake engine executes every step and checks that each token attends
 # to its own sequence's K/V, and random runs check what any correct policy holds (no step over the token
 # budget, no block handed out twice, a preemption only when memory ran short, every victim's blocks freed,
@@ -61,8 +63,10 @@ if str(ROOT) not in sys.path:  # the notebook runs in chapters/; the exercises l
     sys.path.insert(0, str(ROOT))
 
 from paged.config import CacheConfig, SchedulerConfig
+from paged.core.block_manager import BlockSpaceManager
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from paged.core.swap import SwapSpace
 from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.models import load_default
@@ -792,6 +796,83 @@ plt.close(fig)
 # and it goes back to the front of the waiting queue); swap is v0's, and this engine keeps it so that the two
 # can be compared.
 #
+# ### Build steps 6 and 7: the CPU swap space
+#
+# Where do a swapped sequence's blocks wait? In a second, smaller pool in host memory, with its own
+# allocator: the block manager hands swapping to a small component, `SwapSpace` (`paged/core/swap.py`),
+# which keeps one CPU block table per swapped-out sequence. vLLM v0 did the same
+# (`SelfAttnBlockSpaceManager.swap_out` / `swap_in` in `vllm/core/block_manager.py`, moving the blocks
+# through `CpuGpuBlockAllocator.swap`, `vllm/core/block/cpu_gpu_block_allocator.py`, 0.10.2, the last
+# release with v0; v1 has no swap space).
+#
+# Two rules make it more than a copy loop. **Allocate or `None`**: a swap-out that the CPU pool cannot hold
+# returns `None` and changes nothing, so `_preempt` (step 3) falls back to recompute. **Copy once**: forked
+# samples share blocks (chapter 05), and when siblings are swapped out one after the other, a block they
+# share is copied to the CPU once; the later sibling takes one more reference to that copy, and the same on
+# the way back in. Copying it twice would spend CPU blocks and PCIe time on identical bytes and, worse, bring
+# the siblings back as two private copies where they used to share one. A remembered copy is only true while
+# both blocks hold the same bytes, so it is forgotten when either block is freed to zero (the next owner
+# writes other data into it) or the GPU block is written in place; the block manager forgets GPU blocks,
+# the swap space forgets CPU blocks.
+#
+# **Your turn.** Write the two regions of `exercises/ex06_swap.py`: `swap_out` (`ch06.ex6`) and `swap_in`
+# (`ch06.ex7`), in a subclass of the reference `SwapSpace`; the docstrings state the contracts. The checks
+# plug your swap space into the reference block manager and model the bytes: every pair you return is
+# copied, and after each operation of a random trace every table must hold its own sequence's tokens and
+# every remembered copy must match its original.
+
+# %%
+_ = check("ch06.ex6")
+
+# %%
+_ = check("ch06.ex7")
+
+# %% [markdown]
+# **Predict, then run.** Blocks of 4 tokens. A parent of 9 tokens (two full blocks and one partly filled)
+# forks a child, which then decodes one token: copy-on-write gives the child a private last block. The parent
+# is swapped out, then the child. How many CPU blocks do the two swap-outs take together?
+
+# %%
+prediction = None  # your guess, e.g. prediction = 6
+
+# %%
+swap_module = exercise_module("ex06_swap")
+YourSwap = (
+    learner_or_reference(["ch06.ex6", "ch06.ex7"], swap_module.SwapSpace, SwapSpace)
+    if swap_module
+    else SwapSpace
+)
+sm = BlockSpaceManager(4, 12, num_cpu_blocks=8, watermark=0.0)
+sm.swap = YourSwap(4, 8)
+parent = Sequence(100, list(range(1, 10)), 4)
+sm.allocate_slots(parent)
+child = parent.fork(101)
+sm.fork(parent, child)
+child.append_token_id(42)
+cow = sm.allocate_slots(child, 1).copies
+out_parent, out_child = sm.swap_out(parent), sm.swap_out(child)
+print(f"copy-on-write {cow}; parent out {out_parent}; child out {out_child}")
+reveal(
+    prediction,
+    8 - sm.get_num_free_cpu_blocks(),
+    "CPU blocks taken",
+    why="the parent copies its 3 blocks; the child shares the 2 full ones, so it reuses their copies "
+    "(one more reference each) and copies only its private last block",
+)
+back_parent, back_child = sm.swap_in(parent), sm.swap_in(child)
+print(f"parent in {back_parent}; child in {back_child}")
+print(
+    "the siblings share",
+    [b for b in sm.get_block_table(child) if b in sm.get_block_table(parent)],
+    "on the GPU again; free CPU blocks:",
+    sm.get_num_free_cpu_blocks(),
+)
+
+# %% [markdown]
+# The child's swap-in copies only its private block: the two full blocks came back with the parent, and the
+# child shares them again, as before the swap. Without the reuse the pair would come back holding five GPU
+# blocks instead of four.
+#
 # ## 10. What it costs: `schedule()` at scale
 #
 # `python -m paged bench scheduler` times `schedule()` with 64, 256 and 1024 running requests. A quick taste:
@@ -868,6 +949,9 @@ print({k: your_stats[k] for k in ("preemptions", "recomputes", "prefill_chunks",
 #   that cannot hold one `max_model_len` request); a prompt that can never fit is ignored with a reason.
 # - Swap pays per transfer, so it loses at small block sizes and wins at large ones; recompute's cost does not
 #   depend on the block size (paper §7.3, reproduced by the cost model).
+# - The swap space allocates or returns `None` (then the victim is recomputed), and copies a block that forked
+#   samples share once: a sibling swapped later reuses the copy with one more reference, in both directions.
+#   A remembered copy is forgotten as soon as either block is freed to zero or written in place.
 # - The watermark is an admission reserve, not a preemption trigger (E9): a 10% reserve cut preemptions by 90% here.
 # - Chapter 07 puts the engine, on your parts, in front of a real transformers model.
 #

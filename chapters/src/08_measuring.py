@@ -27,7 +27,7 @@
 # 2. size a KV cache at scale: a million simulated requests of Llama-2-7B on an 80 GB GPU, static
 #    pre-allocation against paged blocks;
 # 3. measure throughput against concurrency for our engine and transformers' `generate` on the same model with
-#    the same outputs (C6);
+#    the same outputs (C6), and write the latency report a user's view needs: TTFT, TPOT, ITL, goodput;
 # 4. read the seed claims ledger: one row per claim C1-C7 and error E1-E11, each with the number this course
 #    measured, the chapter that measures it and the source;
 # 5. map every piece to vLLM's settings and source files (v0 and v1), and run the same workload on vLLM when
@@ -481,11 +481,11 @@ for name in ("ttft", "tpot", "itl", "e2e"):
 print(f"  goodput (TTFT <= 100 ms and TPOT <= 20 ms): {report['goodput']:.0%} of the requests")
 
 # %% [markdown]
-# The queue shows in TTFT: its p99 belongs to the requests that waited for a seat while the first eight decoded,
-# and it is several times its p50. TPOT and ITL stay close, since every step decodes one token per running
-# request; the mean ITL sits below the mean TPOT when the long-running requests, whose gaps dominate the pooled
-# list, ran in fuller batches. Goodput turns both into one number an operator can set a target for: raise
-# `max_num_seqs` and the TTFT tail shrinks while each step, hence TPOT, grows.
+# The queue shows in TTFT: its p99 sits well above its p50, paid by the requests that waited for a seat while the
+# first eight ran. Every request here has 12 tokens, so the mean TPOT equals the mean ITL by construction; the tails
+# differ. ITL's p99 is a gap in which a newly admitted prompt was computed beside the decodes (a chunked-prefill
+# step), and each request's TPOT averages its few such gaps away. Goodput turns the targets into one number an
+# operator can watch: raise `max_num_seqs` and the TTFT tail shrinks while each step, hence TPOT, grows.
 #
 # ## 4. The seed claims ledger
 #
@@ -641,7 +641,8 @@ else:
 # %% [markdown]
 # ## Your turn
 #
-# Chapter 08 has no graded exercise; its work is measuring. Three things to try from a terminal:
+# Chapter 08's graded exercise is the latency report (`ch08.ex1`, `ch08.ex2`); the rest of its work is measuring.
+# Three things to try from a terminal:
 #
 # ```bash
 # python -m paged bench all --quick --out bench-results  # every benchmark: JSON + PNG, about a minute

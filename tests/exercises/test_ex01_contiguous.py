@@ -1,6 +1,6 @@
 """Graded: chapter 01, the contiguous first-fit allocator (exercises/ex01_contiguous.py).
 
-ch01.ex5 (``allocate``) and ch01.ex6 (``free``) are compared with a slot-by-slot model written here (a list
+ch01.ex4 (``allocate``) and ch01.ex5 (``free``) are compared with a slot-by-slot model written here (a list
 of booleans: a run goes to the lowest slot that starts ``size`` free slots; the holes are the maximal runs of
 free slots), on hand-made pools with the fitting hole, the exact fit and the touching neighbour at every
 position, and on random traces. ``None`` and errors leave the state as it was; ``free`` finds its place by
@@ -69,10 +69,10 @@ def _model_first_fit(free, size):
     return None
 
 
-# ============================================================ ch01.ex5: allocate
+# ============================================================ ch01.ex4: allocate
 
 
-@pytest.mark.exercise("ch01.ex5", points=2)
+@pytest.mark.exercise("ch01.ex4", points=2)
 def test_a_new_pool_hands_out_runs_back_to_back(impl):
     pool = impl("ex01_contiguous").ContiguousAllocator(100)
     starts = [pool.allocate(size) for size in (10, 1, 30)]
@@ -87,7 +87,7 @@ def test_a_new_pool_hands_out_runs_back_to_back(impl):
     assert pool.holes == [], f"an exact fit uses the hole up: no empty hole stays, got {pool.holes}"
 
 
-@pytest.mark.exercise("ch01.ex5", points=1)
+@pytest.mark.exercise("ch01.ex4", points=1)
 @pytest.mark.parametrize("position", [0, 1, 2, 3])
 def test_the_lowest_hole_that_fits_at_every_position(impl, position):
     # Four holes of 3 slots; the one at `position` grows to 12. A run of 8 fits only there; a run of 3 then
@@ -113,7 +113,7 @@ def test_the_lowest_hole_that_fits_at_every_position(impl, position):
     )
 
 
-@pytest.mark.exercise("ch01.ex5", points=1)
+@pytest.mark.exercise("ch01.ex4", points=1)
 @pytest.mark.parametrize("position", [0, 1, 2])
 def test_first_fit_not_best_fit_and_exact_fits_at_every_position(impl, position):
     # Holes of 9 slots, with one of exactly 5 at `position`: a run of 5 goes to the first hole that holds it.
@@ -138,7 +138,7 @@ def test_first_fit_not_best_fit_and_exact_fits_at_every_position(impl, position)
     assert len(pool.runs) == len(before[1]) + 1 and pool.runs[got] == 5
 
 
-@pytest.mark.exercise("ch01.ex5", points=2)
+@pytest.mark.exercise("ch01.ex4", points=2)
 def test_external_fragmentation_returns_none_and_changes_nothing(impl):
     # 30 slots free in holes of 10: a run of 11 fits in none. Nothing may change, not even the holes' lists.
     pool = _pool(impl, 60, {10: 10, 30: 10, 50: 10})
@@ -157,7 +157,7 @@ def test_external_fragmentation_returns_none_and_changes_nothing(impl):
     )
 
 
-@pytest.mark.exercise("ch01.ex5", points=1)
+@pytest.mark.exercise("ch01.ex4", points=1)
 def test_allocate_reads_each_hole_once_at_most(impl):
     pool = _pool(impl, 30_000, {3 * k + 2: 1 for k in range(10_000)})  # 10,000 holes of 2 slots
     pool.holes = CountingList(pool.holes)
@@ -168,10 +168,10 @@ def test_allocate_reads_each_hole_once_at_most(impl):
     )
 
 
-# ============================================================ ch01.ex6: free
+# ============================================================ ch01.ex5: free
 
 
-@pytest.mark.exercise("ch01.ex6", points=1)
+@pytest.mark.exercise("ch01.ex5", points=1)
 @pytest.mark.parametrize("position", [0, 1, 2])
 @pytest.mark.parametrize("touch", ["none", "before", "after", "both"])
 def test_free_merges_with_the_holes_it_touches_at_every_position(impl, position, touch):
@@ -198,7 +198,7 @@ def test_free_merges_with_the_holes_it_touches_at_every_position(impl, position,
     assert s not in pool.runs and len(pool.runs) == len(runs) - 1, "the freed run leaves runs"
 
 
-@pytest.mark.exercise("ch01.ex6", points=1)
+@pytest.mark.exercise("ch01.ex5", points=1)
 def test_freeing_every_run_gives_one_hole(impl):
     pool = _pool(impl, 40, {0: 10, 10: 10, 20: 10, 30: 10})
     with pytest.raises(KeyError):
@@ -213,7 +213,7 @@ def test_freeing_every_run_gives_one_hole(impl):
     )
 
 
-@pytest.mark.exercise("ch01.ex6", points=2)
+@pytest.mark.exercise("ch01.ex5", points=2)
 def test_free_finds_its_place_by_binary_search(impl):
     runs = {3 * k + 2: 1 for k in range(10_000)}  # 10,000 holes of 2 slots, a run of 1 after each
     pool = _pool(impl, 30_000, runs)
@@ -230,7 +230,7 @@ def test_free_finds_its_place_by_binary_search(impl):
     assert list(pool.holes)[:2] == [[0, 5], [6, 8]], "the first run's two holes merged into [0, 5)"
 
 
-@pytest.mark.exercise("ch01.ex6", points=1, uses=("ch01.ex5",))
+@pytest.mark.exercise("ch01.ex5", points=1, uses=("ch01.ex4",))
 @pytest.mark.parametrize("seed", range(4))
 def test_random_traces_match_the_slot_model(impl, seed):
     rng = random.Random(seed)

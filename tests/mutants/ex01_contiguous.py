@@ -1,7 +1,7 @@
 """Planted wrong answers for ``solutions/ex01_contiguous.py`` (``python -m paged course mutants``)."""
 
 MUTANTS = {
-    "ch01.ex5": {
+    "ch01.ex4": {
         "best fit: the smallest hole that holds the run": """
             fits = [i for i, (start, end) in enumerate(self.holes) if end - start >= size]
             if not fits:
@@ -56,7 +56,7 @@ MUTANTS = {
             return None
         """,
     },
-    "ch01.ex6": {
+    "ch01.ex5": {
         "no merging: the run becomes a hole of its own": """
             end = start + self.runs.pop(start)
             i = bisect.bisect(self.holes, [start])

@@ -280,16 +280,8 @@ class BlockSpaceManager:
         vLLM v0 and v1, 0.10.2)."""
         table = self.block_tables.pop(seq.seq_id, None)
         if table is not None:
-            self._release(table)
+            self.swap.maps.release(self.gpu_allocator, table, self.swap.maps.forget_gpu)
         self.swap.free(seq.seq_id)
-
-    def _release(self, table: BlockTable) -> None:
-        """Drop one reference to each GPU block of ``table``, tail first; forget swap copies of freed blocks."""
-        self.gpu_allocator.free_many(reversed(table.block_ids))
-        if self.swap.maps:
-            for b in table:
-                if self.gpu_allocator.ref_count(b) == 0:
-                    self.swap.maps.forget_gpu(b)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block. Returns False (and changes nothing) while any GPU block is in use."""
@@ -307,7 +299,8 @@ class BlockSpaceManager:
         table = self._table(seq)
         pairs = self.swap.swap_out(seq.seq_id, table)
         if pairs is not None:
-            self._release(self.block_tables.pop(seq.seq_id))
+            del self.block_tables[seq.seq_id]
+            self.swap.maps.release(self.gpu_allocator, table, self.swap.maps.forget_gpu)
         return pairs
 
     def swap_in(self, seq: Sequence, num_new_tokens: int = 0) -> list[tuple[int, int]] | None:

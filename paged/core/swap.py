@@ -76,21 +76,28 @@ class SwapMaps:
 
     def forget_gpu(self, block_id: int) -> None:
         """GPU block freed to zero or written in place: no remembered copy involving it is valid."""
-        cpu = self.out.pop(block_id, None)
-        if cpu is not None:
-            del self._out_by_cpu[cpu]
-        cpu = self._in_by_gpu.pop(block_id, None)
-        if cpu is not None:
-            del self.in_[cpu]
+        _forget(block_id, (self.out, self._out_by_cpu), (self._in_by_gpu, self.in_))
 
     def forget_cpu(self, block_id: int) -> None:
         """CPU block freed to zero: no remembered copy involving it is valid."""
-        gpu = self.in_.pop(block_id, None)
-        if gpu is not None:
-            del self._in_by_gpu[gpu]
-        gpu = self._out_by_cpu.pop(block_id, None)
-        if gpu is not None:
-            del self.out[gpu]
+        _forget(block_id, (self.in_, self._in_by_gpu), (self._out_by_cpu, self.out))
+
+    def release(self, allocator, table: BlockTable, forget: Callable[[int], None]) -> None:
+        """Drop one reference to each block of ``table`` (a block of ``allocator``'s pool), tail first, and
+        ``forget`` (``forget_gpu`` / ``forget_cpu``) the copies of the blocks freed to zero."""
+        allocator.free_many(reversed(table.block_ids))
+        if self:
+            for b in table:
+                if allocator.ref_count(b) == 0:
+                    forget(b)
+
+
+def _forget(block_id: int, *maps: tuple[dict[int, int], dict[int, int]]) -> None:
+    """Drop ``block_id`` from each ``(map keyed by its side, map keyed by the other side)`` pair."""
+    for by_block, by_partner in maps:
+        partner = by_block.pop(block_id, None)
+        if partner is not None:
+            del by_partner[partner]
 
 
 class SwapSpace:
@@ -126,7 +133,7 @@ class SwapSpace:
         GPU table. The caller has checked the GPU blocks (``blocks_to_copy_in``)."""
         cpu_table = self.tables.pop(seq_id)
         pairs, gpu_ids = self.maps.move(cpu_table, gpu_allocator, allocate_gpu, out=False)
-        self.release(cpu_table)
+        self.maps.release(self.allocator, cpu_table, self.maps.forget_cpu)
         return pairs, BlockTable(self.block_size, gpu_ids, cpu_table.num_tokens)
 
     def blocks_to_copy_in(self, seq_id: int) -> int:
@@ -137,12 +144,4 @@ class SwapSpace:
         """Release a swapped-out sequence's CPU blocks (a no-op when it has none)."""
         table = self.tables.pop(seq_id, None)
         if table is not None:
-            self.release(table)
-
-    def release(self, table: BlockTable) -> None:
-        """Drop one reference to each CPU block of ``table``, tail first; forget copies of freed blocks."""
-        self.allocator.free_many(reversed(table.block_ids))
-        if self.maps:
-            for b in table:
-                if self.allocator.ref_count(b) == 0:
-                    self.maps.forget_cpu(b)
+            self.maps.release(self.allocator, table, self.maps.forget_cpu)

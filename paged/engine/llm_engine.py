@@ -45,6 +45,10 @@ class MaxModelLenWarning(UserWarning):
     ``"length"`` (said once per engine, at ``add_request``)."""
 
 
+def _no_clock(phase: str) -> None:
+    """The phase mark of a step without profiling: reads no clock, waits for nothing."""
+
+
 class LLMEngine:
     """Requests in, finished ``RequestOutput`` s out, one ``step()`` at a time.
 
@@ -162,24 +166,20 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
-        """Run one iteration (module docstring); returns the requests that finished in it."""
-        if self.metrics.profile:
-            return self._profiled_step()
-        out = self.scheduler.schedule()
-        sampled = self.runner.execute_model(out)
-        result = self.scheduler.update_from_output(out, sampled)
-        self.metrics.on_step(out, result, self.scheduler.block_manager)
-        return [self._output(group) for group in result.finished]
-
-    def _profiled_step(self) -> list[RequestOutput]:
-        """``step`` with a clock: seconds per phase into ``metrics.seconds``, one ``metrics.history`` record."""
-        mark = PhaseClock(self.metrics.seconds, self.runner.device)
+        """Run one iteration (module docstring); returns the requests that finished in it. With
+        ``profile`` a ``PhaseClock`` adds each phase's seconds to ``metrics.seconds`` and the step's to its
+        ``metrics.history`` record; without it no clock runs."""
+        clock = (
+            PhaseClock(self.metrics.seconds, self.runner.device) if self.metrics.profile else None
+        )
+        mark = clock or _no_clock
         out = self.scheduler.schedule()
         mark("schedule")
         sampled = self.runner.execute_model(out, mark)
         result = self.scheduler.update_from_output(out, sampled)
         mark("update")
-        self.metrics.on_step(out, result, self.scheduler.block_manager, mark.elapsed())
+        seconds = clock.elapsed() if clock else None
+        self.metrics.on_step(out, result, self.scheduler.block_manager, seconds)
         return [self._output(group) for group in result.finished]
 
     def _output(self, group: SequenceGroup) -> RequestOutput:

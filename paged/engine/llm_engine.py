@@ -225,18 +225,7 @@ class LLMEngine:
             "recomputes": sched.num_recomputes,
             "swap_outs": sched.num_swap_outs,
             "swap_ins": sched.num_swap_ins,
-            **{
-                k: st.counters[k]
-                for k in (
-                    "swapped_out_blocks",
-                    "swapped_in_blocks",
-                    "cow_copies",
-                    "steps",
-                    "computed_tokens",
-                    "generated_tokens",
-                    "prefill_chunks",
-                )
-            },
+            **st.counters,
             **st.latency(),
             "seconds": dict(st.seconds),
         }

@@ -15,6 +15,17 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+# the counters, in the order ``LLMEngine.stats`` reports them
+COUNTERS = (
+    "swapped_out_blocks",
+    "swapped_in_blocks",
+    "cow_copies",
+    "steps",
+    "computed_tokens",
+    "generated_tokens",
+    "prefill_chunks",
+)
+
 
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-quantile (0..1) of ``values`` by linear interpolation (numpy's default); 0.0 when empty."""
@@ -58,7 +69,7 @@ class EngineStats:
     def __init__(self, profile: bool = False) -> None:
         self.profile = profile
         self.seconds: dict[str, float] = defaultdict(float)
-        self.counters: dict[str, int] = defaultdict(int)
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self.history: list[dict] | None = [] if profile else None
         self.peak_used_blocks = 0
         self.util_sum = 0.0

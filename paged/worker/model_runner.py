@@ -224,12 +224,8 @@ class ModelRunner:
             counts.append(k)
         if len(rows) != logits.shape[0]:
             logits = logits[rows]
-        tokens = self.sampler.sample(logits, params, generators)
-        sampled, i = {}, 0
-        for entry, k in zip(entries, counts):
-            sampled[entry.seq.seq_id] = tokens[i : i + k]
-            i += k
-        return sampled
+        tokens = iter(self.sampler.sample(logits, params, generators))
+        return {e.seq.seq_id: [next(tokens) for _ in range(k)] for e, k in zip(entries, counts)}
 
 
 def forward_logits(

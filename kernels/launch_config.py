@@ -25,9 +25,8 @@ import torch
 from ._triton import INTERPRET, triton
 
 MAX_SPLITS = 32  # the heuristic never picks more (an int num_splits may)
-INTERPRETER_SLOTS = (
-    4  # the interpreter has no SMs: the split rule pretends 4 (a fixed, small choice)
-)
+# the interpreter has no SMs: the split rule pretends 4 (a fixed, small choice)
+INTERPRETER_SLOTS = 4
 KB = 1024
 
 

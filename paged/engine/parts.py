@@ -71,20 +71,6 @@ from paged.worker.attention import (
 from paged.worker.sampler import Sampler
 
 
-def _triton_decode(*args):
-    """The Triton decode kernel (``paged.kernels.launch_decode``), imported on first use."""
-    from paged.kernels import launch_decode
-
-    return launch_decode(*args)
-
-
-def _triton_prefill(*args):
-    """The Triton prefill kernel: every chunk of a step in one launch (``paged.kernels.launch_prefill``)."""
-    from paged.kernels import launch_prefill
-
-    return launch_prefill(*args)
-
-
 @dataclass(frozen=True)
 class Parts:
     """The engine's swappable pieces (module docstring). ``decode_attention=None`` and
@@ -105,7 +91,9 @@ class Parts:
 
     def attention(self, kv_cache) -> AttentionBackend:
         """The attention parts resolved once for ``kv_cache``'s device: what the model runner owns."""
-        triton = select_backend(kv_cache.device) == "triton"
-        decode = self.decode_attention or (_triton_decode if triton else decode_attention)
-        prefill = self.prefill_attention or (_triton_prefill if triton else prefill_attention)
+        decode, prefill = decode_attention, prefill_attention
+        if select_backend(kv_cache.device) == "triton":  # imported only then: it sets Triton's mode
+            from paged.kernels import launch_decode as decode
+            from paged.kernels import launch_prefill as prefill
+        decode, prefill = self.decode_attention or decode, self.prefill_attention or prefill
         return AttentionBackend(kv_cache, self.write_kv, prefill, decode)

@@ -54,10 +54,8 @@ def write_kv(
     layer's caches ``[num_blocks, block_size, KVH, D]``: one ``index_copy_`` on the flat
     ``[num_blocks * block_size, KVH, D]`` view (vLLM v1's ``reshape_and_cache_flash``, ``vllm/_custom_ops.py``,
     0.10.2). Unchecked: the engine built the slots from its block tables."""
-    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(
-        0, slot_mapping, value.to(value_cache.dtype)
-    )
+    for cache, new in ((key_cache, key), (value_cache, value)):
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, new.to(cache.dtype))
 
 
 def decode_attention(

@@ -140,7 +140,7 @@ def engine_step(
 
     import torch
 
-    from paged.engine.parts import _triton_decode, _triton_prefill
+    from paged.kernels import launch_decode, launch_prefill
     from paged.worker.attention import (
         AttentionBackend,
         AttentionMetadata,
@@ -156,7 +156,7 @@ def engine_step(
     meta = AttentionMetadata.build(
         tables, [ctx for ctx, _ in seqs], [q for _, q in seqs], block_size, device
     )
-    backend = AttentionBackend(kv, write_kv, _triton_prefill, _triton_decode)  # as on CUDA
+    backend = AttentionBackend(kv, write_kv, launch_prefill, launch_decode)  # as on CUDA
     tokens = sum(q for _, q in seqs)
     query = torch.zeros(1, HEADS, tokens, head_dim, dtype=torch_dtype, device=device)
     key = torch.zeros(1, kv_heads, tokens, head_dim, dtype=torch_dtype, device=device)

@@ -283,15 +283,6 @@ class BlockSpaceManager:
             self.swap.maps.release(self.gpu_allocator, table, self.swap.maps.forget_gpu)
         self.swap.free(seq.seq_id)
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached block. Returns False (and changes nothing) while any GPU block is in use."""
-        if self.prefix_cache is None:
-            return True
-        if self.gpu_allocator.num_free_blocks < self.num_gpu_blocks:
-            return False
-        self.prefix_cache.clear()
-        return True
-
     # ---- swapping (vLLM v0's preemption by swap, 0.10.2) ----------------------------------------
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None:
         """Move ``seq`` to the CPU pool; returns ``(gpu_block, cpu_block)`` pairs to copy (blocks shared

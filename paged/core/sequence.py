@@ -169,8 +169,6 @@ class SequenceGroup:
         arrival_time: float = 0.0,
         prompt: str | None = None,
     ):
-        if not seqs:
-            raise ValueError(f"request {request_id!r} has no sequence")
         self.request_id = request_id
         self.seqs = list(seqs)
         self.sampling_params = sampling_params

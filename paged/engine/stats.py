@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+import torch
+
 # the counters, in the order ``LLMEngine.stats`` reports them
 COUNTERS = (
     "swapped_out_blocks",
@@ -28,14 +30,9 @@ COUNTERS = (
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The ``q``-quantile (0..1) of ``values`` by linear interpolation (numpy's default); 0.0 when empty."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+    """The ``q``-quantile (0..1) of ``values`` by linear interpolation (numpy's default, as
+    ``torch.quantile``); 0.0 when empty."""
+    return torch.tensor(values, dtype=torch.float64).quantile(q).item() if values else 0.0
 
 
 class PhaseClock:
@@ -50,8 +47,6 @@ class PhaseClock:
 
     def __call__(self, phase: str) -> None:
         if self.sync:
-            import torch
-
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         self.seconds[phase] += now - self.last

@@ -186,11 +186,8 @@ def launch_decode(
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    query, block_tables, context_lens = (
-        query.contiguous(),
-        block_tables.contiguous(),
-        context_lens.contiguous(),
-    )
+    query = query.contiguous()
+    block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
     # x log2(e): the kernel's exponentials are base 2
     qk_scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * 1.4426950408889634
     out = torch.empty_like(query)

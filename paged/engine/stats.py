@@ -83,10 +83,8 @@ class EngineStats:
             self.on_tokens(result.sampled, time.perf_counter())
         if not out.scheduled:
             return
-        used_blocks, block_size = (
-            block_manager.gpu_allocator.num_used_blocks,
-            block_manager.block_size,
-        )
+        used_blocks = block_manager.gpu_allocator.num_used_blocks
+        block_size = block_manager.block_size
         prefill_tokens = chunks = empty = 0
         for s in out.scheduled:  # one pass over the step's sequences
             chunks += s.is_prefill

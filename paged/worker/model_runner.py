@@ -151,11 +151,9 @@ class ModelRunner:
         # stable: chunks keep their order
         batch = sorted(scheduled, key=lambda s: s.num_tokens == 1)
         keep = [i for i, s in enumerate(batch) if s.samples_next_token]
-        tables, lens, tokens = (
-            [s.block_table for s in batch],
-            [s.start + s.num_tokens for s in batch],
-            [t for s in batch for t in s.token_ids],
-        )
+        tables = [s.block_table for s in batch]
+        lens = [s.start + s.num_tokens for s in batch]
+        tokens = [t for s in batch for t in s.token_ids]
         size = min((b for b in self.graphs if b >= len(batch)), default=0)
         # decodes only, each samples: a captured size
         if size and len(keep) == len(batch) == len(tokens):

@@ -308,7 +308,7 @@ class BlockSpaceManager:
         have, bs = cpu_table.num_tokens, self.block_size
         grow = blocks_needed(have + num_new_tokens, bs) - len(cpu_table)
         cow = num_new_tokens > 0 and have % bs > 0  # the last block may be shared once back
-        needed = self.swap.blocks_to_copy_in(seq.seq_id) + grow + cow
+        needed = self.swap.maps.blocks_to_copy(cpu_table, out=False) + grow + cow
         if self.gpu_allocator.num_free_blocks - needed < self.watermark_blocks:
             return None
         pairs, table = self.swap.swap_in(

@@ -17,6 +17,7 @@ Every kernel module does ``from ._triton import triton, tl, HAS_TRITON`` first.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -101,6 +102,21 @@ def require_triton() -> None:
 
 # ``triton.jit`` when Triton is present; otherwise the plain function (never launched)
 jit = triton.jit if HAS_TRITON else (lambda fn: fn)
+
+
+def upcast_bf16_in_interpreter(launch):
+    """Wrap a launcher ``launch(query, key_cache, value_cache, ...)``: in the interpreter, bf16 inputs run
+    as fp32 copies and the output is cast back (Triton issue 11584: there bf16 ``tl.dot`` multiplies raw
+    bit patterns); everywhere else the call goes through unchanged."""
+
+    @functools.wraps(launch)
+    def wrapper(query, key_cache, value_cache, *args, **kwargs):
+        if INTERPRET and query.dtype == torch.bfloat16:
+            out = launch(query.float(), key_cache.float(), value_cache.float(), *args, **kwargs)
+            return out.to(torch.bfloat16)
+        return launch(query, key_cache, value_cache, *args, **kwargs)
+
+    return wrapper
 
 
 def kernel_device(*tensors: torch.Tensor) -> torch.device:

@@ -3,7 +3,7 @@
 Every launch asks :func:`device_spec` what it runs on and takes its tile sizes, ``num_warps`` and
 ``num_stages`` from :func:`decode_config` / :func:`prefill_config`, and its split count from
 :func:`choose_num_splits` with :func:`decode_slots`. The compile report (``python -m paged bench kernel
---compile``) runs the same launches with :func:`compiling_for` set to each GPU of :data:`GPUS`, so what it
+--compile``) runs the same launches with :data:`compile_target` set to each GPU of :data:`GPUS`, so what it
 compiles for an A100 or an H200 is what those GPUs would run.
 
 The table holds what the configs depend on: the SM count and shared memory per SM and per program
@@ -16,19 +16,17 @@ A GPU not in the table is described by ``torch.cuda.get_device_properties``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from dataclasses import dataclass, replace
 
 import torch
 
-from ._triton import COMPILE_ONLY, INTERPRET, triton
+from ._triton import INTERPRET, triton
 
 MAX_SPLITS = 32  # the heuristic never picks more (an int num_splits may)
-INTERPRETER_SLOTS = (
-    4  # the interpreter has no SMs: the split rule pretends 4 (a fixed, small choice)
-)
+# the interpreter has no SMs: the split rule pretends 4 (a fixed, small choice)
+INTERPRETER_SLOTS = 4
 KB = 1024
 
 
@@ -50,30 +48,16 @@ GPUS = {
     "H100": GpuSpec("H100", 90, 132, 228 * KB, 227 * KB),
     "H200": GpuSpec("H200", 90, 132, 228 * KB, 227 * KB),
 }
-_compile_target: GpuSpec | None = None
-
-
-@contextlib.contextmanager
-def compiling_for(spec: GpuSpec):
-    """Within the block every launch configures itself for ``spec`` (compile-only mode only: the
-    compile report captures the launches and compiles them for that GPU; nothing runs)."""
-    global _compile_target
-    if not COMPILE_ONLY:
-        raise RuntimeError(
-            "compiling_for needs PAGED_TRITON_COMPILE_ONLY=1 (a compile-only process)"
-        )
-    _compile_target, previous = spec, _compile_target
-    try:
-        yield spec
-    finally:
-        _compile_target = previous
+# the GPU every launch configures itself for in a compile-only process (the compile report's
+# ``paged_course.bench.kernel_compile.compiling_for`` sets it); None: the tensors' own device
+compile_target: GpuSpec | None = None
 
 
 def device_spec(device: torch.device) -> GpuSpec | None:
     """The :class:`GpuSpec` of ``device``: the table's entry for a GPU it names (with the device's own SM
     count: an H100 PCIe has 114), the device's properties for another GPU, ``None`` in the interpreter."""
-    if _compile_target is not None:
-        return _compile_target
+    if compile_target is not None:
+        return compile_target
     if INTERPRET or device.type != "cuda":
         return None
     return _cuda_spec(device.index if device.index is not None else torch.cuda.current_device())

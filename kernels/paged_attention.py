@@ -55,12 +55,28 @@ import math
 
 import torch
 
-from ._triton import INTERPRET, jit, require_triton, tl, triton
+from ._triton import jit, require_triton, tl, triton, upcast_bf16_in_interpreter
 from .decode_inputs import validate_decode_inputs
 from .launch_config import choose_num_splits, decode_config, decode_slots, device_spec
 from .split_merge import launch_merge_splits
 
 __all__ = ["paged_attention_decode", "launch_decode", "validate_decode_inputs", "choose_num_splits"]
+
+
+@jit
+def attend_tile(q, k, v, mask, m, l, acc, qk_scale, PRECISION: tl.constexpr):
+    """One online-softmax step over a KV tile (module docstring), shared by the decode and prefill
+    kernels: scores ``q k^T`` in base 2 (``-inf`` where ``mask`` is False), then the running maximum
+    ``m``, denominator ``l`` and accumulator ``acc`` [rows, HEAD_DIM_P2] updated; returns the three."""
+    # s: [rows, BLOCK_N], fp32, base 2
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])  # masked positions: exp2(-inf) = 0
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l, acc
 
 
 @jit
@@ -126,34 +142,13 @@ def _decode_kernel(
         ).to(tl.int64)
         slot = tokens % BLOCK_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
+        k_rows = physical * stride_k_block + slot * stride_k_tok + kv_head * stride_k_head
+        v_rows = physical * stride_v_block + slot * stride_v_tok + kv_head * stride_v_head
         # k, v: [BLOCK_N, HEAD_DIM_P2]
-        k = tl.load(
-            K
-            + physical[:, None] * stride_k_block
-            + slot[:, None] * stride_k_tok
-            + kv_head * stride_k_head
-            + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        v = tl.load(
-            V
-            + physical[:, None] * stride_v_block
-            + slot[:, None] * stride_v_tok
-            + kv_head * stride_v_head
-            + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        # s: [BLOCK_M, BLOCK_N], fp32, base 2
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the tile's first position is real
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])  # masked positions: exp2(-inf) = 0
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        k = tl.load(K + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        # finite from the first tile on: the tile's first position is real
+        m, l, acc = attend_tile(q, k, v, t_mask[None, :], m, l, acc, qk_scale, PRECISION)
 
     has_tokens = l > 0  # False for an empty split (or context_len 0)
     safe_l = tl.where(has_tokens, l, 1.0)
@@ -171,6 +166,7 @@ def _decode_kernel(
         tl.store(LSE + seq * stride_lse_seq + heads * stride_lse_head + split, lse, mask=m_mask)
 
 
+@upcast_bf16_in_interpreter
 def launch_decode(
     query,
     key_cache,
@@ -187,26 +183,11 @@ def launch_decode(
     Wrong inputs here give wrong results or an illegal memory access, never an error message. ``config``
     overrides :func:`decode_config` (keys ``BLOCK_N`` (>= 16 on a GPU), ``num_warps``, ``num_stages``).
     """
-    # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
-    if INTERPRET and query.dtype == torch.bfloat16:
-        return launch_decode(
-            query.float(),
-            key_cache.float(),
-            value_cache.float(),
-            block_tables,
-            context_lens,
-            scale,
-            num_splits,
-            config,
-        ).to(torch.bfloat16)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    query, block_tables, context_lens = (
-        query.contiguous(),
-        block_tables.contiguous(),
-        context_lens.contiguous(),
-    )
+    query = query.contiguous()
+    block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
     # x log2(e): the kernel's exponentials are base 2
     qk_scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * 1.4426950408889634
     out = torch.empty_like(query)

@@ -31,8 +31,9 @@ import math
 
 import torch
 
-from ._triton import INTERPRET, jit, require_triton, tl, triton
+from ._triton import jit, require_triton, tl, triton, upcast_bf16_in_interpreter
 from .launch_config import device_spec, prefill_config
+from .paged_attention import attend_tile
 
 
 @jit
@@ -96,35 +97,14 @@ def _prefill_kernel(
         ).to(tl.int64)
         slot = tokens % BLOCK_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
+        k_rows = physical * stride_k_block + slot * stride_k_tok + kv_head * stride_k_head
+        v_rows = physical * stride_v_block + slot * stride_v_tok + kv_head * stride_v_head
         # k, v: [BLOCK_N, HEAD_DIM_P2]
-        k = tl.load(
-            K
-            + physical[:, None] * stride_k_block
-            + slot[:, None] * stride_k_tok
-            + kv_head * stride_k_head
-            + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        v = tl.load(
-            V
-            + physical[:, None] * stride_v_block
-            + slot[:, None] * stride_v_tok
-            + kv_head * stride_v_head
-            + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        # s: [BLOCK_M, BLOCK_N], fp32, base 2
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        s = tl.where(t_mask[None, :] & (tokens[None, :] <= q_pos[:, None]), s, float("-inf"))
-        # finite from the first tile on: position 0 is visible to all
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        k = tl.load(K + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        # causal; finite from the first tile on: position 0 is visible to all
+        visible = t_mask[None, :] & (tokens[None, :] <= q_pos[:, None])
+        m, l, acc = attend_tile(q, k, v, visible, m, l, acc, qk_scale, PRECISION)
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(
         O + (q_first + offs_m)[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :],
@@ -133,6 +113,7 @@ def _prefill_kernel(
     )
 
 
+@upcast_bf16_in_interpreter
 def launch_prefill(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -160,18 +141,6 @@ def launch_prefill(
     without Triton.
     """
     require_triton()
-    # Triton issue 11584: bf16 tl.dot is wrong in the interpreter
-    if INTERPRET and query.dtype == torch.bfloat16:
-        return launch_prefill(
-            query.float(),
-            key_cache.float(),
-            value_cache.float(),
-            block_tables,
-            query_start,
-            context_lens,
-            max_query_len,
-            scale,
-        ).to(torch.bfloat16)
     num_heads, head_dim = query.shape[1:]
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     cfg = prefill_config(head_dim, query.dtype, device_spec(query.device))

@@ -34,31 +34,17 @@ BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # 259: one token per byte, then the specials
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """The byte -> printable character table of byte-level BPE (GPT-2): bytes that are printable keep
-    their character, the others are shifted past 255 so every byte has a visible, unique symbol."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 def build_byte_tokenizer():
     """A ``PreTrainedTokenizerFast`` with token id = byte value (0-255) and ids 256-258 for
     ``<bos>``, ``<eos>``, ``<pad>``. No merges: every UTF-8 byte is one token. Prepends ``<bos>``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    # byte-level BPE's byte -> printable character table (GPT-2's): printable bytes keep their
+    # character, the others are shifted past 255, so every byte has a visible, unique symbol
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
     for i, tok in enumerate(SPECIAL_TOKENS):
         vocab[tok] = 256 + i
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))

@@ -14,9 +14,88 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import fields
+from typing import Protocol
 
+import torch
+
+from paged.core.block_table import BlockTable
+from paged.core.scheduler_outputs import SchedulerOutputs, StepResult
+from paged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from paged.engine.parts import Parts
 from paged_course.check import ROOT, exercise_module, impl_package, run_check
+
+# The interfaces of the class parts of ``paged.engine.parts.Parts`` (the methods the engine calls on
+# them); the function parts (slot_mapping, write_kv, decode_attention, prefill_attention, prepare_inputs,
+# copy_on_write, update) have the signatures of that module's docstring.
+
+
+class Allocator(Protocol):
+    """A pool of ``num_blocks`` block ids with reference counts (chapter 02; ``core/allocator.py``)."""
+
+    num_free_blocks: int
+
+    def allocate_many(self, n: int) -> list[int]: ...
+    def free_many(self, block_ids) -> None: ...
+    def incref(self, block_id: int) -> None: ...
+    def take(self, block_id: int) -> None: ...
+    def ref_count(self, block_id: int) -> int: ...
+
+
+class PrefixCacheLike(Protocol):
+    """Full blocks by the hash of their tokens and everything before (chapter 05; ``core/prefix_cache.py``)."""
+
+    def lookup(self, seq: Sequence, max_blocks: int) -> list[int]: ...
+    def insert(self, seq: Sequence, block_ids: list[int], first: int, stop: int) -> None: ...
+    def evict(self, block_id: int) -> None: ...
+    def record_query(self, num_blocks: int, num_hits: int) -> None: ...
+    def hit_rate(self) -> float: ...
+    def clear(self) -> None: ...
+
+
+class BlockManager(Protocol):
+    """The scheduler's only view of memory: allocate or ``None`` (``core/block_manager.py``)."""
+
+    block_size: int
+    num_gpu_blocks: int
+    watermark_blocks: int
+    gpu_allocator: Allocator
+    block_tables: dict[int, BlockTable]
+    prefix_cache_hit_rate: float
+
+    def can_ever_fit(self, num_tokens: int) -> bool: ...
+    def get_computed_blocks(self, seq: Sequence) -> list[int]: ...
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed=None): ...
+    def fork(self, parent: Sequence, child: Sequence) -> None: ...
+    def free(self, seq: Sequence) -> None: ...
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None: ...
+    def swap_in(self, seq: Sequence, num_new_tokens: int = 0) -> list[tuple[int, int]] | None: ...
+
+
+class SchedulerLike(Protocol):
+    """What the engine calls on its scheduler (chapter 06; ``core/scheduler.py``)."""
+
+    block_manager: BlockManager
+    seq_ids: object  # an iterator of fresh sequence ids
+
+    def add_request(self, seq_group: SequenceGroup) -> None: ...
+    def abort_request(self, request_id: str) -> bool: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def schedule(self) -> SchedulerOutputs: ...
+    def update_from_output(
+        self, out: SchedulerOutputs, sampled: dict[int, list[int]]
+    ) -> StepResult: ...
+
+
+class SamplerLike(Protocol):
+    """One token id per row of ``logits`` (``worker/sampler.py``)."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None] | None = None,
+    ) -> list[int]: ...
+
 
 # part -> (exercise module, attribute); the regions come from the module's PART_REGIONS[attribute]
 PART_SOURCES: dict[str, tuple[str, str]] = {

@@ -1,7 +1,8 @@
 """Views of the engine's objects that only the course reads (the engine itself never needs them).
 
 ``prefills`` / ``decodes``: a step's prompt chunks and decodes (``SchedulerOutputs.scheduled`` split by
-``is_prefill``); ``slot``: the pool row of one token position of a ``BlockTable``.
+``is_prefill``); ``slot``: the pool row of one token position of a ``BlockTable``; ``reset_prefix_cache``:
+forget a block manager's cached blocks (as vLLM's ``LLM.reset_prefix_cache``; the tests' way to start cold).
 """
 
 from __future__ import annotations
@@ -31,3 +32,14 @@ def slot(table, position: int) -> int:
     return table.block_ids[position // table.block_size] * table.block_size + (
         position % table.block_size
     )
+
+
+def reset_prefix_cache(manager) -> bool:
+    """Forget every cached block of a ``BlockSpaceManager``. Returns False (and changes nothing) while any
+    GPU block is in use."""
+    if manager.prefix_cache is None:
+        return True
+    if manager.gpu_allocator.num_free_blocks < manager.num_gpu_blocks:
+        return False
+    manager.prefix_cache.clear()
+    return True

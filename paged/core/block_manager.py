@@ -280,25 +280,8 @@ class BlockSpaceManager:
         vLLM v0 and v1, 0.10.2)."""
         table = self.block_tables.pop(seq.seq_id, None)
         if table is not None:
-            self._release(table)
+            self.swap.maps.release(self.gpu_allocator, table, self.swap.maps.forget_gpu)
         self.swap.free(seq.seq_id)
-
-    def _release(self, table: BlockTable) -> None:
-        """Drop one reference to each GPU block of ``table``, tail first; forget swap copies of freed blocks."""
-        self.gpu_allocator.free_many(reversed(table.block_ids))
-        if self.swap.maps:
-            for b in table:
-                if self.gpu_allocator.ref_count(b) == 0:
-                    self.swap.maps.forget_gpu(b)
-
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached block. Returns False (and changes nothing) while any GPU block is in use."""
-        if self.prefix_cache is None:
-            return True
-        if self.gpu_allocator.num_free_blocks < self.num_gpu_blocks:
-            return False
-        self.prefix_cache.clear()
-        return True
 
     # ---- swapping (vLLM v0's preemption by swap, 0.10.2) ----------------------------------------
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None:
@@ -307,7 +290,8 @@ class BlockSpaceManager:
         table = self._table(seq)
         pairs = self.swap.swap_out(seq.seq_id, table)
         if pairs is not None:
-            self._release(self.block_tables.pop(seq.seq_id))
+            del self.block_tables[seq.seq_id]
+            self.swap.maps.release(self.gpu_allocator, table, self.swap.maps.forget_gpu)
         return pairs
 
     def swap_in(self, seq: Sequence, num_new_tokens: int = 0) -> list[tuple[int, int]] | None:
@@ -324,7 +308,7 @@ class BlockSpaceManager:
         have, bs = cpu_table.num_tokens, self.block_size
         grow = blocks_needed(have + num_new_tokens, bs) - len(cpu_table)
         cow = num_new_tokens > 0 and have % bs > 0  # the last block may be shared once back
-        needed = self.swap.blocks_to_copy_in(seq.seq_id) + grow + cow
+        needed = self.swap.maps.blocks_to_copy(cpu_table, out=False) + grow + cow
         if self.gpu_allocator.num_free_blocks - needed < self.watermark_blocks:
             return None
         pairs, table = self.swap.swap_in(

@@ -21,6 +21,7 @@ Contract (vLLM v1 ``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.py``, 0.10
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 # the "parent key" of a sequence's first block (vLLM v1: ``NONE_HASH``, random unless PYTHONHASHSEED is
 # set, ``vllm/v1/core/kv_cache_utils.py``, 0.10.2)
@@ -47,19 +48,15 @@ def hash_blocks(
     return keys
 
 
+@dataclass(slots=True, eq=False)
 class _Entry:
     """One cached block: enough to verify a hit exactly (see the module docstring)."""
 
-    __slots__ = ("block_id", "key", "uid", "parent_uid", "token_ids")
-
-    def __init__(self, block_id: int, key: int, uid: int, parent_uid: int, token_ids: tuple):
-        self.block_id, self.key, self.uid, self.parent_uid, self.token_ids = (
-            block_id,
-            key,
-            uid,
-            parent_uid,
-            token_ids,
-        )
+    block_id: int
+    key: int
+    uid: int
+    parent_uid: int
+    token_ids: tuple
 
 
 class PrefixCache:

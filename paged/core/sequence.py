@@ -28,9 +28,8 @@ class SequenceStatus(enum.Enum):
     FINISHED_LENGTH = "length"  # max_tokens or max_model_len reached
     FINISHED_ABORTED = "abort"  # abort_request()
     FINISHED_IGNORED = "ignored"  # can never run: prompt over max_model_len or over the whole cache
-    FINISHED_KV_EXHAUSTED = (
-        "kv_cache_exhausted"  # this course's state: alone in the pool, no block to grow into
-    )
+    # this course's state: alone in the pool, no block to grow into
+    FINISHED_KV_EXHAUSTED = "kv_cache_exhausted"
 
     @property
     def is_finished(self) -> bool:
@@ -170,8 +169,6 @@ class SequenceGroup:
         arrival_time: float = 0.0,
         prompt: str | None = None,
     ):
-        if not seqs:
-            raise ValueError(f"request {request_id!r} has no sequence")
         self.request_id = request_id
         self.seqs = list(seqs)
         self.sampling_params = sampling_params
@@ -180,9 +177,8 @@ class SequenceGroup:
         self.prompt_token_ids = list(seqs[0].prompt_token_ids)
         # tokens that end a sequence (the engine adds the model's EOS unless ``ignore_eos``)
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
-        self.generator = (
-            None  # the request's own sampling generator (``SamplingParams.seed``), or None
-        )
+        # the request's own sampling generator (``SamplingParams.seed``), or None
+        self.generator = None
         for seq in self.seqs:
             seq.group = self
 

@@ -39,13 +39,11 @@ class SwapMaps:
         """Whether any copy is remembered (the block manager skips the bookkeeping when none is)."""
         return bool(self.out or self.in_)
 
-    def blocks_to_copy_out(self, table: BlockTable) -> int:
-        """New CPU blocks a swap-out of ``table`` (GPU ids) needs."""
-        return sum(1 for b in table if b not in self.out)
-
-    def blocks_to_copy_in(self, cpu_table: BlockTable) -> int:
-        """New GPU blocks a swap-in of ``cpu_table`` (CPU ids) needs."""
-        return sum(1 for c in cpu_table if c not in self.in_)
+    def blocks_to_copy(self, table: BlockTable, out: bool) -> int:
+        """New blocks of the other pool a swap of ``table`` needs: out (GPU ids) or in (CPU ids); blocks
+        with a remembered copy are reused."""
+        mapping = self.out if out else self.in_
+        return sum(1 for b in table if b not in mapping)
 
     def move(
         self,
@@ -58,7 +56,7 @@ class SwapMaps:
         or allocate one with ``allocate`` and record the pair to copy.
 
         Returns ``(pairs, dst_ids)``: the ``(src, dst)`` copies to make and the new table's ids. The
-        caller has checked that the other pool has the blocks (``blocks_to_copy_out`` / ``_in``).
+        caller has checked that the other pool has the blocks (``blocks_to_copy``).
         """
         mapping, inverse = (self.out, self._out_by_cpu) if out else (self.in_, self._in_by_gpu)
         pairs, dst_ids = [], []
@@ -76,21 +74,28 @@ class SwapMaps:
 
     def forget_gpu(self, block_id: int) -> None:
         """GPU block freed to zero or written in place: no remembered copy involving it is valid."""
-        cpu = self.out.pop(block_id, None)
-        if cpu is not None:
-            del self._out_by_cpu[cpu]
-        cpu = self._in_by_gpu.pop(block_id, None)
-        if cpu is not None:
-            del self.in_[cpu]
+        _forget(block_id, (self.out, self._out_by_cpu), (self._in_by_gpu, self.in_))
 
     def forget_cpu(self, block_id: int) -> None:
         """CPU block freed to zero: no remembered copy involving it is valid."""
-        gpu = self.in_.pop(block_id, None)
-        if gpu is not None:
-            del self._in_by_gpu[gpu]
-        gpu = self._out_by_cpu.pop(block_id, None)
-        if gpu is not None:
-            del self.out[gpu]
+        _forget(block_id, (self.in_, self._in_by_gpu), (self._out_by_cpu, self.out))
+
+    def release(self, allocator, table: BlockTable, forget: Callable[[int], None]) -> None:
+        """Drop one reference to each block of ``table`` (a block of ``allocator``'s pool), tail first, and
+        ``forget`` (``forget_gpu`` / ``forget_cpu``) the copies of the blocks freed to zero."""
+        allocator.free_many(reversed(table.block_ids))
+        if self:
+            for b in table:
+                if allocator.ref_count(b) == 0:
+                    forget(b)
+
+
+def _forget(block_id: int, *maps: tuple[dict[int, int], dict[int, int]]) -> None:
+    """Drop ``block_id`` from each ``(map keyed by its side, map keyed by the other side)`` pair."""
+    for by_block, by_partner in maps:
+        partner = by_block.pop(block_id, None)
+        if partner is not None:
+            del by_partner[partner]
 
 
 class SwapSpace:
@@ -104,7 +109,6 @@ class SwapSpace:
 
     def __init__(self, block_size: int, num_cpu_blocks: int, allocator_cls=BlockAllocator):
         self.block_size = block_size
-        self.num_blocks = num_cpu_blocks
         self.allocator = allocator_cls(num_cpu_blocks)
         self.tables: dict[int, BlockTable] = {}  # seq_id -> CPU blocks of a swapped-out sequence
         self.maps = SwapMaps()
@@ -113,7 +117,7 @@ class SwapSpace:
         """Copy ``table`` (GPU ids) into the CPU pool; returns ``(gpu_block, cpu_block)`` pairs (blocks shared
         with an already swapped-out sibling are copied once), or ``None`` when the CPU pool has no room.
         The caller releases the GPU blocks."""
-        if self.maps.blocks_to_copy_out(table) > self.allocator.num_free_blocks:
+        if self.maps.blocks_to_copy(table, out=True) > self.allocator.num_free_blocks:
             return None
         pairs, cpu_ids = self.maps.move(table, self.allocator, self.allocator.allocate, out=True)
         self.tables[seq_id] = BlockTable(self.block_size, cpu_ids, table.num_tokens)
@@ -123,26 +127,14 @@ class SwapSpace:
         self, seq_id: int, gpu_allocator, allocate_gpu: Callable[[], int]
     ) -> tuple[list[tuple[int, int]], BlockTable]:
         """Move ``seq_id``'s CPU table back: returns the ``(cpu_block, gpu_block)`` pairs to copy and the new
-        GPU table. The caller has checked the GPU blocks (``blocks_to_copy_in``)."""
+        GPU table. The caller has checked the GPU blocks (``SwapMaps.blocks_to_copy``)."""
         cpu_table = self.tables.pop(seq_id)
         pairs, gpu_ids = self.maps.move(cpu_table, gpu_allocator, allocate_gpu, out=False)
-        self.release(cpu_table)
+        self.maps.release(self.allocator, cpu_table, self.maps.forget_cpu)
         return pairs, BlockTable(self.block_size, gpu_ids, cpu_table.num_tokens)
-
-    def blocks_to_copy_in(self, seq_id: int) -> int:
-        """New GPU blocks a swap-in of ``seq_id`` needs (copies a sibling brought back already are reused)."""
-        return self.maps.blocks_to_copy_in(self.tables[seq_id])
 
     def free(self, seq_id: int) -> None:
         """Release a swapped-out sequence's CPU blocks (a no-op when it has none)."""
         table = self.tables.pop(seq_id, None)
         if table is not None:
-            self.release(table)
-
-    def release(self, table: BlockTable) -> None:
-        """Drop one reference to each CPU block of ``table``, tail first; forget copies of freed blocks."""
-        self.allocator.free_many(reversed(table.block_ids))
-        if self.maps:
-            for b in table:
-                if self.allocator.ref_count(b) == 0:
-                    self.maps.forget_cpu(b)
+            self.maps.release(self.allocator, table, self.maps.forget_cpu)

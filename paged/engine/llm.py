@@ -15,7 +15,6 @@ pool (``paged/worker/worker.py``); the sizing is printed.
 from __future__ import annotations
 
 import numbers
-import operator
 import re
 import warnings
 from collections.abc import Iterable
@@ -25,7 +24,7 @@ from tqdm.auto import tqdm
 
 from paged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from paged.core.sequence import CompletionOutput, RequestOutput, SamplingParams
-from paged.engine.llm_engine import LLMEngine
+from paged.engine.llm_engine import LLMEngine, check_token_ids, short_repr
 from paged.engine.model_loader import eos_token_ids, load_model, resolve_device
 from paged.engine.parts import Parts
 
@@ -68,27 +67,9 @@ def group_finish_messages(outputs: list[RequestOutput]) -> list[tuple[int, str, 
     return sorted(summaries, key=lambda g: -g[0])
 
 
-def _short(value, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Number) or (
         isinstance(value, torch.Tensor) and value.dim() == 0
-    )
-
-
-def _token_id(value, prompt: int, position: int) -> int:
-    """``value`` as a plain int token id (numpy / 0-d tensor ints too); TypeError for anything else."""
-    if not isinstance(value, bool) and not isinstance(value, float):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError(
-        f"prompts[{prompt}]: token ids must be ints; got {type(value).__name__} {_short(value)} at "
-        f"position {position}"
     )
 
 
@@ -106,7 +87,7 @@ def _prompt_list(prompts) -> list:
     ):
         raise TypeError(
             "prompts must be a text, a list of token ids, or a list of texts / token-id lists; got "
-            f"{type(prompts).__name__} {_short(prompts)}"
+            f"{type(prompts).__name__} {short_repr(prompts)}"
         )
     prompts = list(prompts)
     if any(_is_number(p) for p in prompts):  # a flat list with numbers is one token-id prompt
@@ -238,9 +219,9 @@ class LLM:
         if not isinstance(prompt, (list, tuple)):
             raise TypeError(
                 f"prompts[{index}] must be a text or a list of token ids; got "
-                f"{type(prompt).__name__} {_short(prompt)}"
+                f"{type(prompt).__name__} {short_repr(prompt)}"
             )
-        return [_token_id(t, index, j) for j, t in enumerate(prompt)], None
+        return check_token_ids(prompt, f"prompts[{index}]"), None
 
     def generate(
         self,
@@ -271,7 +252,7 @@ class LLM:
             if bad is not None:
                 raise TypeError(
                     f"sampling_params[{bad}] must be a SamplingParams; got {type(params[bad]).__name__} "
-                    f"{_short(params[bad])}"
+                    f"{short_repr(params[bad])}"
                 )
         elif isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -279,7 +260,7 @@ class LLM:
             hint = " (build one with SamplingParams(**params))" if isinstance(params, dict) else ""
             raise TypeError(
                 f"sampling_params must be a SamplingParams or a list of them, one per prompt; got "
-                f"{type(params).__name__} {_short(params)}{hint}"
+                f"{type(params).__name__} {short_repr(params)}{hint}"
             )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")

@@ -22,6 +22,7 @@ engine with model loading (``paged/engine/model_loader.py``), one ``EngineConfig
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 import warnings
 
@@ -43,6 +44,34 @@ from paged.worker.worker import init_kv_cache
 class MaxModelLenWarning(UserWarning):
     """A request's prompt plus ``max_tokens`` exceed ``max_model_len``: it stops there, ``finish_reason``
     ``"length"`` (said once per engine, at ``add_request``)."""
+
+
+def short_repr(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (error messages quote what they got)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_token_ids(values, where: str) -> list[int]:
+    """``values`` as plain int token ids (numpy and 0-d tensor ints too), checked where the engine takes
+    prompts in (``add_request``, ``LLM.generate``). Raises TypeError naming ``where`` and the position of
+    the first value that is not an int (a float, a bool, a list)."""
+    tokens = []
+    for position, value in enumerate(values):
+        try:
+            if isinstance(value, (bool, float)):
+                raise TypeError
+            tokens.append(operator.index(value))
+        except TypeError:
+            raise TypeError(
+                f"{where}: token ids must be ints; got {type(value).__name__} {short_repr(value)} "
+                f"at position {position}"
+            ) from None
+    return tokens
+
+
+def _no_clock(phase: str) -> None:
+    """The phase mark of a step without profiling: reads no clock, waits for nothing."""
 
 
 class LLMEngine:
@@ -114,22 +143,12 @@ class LLMEngine:
                 f"sampling_params must be a SamplingParams; got {type(params).__name__}"
             )
         request_id = str(next(self._request_ids)) if request_id is None else str(request_id)
-        tokens = list(prompt_token_ids)
+        tokens = check_token_ids(prompt_token_ids, f"request {request_id!r}")
         if not tokens:
             raise ValueError(
                 f"request {request_id!r}: the prompt is empty; at least one token is needed"
             )
-        wrong = next(
-            ((j, t) for j, t in enumerate(tokens) if not isinstance(t, int) or isinstance(t, bool)),
-            None,
-        )
-        if wrong is not None:
-            raise TypeError(
-                f"request {request_id!r}: token ids must be ints; got {type(wrong[1]).__name__} "
-                f"{wrong[1]!r} at position {wrong[0]}"
-            )
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-        tokens = [int(t) for t in tokens]  # int subclasses become plain ints
         if bad:
             raise ValueError(
                 f"request {request_id!r}: token id {bad[0]!r} outside [0, {self.vocab_size})"
@@ -162,24 +181,20 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
-        """Run one iteration (module docstring); returns the requests that finished in it."""
-        if self.metrics.profile:
-            return self._profiled_step()
-        out = self.scheduler.schedule()
-        sampled = self.runner.execute_model(out)
-        result = self.scheduler.update_from_output(out, sampled)
-        self.metrics.on_step(out, result, self.scheduler.block_manager)
-        return [self._output(group) for group in result.finished]
-
-    def _profiled_step(self) -> list[RequestOutput]:
-        """``step`` with a clock: seconds per phase into ``metrics.seconds``, one ``metrics.history`` record."""
-        mark = PhaseClock(self.metrics.seconds, self.runner.device)
+        """Run one iteration (module docstring); returns the requests that finished in it. With
+        ``profile`` a ``PhaseClock`` adds each phase's seconds to ``metrics.seconds`` and the step's to its
+        ``metrics.history`` record; without it no clock runs."""
+        clock = (
+            PhaseClock(self.metrics.seconds, self.runner.device) if self.metrics.profile else None
+        )
+        mark = clock or _no_clock
         out = self.scheduler.schedule()
         mark("schedule")
         sampled = self.runner.execute_model(out, mark)
         result = self.scheduler.update_from_output(out, sampled)
         mark("update")
-        self.metrics.on_step(out, result, self.scheduler.block_manager, mark.elapsed())
+        seconds = clock.elapsed() if clock else None
+        self.metrics.on_step(out, result, self.scheduler.block_manager, seconds)
         return [self._output(group) for group in result.finished]
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
@@ -225,18 +240,7 @@ class LLMEngine:
             "recomputes": sched.num_recomputes,
             "swap_outs": sched.num_swap_outs,
             "swap_ins": sched.num_swap_ins,
-            **{
-                k: st.counters[k]
-                for k in (
-                    "swapped_out_blocks",
-                    "swapped_in_blocks",
-                    "cow_copies",
-                    "steps",
-                    "computed_tokens",
-                    "generated_tokens",
-                    "prefill_chunks",
-                )
-            },
+            **st.counters,
             **st.latency(),
             "seconds": dict(st.seconds),
         }

@@ -2,9 +2,10 @@
 
 ``LLM(..., parts=Parts(allocator=MyAllocator))`` runs the engine with a learner's allocator and the
 reference for everything else. Each field is a class or a function with exactly the interface below
-(the methods the engine calls, nothing more: the Protocols below); the defaults are this package's
-reference parts. ``Parts.attention(kv_cache)`` resolves the attention parts once per engine into the
-``AttentionBackend`` the model runner owns.
+(the methods the engine calls, nothing more; written out as ``typing.Protocol`` classes in
+``paged_course.capstone``); the defaults are this package's reference parts.
+``Parts.attention(kv_cache)`` resolves the attention parts once per engine into the ``AttentionBackend``
+the model runner owns.
 
 - ``allocator`` (chapter 02): a class ``Allocator(num_blocks)`` with ``allocate_many(n) -> list[int]``,
   ``free_many(ids)``, ``incref(b)``, ``take(b)``, ``ref_count(b)`` and ``num_free_blocks``
@@ -32,7 +33,7 @@ reference parts. ``Parts.attention(kv_cache)`` resolves the attention parts once
 - ``copy_on_write`` (chapter 05): ``(table, allocator, allocate) -> [(src, dst)]`` (``paged/core/block_manager.py``).
 - ``block_manager`` (chapters 05 and 06): a class ``BlockSpaceManager(block_size, num_gpu_blocks,
   num_cpu_blocks, watermark, enable_prefix_caching, allocator_cls=, prefix_cache_cls=, copy_on_write=)``
-  with the methods of ``BlockManager`` below (``paged/core/block_manager.py``).
+  with the methods of ``paged_course.capstone.BlockManager`` (``paged/core/block_manager.py``).
 - ``scheduler`` (chapter 06): a class ``Scheduler(scheduler_config, cache_config, block_manager, update)`` with
   ``schedule()``, ``update_from_output(out, sampled)`` and the request methods of ``paged/core/scheduler.py``
   (a subclass that overrides the policy methods is the usual learner's part).
@@ -53,17 +54,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
-
-import torch
 
 from paged.core.allocator import BlockAllocator
 from paged.core.block_manager import BlockSpaceManager, copy_on_write
-from paged.core.block_table import BlockTable, slot_mapping
+from paged.core.block_table import slot_mapping
 from paged.core.prefix_cache import PrefixCache
 from paged.core.scheduler import Scheduler, update_from_output
-from paged.core.scheduler_outputs import SchedulerOutputs, StepResult
-from paged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from paged.worker.attention import (
     AttentionBackend,
     decode_attention,
@@ -74,101 +70,16 @@ from paged.worker.attention import (
 )
 from paged.worker.sampler import Sampler
 
-# The function parts (slot_mapping, write_kv, decode_attention, prefill_attention, prepare_inputs,
-# copy_on_write, update) have the signatures of the module docstring; the class parts these Protocols.
-
-
-class Allocator(Protocol):
-    """A pool of ``num_blocks`` block ids with reference counts (chapter 02; ``core/allocator.py``)."""
-
-    num_free_blocks: int
-
-    def allocate_many(self, n: int) -> list[int]: ...
-    def free_many(self, block_ids) -> None: ...
-    def incref(self, block_id: int) -> None: ...
-    def take(self, block_id: int) -> None: ...
-    def ref_count(self, block_id: int) -> int: ...
-
-
-class PrefixCacheLike(Protocol):
-    """Full blocks by the hash of their tokens and everything before (chapter 05; ``core/prefix_cache.py``)."""
-
-    def lookup(self, seq: Sequence, max_blocks: int) -> list[int]: ...
-    def insert(self, seq: Sequence, block_ids: list[int], first: int, stop: int) -> None: ...
-    def evict(self, block_id: int) -> None: ...
-    def record_query(self, num_blocks: int, num_hits: int) -> None: ...
-    def hit_rate(self) -> float: ...
-    def clear(self) -> None: ...
-
-
-class BlockManager(Protocol):
-    """The scheduler's only view of memory: allocate or ``None`` (``core/block_manager.py``)."""
-
-    block_size: int
-    num_gpu_blocks: int
-    watermark_blocks: int
-    gpu_allocator: Allocator
-    block_tables: dict[int, BlockTable]
-    prefix_cache_hit_rate: float
-
-    def can_ever_fit(self, num_tokens: int) -> bool: ...
-    def get_computed_blocks(self, seq: Sequence) -> list[int]: ...
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed=None): ...
-    def fork(self, parent: Sequence, child: Sequence) -> None: ...
-    def free(self, seq: Sequence) -> None: ...
-    def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None: ...
-    def swap_in(self, seq: Sequence, num_new_tokens: int = 0) -> list[tuple[int, int]] | None: ...
-
-
-class SchedulerLike(Protocol):
-    """What the engine calls on its scheduler (chapter 06; ``core/scheduler.py``)."""
-
-    block_manager: BlockManager
-    seq_ids: object  # an iterator of fresh sequence ids
-
-    def add_request(self, seq_group: SequenceGroup) -> None: ...
-    def abort_request(self, request_id: str) -> bool: ...
-    def has_unfinished_requests(self) -> bool: ...
-    def schedule(self) -> SchedulerOutputs: ...
-    def update_from_output(
-        self, out: SchedulerOutputs, sampled: dict[int, list[int]]
-    ) -> StepResult: ...
-
-
-class SamplerLike(Protocol):
-    """One token id per row of ``logits`` (``worker/sampler.py``)."""
-
-    def sample(
-        self,
-        logits: torch.Tensor,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None] | None = None,
-    ) -> list[int]: ...
-
-
-def _triton_decode(*args):
-    """The Triton decode kernel (``paged.kernels.launch_decode``), imported on first use."""
-    from paged.kernels import launch_decode
-
-    return launch_decode(*args)
-
-
-def _triton_prefill(*args):
-    """The Triton prefill kernel: every chunk of a step in one launch (``paged.kernels.launch_prefill``)."""
-    from paged.kernels import launch_prefill
-
-    return launch_prefill(*args)
-
 
 @dataclass(frozen=True)
 class Parts:
     """The engine's swappable pieces (module docstring). ``decode_attention=None`` and
     ``prefill_attention=None`` pick by device: PyTorch on CPU, the Triton kernels on CUDA (``select_backend``)."""
 
-    allocator: type[Allocator] = BlockAllocator
-    prefix_cache: type[PrefixCacheLike] = PrefixCache
-    block_manager: type[BlockManager] = BlockSpaceManager
-    scheduler: type[SchedulerLike] = Scheduler
+    allocator: type = BlockAllocator
+    prefix_cache: type = PrefixCache
+    block_manager: type = BlockSpaceManager
+    scheduler: type = Scheduler
     update: Callable = update_from_output
     copy_on_write: Callable = copy_on_write
     slot_mapping: Callable = slot_mapping
@@ -176,11 +87,13 @@ class Parts:
     write_kv: Callable = write_kv
     decode_attention: Callable | None = None
     prefill_attention: Callable | None = None
-    sampler: type[SamplerLike] = Sampler
+    sampler: type = Sampler
 
     def attention(self, kv_cache) -> AttentionBackend:
         """The attention parts resolved once for ``kv_cache``'s device: what the model runner owns."""
-        triton = select_backend(kv_cache.device) == "triton"
-        decode = self.decode_attention or (_triton_decode if triton else decode_attention)
-        prefill = self.prefill_attention or (_triton_prefill if triton else prefill_attention)
+        decode, prefill = decode_attention, prefill_attention
+        if select_backend(kv_cache.device) == "triton":  # imported only then: it sets Triton's mode
+            from paged.kernels import launch_decode as decode
+            from paged.kernels import launch_prefill as prefill
+        decode, prefill = self.decode_attention or decode, self.prefill_attention or prefill
         return AttentionBackend(kv_cache, self.write_kv, prefill, decode)

@@ -15,16 +15,24 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+import torch
+
+# the counters, in the order ``LLMEngine.stats`` reports them
+COUNTERS = (
+    "swapped_out_blocks",
+    "swapped_in_blocks",
+    "cow_copies",
+    "steps",
+    "computed_tokens",
+    "generated_tokens",
+    "prefill_chunks",
+)
+
 
 def percentile(values: list[float], q: float) -> float:
-    """The ``q``-quantile (0..1) of ``values`` by linear interpolation (numpy's default); 0.0 when empty."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+    """The ``q``-quantile (0..1) of ``values`` by linear interpolation (numpy's default, as
+    ``torch.quantile``); 0.0 when empty."""
+    return torch.tensor(values, dtype=torch.float64).quantile(q).item() if values else 0.0
 
 
 class PhaseClock:
@@ -39,8 +47,6 @@ class PhaseClock:
 
     def __call__(self, phase: str) -> None:
         if self.sync:
-            import torch
-
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         self.seconds[phase] += now - self.last
@@ -58,7 +64,7 @@ class EngineStats:
     def __init__(self, profile: bool = False) -> None:
         self.profile = profile
         self.seconds: dict[str, float] = defaultdict(float)
-        self.counters: dict[str, int] = defaultdict(int)
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self.history: list[dict] | None = [] if profile else None
         self.peak_used_blocks = 0
         self.util_sum = 0.0
@@ -77,10 +83,8 @@ class EngineStats:
             self.on_tokens(result.sampled, time.perf_counter())
         if not out.scheduled:
             return
-        used_blocks, block_size = (
-            block_manager.gpu_allocator.num_used_blocks,
-            block_manager.block_size,
-        )
+        used_blocks = block_manager.gpu_allocator.num_used_blocks
+        block_size = block_manager.block_size
         prefill_tokens = chunks = empty = 0
         for s in out.scheduled:  # one pass over the step's sequences
             chunks += s.is_prefill

@@ -54,10 +54,8 @@ def write_kv(
     layer's caches ``[num_blocks, block_size, KVH, D]``: one ``index_copy_`` on the flat
     ``[num_blocks * block_size, KVH, D]`` view (vLLM v1's ``reshape_and_cache_flash``, ``vllm/_custom_ops.py``,
     0.10.2). Unchecked: the engine built the slots from its block tables."""
-    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(
-        0, slot_mapping, value.to(value_cache.dtype)
-    )
+    for cache, new in ((key_cache, key), (value_cache, value)):
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, new.to(cache.dtype))
 
 
 def decode_attention(
@@ -73,7 +71,7 @@ def decode_attention(
     query ``[S, H, D]``; caches ``[num_blocks, block_size, KVH, D]``; block_tables int32 ``[S, W]`` whose
     width covers every context (entries past a context hold any valid block id); context_lens int32 ``[S]``.
     One ``index_select`` of whole blocks per cache gives ``[S, W * block_size, KVH, D]``; positions past a
-    context get a ``-inf`` bias. Then one ``scaled_dot_product_attention`` call in which the ``H / KVH``
+    context are masked out. Then one ``scaled_dot_product_attention`` call in which the ``H / KVH``
     query heads sharing a KV head are that head's query rows (GQA without repeating K/V, no loop over
     heads or sequences). Unchecked (the engine's inputs): the pool's unused slots hold finite stale K/V,
     so masking the scores suffices.
@@ -85,14 +83,11 @@ def decode_attention(
         cache.index_select(0, index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
         for cache in (key_cache, value_cache)
     )  # [S, KVH, C, D]
-    hidden = torch.arange(keys.shape[2], device=query.device)[None, :] >= context_lens[:, None]
-    bias = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device).masked_fill_(
-        hidden, float("-inf")
-    )
+    visible = torch.arange(keys.shape[2], device=query.device)[None, :] < context_lens[:, None]
     # [S, KVH, group, D]
     q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=bias[:, None, None], scale=scale
+        q, keys, values, attn_mask=visible[:, None, None], scale=scale
     )
     return out.reshape(num_seqs, num_heads, head_dim)
 

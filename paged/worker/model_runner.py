@@ -151,11 +151,9 @@ class ModelRunner:
         # stable: chunks keep their order
         batch = sorted(scheduled, key=lambda s: s.num_tokens == 1)
         keep = [i for i, s in enumerate(batch) if s.samples_next_token]
-        tables, lens, tokens = (
-            [s.block_table for s in batch],
-            [s.start + s.num_tokens for s in batch],
-            [t for s in batch for t in s.token_ids],
-        )
+        tables = [s.block_table for s in batch]
+        lens = [s.start + s.num_tokens for s in batch]
+        tokens = [t for s in batch for t in s.token_ids]
         size = min((b for b in self.graphs if b >= len(batch)), default=0)
         # decodes only, each samples: a captured size
         if size and len(keep) == len(batch) == len(tokens):
@@ -224,12 +222,8 @@ class ModelRunner:
             counts.append(k)
         if len(rows) != logits.shape[0]:
             logits = logits[rows]
-        tokens = self.sampler.sample(logits, params, generators)
-        sampled, i = {}, 0
-        for entry, k in zip(entries, counts):
-            sampled[entry.seq.seq_id] = tokens[i : i + k]
-            i += k
-        return sampled
+        tokens = iter(self.sampler.sample(logits, params, generators))
+        return {e.seq.seq_id: [next(tokens) for _ in range(k)] for e, k in zip(entries, counts)}
 
 
 def forward_logits(

@@ -22,11 +22,7 @@ from paged.core.sequence import SamplingParams
 def make_generator(seed: int | None) -> torch.Generator | None:
     """A CPU generator seeded with ``seed`` (the sampler draws its uniforms on the CPU), or ``None`` (use
     the engine's shared generator)."""
-    if seed is None:
-        return None
-    gen = torch.Generator()
-    gen.manual_seed(int(seed))
-    return gen
+    return None if seed is None else torch.Generator().manual_seed(int(seed))
 
 
 def filter_top_k_top_p(
@@ -56,8 +52,7 @@ class Sampler:
     """
 
     def __init__(self, seed: int | None = None):
-        self.generator = torch.Generator()
-        self.generator.manual_seed(0 if seed is None else int(seed))
+        self.generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
 
     def sample(
         self,

@@ -50,14 +50,7 @@ def init_kv_cache(model, config: EngineConfig) -> tuple[KVCache, str]:
     how = "num_gpu_blocks"
     profile = device.type == "cuda" and cache.kv_cache_memory_bytes is None  # no byte budget given
     if cache.num_gpu_blocks is None and profile:
-        cache.num_gpu_blocks, how = profile_num_blocks(
-            model,
-            cache.block_size,
-            sched.max_num_batched_tokens,
-            sched.max_num_seqs,
-            cache.gpu_memory_utilization,
-            dtype,
-        )
+        cache.num_gpu_blocks, how = profile_num_blocks(model, config)
     elif cache.num_gpu_blocks is None:
         budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
         num_gpu_blocks = budget // bytes_per_block
@@ -111,30 +104,30 @@ def kv_shape(model) -> tuple[int, int, int]:
 
 
 @torch.inference_mode()
-def profile_num_blocks(
-    model,
-    block_size: int,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    gpu_memory_utilization: float,
-    dtype: torch.dtype,
-) -> tuple[int, str]:
+def profile_num_blocks(model, config: EngineConfig) -> tuple[int, str]:
     """GPU blocks that fit beside the model's peak activation memory (CUDA only).
 
-    Runs one dummy forward of ``max_num_batched_tokens`` tokens split over up to ``max_num_seqs``
-    sequences through a 1-table-per-sequence scratch pool (the PyTorch attention), then returns
-    ``(total x utilization - peak bytes) // bytes_per_block`` and a one-line report.
+    Runs one dummy forward of the scheduler's ``max_num_batched_tokens`` tokens split over up to
+    ``max_num_seqs`` sequences through a 1-table-per-sequence scratch pool (the PyTorch attention), then
+    returns ``(total x gpu_memory_utilization - peak bytes) // bytes_per_block`` and a one-line report.
 
     Raises:
         ValueError: no block fits (the message gives the numbers).
     """
-    device = next(model.parameters()).device
+    cache, tokens = config.cache, config.scheduler.max_num_batched_tokens
+    device, block_size = next(model.parameters()).device, cache.block_size
     layers, kv_heads, head_dim = kv_shape(model)
-    num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
-    per_seq = max(2, max_num_batched_tokens // num_seqs)  # >= 2 tokens: every sequence is a chunk
+    num_seqs = max(1, min(config.scheduler.max_num_seqs, tokens))
+    per_seq = max(2, tokens // num_seqs)  # >= 2 tokens: every sequence is a chunk
     blocks_per_seq = -(-per_seq // block_size)
     scratch = KVCache(
-        layers, num_seqs * blocks_per_seq, block_size, kv_heads, head_dim, dtype, device
+        layers,
+        num_seqs * blocks_per_seq,
+        block_size,
+        kv_heads,
+        head_dim,
+        config.model.dtype,
+        device,
     )
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -153,10 +146,10 @@ def profile_num_blocks(
     del scratch, meta
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory
-    available = int(total * gpu_memory_utilization) - peak
+    available = int(total * cache.gpu_memory_utilization) - peak
     num_blocks = available // block_bytes
     report = (
-        f"GPU {total / 2**30:.1f} GiB x {gpu_memory_utilization:.2f} - peak {peak / 2**30:.2f} GiB "
+        f"GPU {total / 2**30:.1f} GiB x {cache.gpu_memory_utilization:.2f} - peak {peak / 2**30:.2f} GiB "
         f"(weights + activations) = {available / 2**30:.2f} GiB for KV -> {num_blocks} blocks of "
         f"{block_bytes / 2**10:.0f} KiB"
     )

@@ -8,11 +8,11 @@ without CUDA ``paged.kernels`` forces the interpreter at import, so the compilin
 processes started with ``PAGED_TRITON_COMPILE_ONLY=1``. A child runs the engine's own attention step
 (``paged.worker.attention.paged_attention_forward`` on ``AttentionMetadata.build``'s tensors, with the
 decode and prefill functions the engine's ``Parts`` pick for a CUDA device) with every kernel launch
-captured instead of run, and :func:`paged.kernels.launch_config.compiling_for` telling the launches which
-GPU they configure themselves for. Each captured launch then goes through the JIT's own binder (the
-function Triton builds to specialise a launch: 16-byte aligned pointers and integers divisible by 16 get
-``tt.divisibility = 16``, an integer equal to 1 becomes a constant) and the JIT's own option parser, for
-that GPU's target. So the signature, the specialisation, the tile sizes and ``num_warps`` /
+captured instead of run, and :func:`compiling_for` (setting ``paged.kernels.launch_config.compile_target``)
+telling the launches which GPU they configure themselves for. Each captured launch then goes through the
+JIT's own binder (the function Triton builds to specialise a launch: 16-byte aligned pointers and
+integers divisible by 16 get ``tt.divisibility = 16``, an integer equal to 1 becomes a constant) and the
+JIT's own option parser, for that GPU's target. So the signature, the specialisation, the tile sizes and ``num_warps`` /
 ``num_stages`` are those a launch on that GPU would compile: nothing here restates them.
 
 **What.** Every configuration the engine launches: fp16 and bf16, head dim 64 and 128, GQA group 1, 4
@@ -76,6 +76,25 @@ _ORDER = {"decode": 0, "decode_split": 1, "merge": 2, "prefill": 3}
 _ORDER.update({"teaching": 4, "tuned": 5, "tuned, no hints": 6})  # then the learner's kernel
 
 
+@contextlib.contextmanager
+def compiling_for(spec):
+    """Within the block every launch configures itself for ``spec`` (a ``GpuSpec``), through
+    ``paged.kernels.launch_config.compile_target``: compile-only processes only (the report captures the
+    launches and compiles them for that GPU; nothing runs)."""
+    from paged.kernels import launch_config
+    from paged.kernels._triton import COMPILE_ONLY
+
+    if not COMPILE_ONLY:
+        raise RuntimeError(
+            "compiling_for needs PAGED_TRITON_COMPILE_ONLY=1 (a compile-only process)"
+        )
+    previous, launch_config.compile_target = launch_config.compile_target, spec
+    try:
+        yield spec
+    finally:
+        launch_config.compile_target = previous
+
+
 def engine_configs() -> list[dict]:
     """Every (GPU, dtype, head dim, group, block size) the report compiles the engine's steps at."""
     return [
@@ -121,7 +140,7 @@ def engine_step(
 
     import torch
 
-    from paged.engine.parts import _triton_decode, _triton_prefill
+    from paged.kernels import launch_decode, launch_prefill
     from paged.worker.attention import (
         AttentionBackend,
         AttentionMetadata,
@@ -137,7 +156,7 @@ def engine_step(
     meta = AttentionMetadata.build(
         tables, [ctx for ctx, _ in seqs], [q for _, q in seqs], block_size, device
     )
-    backend = AttentionBackend(kv, write_kv, _triton_prefill, _triton_decode)  # as on CUDA
+    backend = AttentionBackend(kv, write_kv, launch_prefill, launch_decode)  # as on CUDA
     tokens = sum(q for _, q in seqs)
     query = torch.zeros(1, HEADS, tokens, head_dim, dtype=torch_dtype, device=device)
     key = torch.zeros(1, kv_heads, tokens, head_dim, dtype=torch_dtype, device=device)
@@ -208,7 +227,12 @@ def compile_launch(launch, gpu: str, hints: bool = True) -> dict:
         row.update(num_warps=options.num_warps, num_stages=options.num_stages)
         kernel = triton.compile(src, target=target, options=options.__dict__)
     except Exception as exc:  # noqa: BLE001 - a compile error is a result of the report
-        row["error"] = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        # an error inside a @triton.jit helper (attend_tile) is the cause of the call site's error
+        chain = [exc]
+        while chain[-1].__cause__ is not None:
+            chain.append(chain[-1].__cause__)
+        text = "\n".join(f"{type(e).__name__}: {e}".strip() for e in chain)
+        row["error"] = text if len(text) <= 4000 else f"{text[:2000]}\n...\n{text[-2000:]}"
         return row
     res = cubin_resources(kernel.asm["cubin"])
     shared = kernel.metadata.shared + res.get("SHARED", 0)
@@ -229,7 +253,7 @@ def _kernel_name(step: str, function: str) -> str:
 
 def compile_job(job: dict) -> list[dict]:
     """Rows for one engine configuration: every kernel of each step in :data:`STEPS`, compiled once."""
-    from paged.kernels.launch_config import GPUS, compiling_for
+    from paged.kernels.launch_config import GPUS
 
     rows, seen = [], set()
     shape = {k: job[k] for k in ("dtype", "head_dim", "group", "block_size")}
@@ -278,7 +302,7 @@ def variant_rows(
     """The first kernel of an engine step, compiled with its launch's keyword arguments updated by
     ``override`` (what ``launch_decode(..., config=override)`` passes; e.g. other tiles or warps) and with
     or without divisibility hints: the report's rows for a what-if, a fix being tried, a planted fault."""
-    from paged.kernels.launch_config import GPUS, compiling_for
+    from paged.kernels.launch_config import GPUS
 
     with compiling_for(GPUS[gpu]):
         fn, grid, args, kwargs = engine_step(step, dtype, head_dim, group, block_size)[0]
@@ -301,7 +325,7 @@ def lab_rows(gpu: str, impl: str | None = "exercises") -> list[dict]:
     over 8 KV heads of dim 128, block size 16), compiled for ``gpu``: the teaching kernel
     (``paged_course.kernel_lab``), the tuned kernel with and without divisibility hints, and the learner's
     kernel of ``<impl>/ex04_fast_decode.py`` (an error row when it does not import or compile)."""
-    from paged.kernels.launch_config import GPUS, compiling_for
+    from paged.kernels.launch_config import GPUS
     from paged_course.kernel_lab import launch_teaching_decode
 
     with compiling_for(GPUS[gpu]):

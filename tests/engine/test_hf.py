@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from paged.engine.parts import Parts, _triton_decode
+from paged.engine.parts import Parts
+from paged.kernels import launch_decode
 from paged.worker.attention import (
     AttentionMetadata,
     prefill_attention,
@@ -164,7 +165,7 @@ def test_triton_decode_backend_matches_torch_backend():
             forward_logits(
                 model, torch.tensor(sum((s[:-1] for s in seqs), [])), meta, Parts().attention(cache)
             )
-            decode = None if backend == "torch" else _triton_decode
+            decode = None if backend == "torch" else launch_decode
             attention = Parts(decode_attention=decode).attention(cache)
             meta = AttentionMetadata.build(tables, [len(s) for s in seqs], [1, 1], 4)
             results.append(

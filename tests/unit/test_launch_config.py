@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from paged.kernels import launch_config as lc
+from paged_course.bench.kernel_compile import compiling_for
 
 KB = 1024
 
@@ -95,6 +96,6 @@ def test_decode_and_prefill_configs_per_target():
 
 def test_compiling_for_needs_a_compile_only_process():
     with pytest.raises(RuntimeError, match="PAGED_TRITON_COMPILE_ONLY=1"):
-        with lc.compiling_for(lc.GPUS["A100"]):
+        with compiling_for(lc.GPUS["A100"]):
             pass
     assert lc.device_spec(torch.device("cpu")) is None, "the interpreter (or a CPU tensor): no GPU"

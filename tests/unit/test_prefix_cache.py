@@ -9,6 +9,7 @@ import pytest
 from paged.core.block_manager import BlockSpaceManager
 from paged.core.prefix_cache import ROOT_KEY, PrefixCache, default_hash, hash_blocks
 from paged.core.sequence import Sequence
+from paged_course.engine_views import reset_prefix_cache
 
 
 def weak_hash(parent, tokens):
@@ -135,9 +136,9 @@ def test_reset_prefix_cache_only_when_nothing_is_in_use():
     m = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
     s = Sequence(0, list(range(1, 10)), 4)
     m.allocate_slots(s)
-    assert m.reset_prefix_cache() is False and len(m.prefix_cache) == 2, "in use: nothing changes"
+    assert reset_prefix_cache(m) is False and len(m.prefix_cache) == 2, "in use: nothing changes"
     m.free(s)
-    assert m.reset_prefix_cache() is True and len(m.prefix_cache) == 0
+    assert reset_prefix_cache(m) is True and len(m.prefix_cache) == 0
     again = Sequence(1, list(range(1, 10)), 4)
     m.allocate_slots(again)
     assert again.num_cached_tokens == 0

@@ -18,7 +18,7 @@ place; the swap space forgets CPU blocks it frees to zero (``maps.forget_cpu``).
 6. ``swap_out`` (ch06.ex6): a GPU table into the CPU pool, or ``None`` when the CPU pool is short.
 7. ``swap_in`` (ch06.ex7): a CPU table back to the GPU, its CPU blocks released.
 
-``free``, ``release`` and ``blocks_to_copy_in`` are given (the reference's). ``SwapMaps.move`` in
+``free`` is given (the reference's; it calls ``SwapMaps.release``). ``SwapMaps.move`` in
 ``paged/core/swap.py`` is the reference's answer to both steps: write them without it.
 
 Source: vLLM v0 ``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager.swap_out`` / ``swap_in``)

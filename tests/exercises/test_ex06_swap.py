@@ -104,7 +104,7 @@ def state(m):
         {s: (list(t.block_ids), t.num_tokens) for s, t in m.block_tables.items()},
         {s: (list(t.block_ids), t.num_tokens) for s, t in swap.tables.items()},
         [m.gpu_allocator.ref_count(b) for b in range(m.num_gpu_blocks)],
-        [swap.allocator.ref_count(b) for b in range(swap.num_blocks)],
+        [swap.allocator.ref_count(b) for b in range(swap.allocator.num_blocks)],
         m.gpu_allocator.free_queue(),
         swap.allocator.free_queue(),
         dict(maps.out),
@@ -132,7 +132,7 @@ def check_invariants(m, kv, seqs, where=""):
     swap = m.swap
     for pool, tables, alloc, n in (
         ("GPU", m.block_tables, m.gpu_allocator, m.num_gpu_blocks),
-        ("CPU", swap.tables, swap.allocator, swap.num_blocks),
+        ("CPU", swap.tables, swap.allocator, swap.allocator.num_blocks),
     ):
         owners = _holders(tables, n, pool, where)
         counts = [alloc.ref_count(b) for b in range(n)]

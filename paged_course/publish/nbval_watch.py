@@ -10,7 +10,8 @@ chapter and the phase. nbval's kernels use the ``ipc`` transport (POSIX) in a pr
 
 It also sums each notebook's time (its cells' setup, call and teardown) and lists it after the run next
 to the chapter's budget (``paged_course.publish.runtimes``); with ``PAGED_CHAPTER_BUDGET=1`` in the environment
-(CI sets it) a chapter over its budget fails the run.
+(CI sets it) a chapter over its budget fails the run. A recovered stall's cost (the silent wait and the replay
+of the cells before it) is listed and not charged to the budget: the budget measures the chapter's own work.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from paged_course.publish import runtimes
 from paged_course.publish.kernel_watch import SILENCE, TRANSPORT, KernelStall, Watch
 
 _times: dict[str, float] = collections.defaultdict(float)
+_lost: dict[str, float] = collections.defaultdict(
+    float
+)  # seconds a recovered stall cost: not charged
 _events: list[str] = []
 _config = None
 
@@ -165,6 +169,7 @@ def pytest_configure(config):
         )
 
     def watched_setup(self):
+        start = time.monotonic()
         try:
             file_setup(self)
             return
@@ -172,6 +177,7 @@ def pytest_configure(config):
             if getattr(self, "_paged_restarted", False):
                 raise again(name_of(self), stall) from None
             self._paged_restarted = True
+            _lost[name_of(self)] += time.monotonic() - start
             _echo(
                 f"{str(stall).replace('notebook', name_of(self), 1)}; restarting "
                 f"{name_of(self)} once from the top"
@@ -203,6 +209,7 @@ def pytest_configure(config):
         kernel = self.parent.kernel
         if kernel is not None and getattr(kernel, "_watch", None) is not None:
             kernel._watch.enter(f"Cell {self.cell_num}")
+        start = time.monotonic()
         try:
             return cell_runtest(self)
         except KernelStall as stall:
@@ -212,7 +219,8 @@ def pytest_configure(config):
             self.parent._paged_restarted = True
             _echo(f"{str(stall).replace('notebook', name, 1)}; restarting {name} once from the top")
         try:
-            replay_before(self)
+            replay_before(self)  # the stalled wait and the replay of the earlier cells: not charged
+            _lost[name_of(self.parent)] += time.monotonic() - start
             self.parent.kernel._watch.enter(f"Cell {self.cell_num}")
             return cell_runtest(self)
         except KernelStall as stall:
@@ -231,7 +239,12 @@ def pytest_runtest_logreport(report):
 def _over_budget() -> list[str]:
     if os.environ.get("PAGED_CHAPTER_BUDGET") != "1":
         return []
-    return runtimes.over_budget(dict(_times))
+    return runtimes.over_budget(charged())
+
+
+def charged() -> dict[str, float]:
+    """Each notebook's time without what a recovered stall cost (the stall itself is reported)."""
+    return {name: took - _lost.get(name, 0.0) for name, took in _times.items()}
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -247,7 +260,10 @@ def pytest_terminal_summary(terminalreporter):
     for name, took in sorted(_times.items()):
         limit = runtimes.budget(name, table)
         budget = f" (budget {limit:.0f} s)" if limit is not None else ""
-        terminalreporter.write_line(f"{name}: {took:.1f} s{budget}")
+        lost = (
+            f", {_lost[name]:.1f} s of it lost to a stall, not charged" if _lost.get(name) else ""
+        )
+        terminalreporter.write_line(f"{name}: {took:.1f} s{budget}{lost}")
     for line in _events:
         terminalreporter.write_line(line)
     for line in _over_budget():

@@ -58,6 +58,10 @@ def test_a_cell_that_goes_silent_restarts_its_chapter_once_then_passes(tmp_path)
     assert (tmp_path / "runs.txt").read_text() == "xx"
     assert not list(tmp_path.glob("kernel-ipc*"))
     assert took < 70, took
+    lost = next(line for line in text.splitlines() if line.startswith("98_silent_cell: "))
+    assert "lost to a stall, not charged" in lost, (
+        f"the stalled wait and the replay are listed apart from the chapter's time: {lost!r}"
+    )
 
 
 @pytest.mark.slow

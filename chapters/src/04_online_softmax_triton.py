@@ -1182,6 +1182,7 @@ if HAS_TRITON and (ex04_fast := exercise_module("ex04_fast_decode")) is not None
 # %%
 from paged.kernels import GPUS
 from paged_course.bench import kernel_compile
+from paged_course.bench.kernel_compile_report import text_table
 
 compiled = []
 if not HAS_TRITON:
@@ -1191,7 +1192,7 @@ else:
         compiled = kernel_compile.compile_lab(impl_package())
     except (RuntimeError, OSError) as exc:  # e.g. no cuobjdump in this Triton build
         print(f"could not compile for a GPU here: {type(exc).__name__}: {exc}")
-    print(kernel_compile.text_table([r for r in compiled if not r["kernel"].startswith("prefill")]))
+    print(text_table([r for r in compiled if not r["kernel"].startswith("prefill")]))
 
 # %% [markdown]
 # Your row is *yours*. The check of ch04.ex3 runs its results in the interpreter, then builds your kernel for an
@@ -1285,7 +1286,7 @@ for r in [r for r in compiled if r["kernel"] in ("teaching", "tuned")]:
 
 # %%
 if compiled:
-    print(kernel_compile.text_table([r for r in compiled if r["kernel"].startswith("prefill")]))
+    print(text_table([r for r in compiled if r["kernel"].startswith("prefill")]))
     for r in compiled:
         if r["kernel"].startswith("prefill") and "error" not in r:
             tile = f"{r['launch']['BLOCK_M']} x {r['launch']['BLOCK_N']}"

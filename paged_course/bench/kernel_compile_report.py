@@ -146,3 +146,27 @@ def dump(report: dict) -> str:
         else:
             lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
     return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def text_table(rows: list[dict]) -> str:
+    """A compact plain-text table of compiled kernels (chapter 04): one line per kernel and GPU."""
+    head = (
+        f"{'kernel':<28}{'GPU':<14}{'registers':>10}{'stack B':>9}{'shared KB':>11}"
+        f"{'K/V loads 16 B / narrower':>27}{'cp.async':>10}{'mma / wgmma':>13}  programs per SM"
+    )
+    lines = [head]
+    for r in rows:
+        where = f"{r['gpu']} (sm_{TARGETS[r['gpu']]})"
+        if "error" in r:
+            lines.append(
+                f"{r['kernel']:<28}{where:<14}  does not compile: {error_summary(r['error'])}"
+            )
+            continue
+        kv, occ = kv_loads(r), r["occupancy"]
+        loads, mma = f"{kv['wide']} / {kv['narrow']}", f"{r['mma']} / {r['wgmma']}"
+        lines.append(
+            f"{r['kernel']:<28}{where:<14}{r['registers']:>10}{r['stack_bytes']:>9}"
+            f"{r['shared_bytes'] / 1024:>11.1f}{loads:>27}{r['cp_async']:>10}{mma:>13}"
+            f"  {occ['programs_per_sm']} ({occ['limited_by']})"
+        )
+    return "\n".join(lines)

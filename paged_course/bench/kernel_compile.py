@@ -53,6 +53,7 @@ from paged_course.bench.kernel_compile_report import (
     TARGETS,
     check,
     dump,
+    error_text,
     report_markdown,
 )
 
@@ -225,12 +226,7 @@ def compile_launch(launch, gpu: str, hints: bool = True) -> dict:
         row.update(num_warps=options.num_warps, num_stages=options.num_stages)
         kernel = triton.compile(src, target=target, options=options.__dict__)
     except Exception as exc:  # noqa: BLE001 - a compile error is a result of the report
-        # an error inside a @triton.jit helper (attend_tile) is the cause of the call site's error
-        chain = [exc]
-        while chain[-1].__cause__ is not None:
-            chain.append(chain[-1].__cause__)
-        text = "\n".join(f"{type(e).__name__}: {e}".strip() for e in chain)
-        row["error"] = text if len(text) <= 4000 else f"{text[:2000]}\n...\n{text[-2000:]}"
+        row["error"] = error_text(exc)
         return row
     res = cubin_resources(kernel.asm["cubin"])
     shared = kernel.metadata.shared + res.get("SHARED", 0)

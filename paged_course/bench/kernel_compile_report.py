@@ -26,6 +26,16 @@ def kv_loads(row: dict) -> dict:
     return {"wide": wide, "narrow": narrow}
 
 
+def error_text(exc: BaseException) -> str:
+    """A compile error with its causes (an error inside a ``@triton.jit`` helper such as ``attend_tile`` is
+    the cause of the call site's error), at most about 4,000 characters (its start and its end)."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    text = "\n".join(f"{type(e).__name__}: {e}".strip() for e in chain)
+    return text if len(text) <= 4000 else f"{text[:2000]}\n...\n{text[-2000:]}"
+
+
 def error_summary(error: str) -> str:
     """A compile error in one line: its first line (where) and its last (why)."""
     lines = [line.strip() for line in error.splitlines() if line.strip()]

@@ -137,7 +137,7 @@ def _summary_lines(report: Report, width: int) -> list[str]:
         if blocked and bad[0].status == "timeout":
             reason += f" ({blocked} more test{'s' * (blocked > 1)} blocked: they call it too)"
         if bad[0].all_or_nothing:
-            reason += " (spot the bug: graded all or nothing, 0 points until every test passes)"
+            reason += " (graded all or nothing, 0 points until every test passes)"
         lines.append(
             _wrap(f"  {ex_id:<9} {len(bad)}/{len(tests)} failing, e.g. {status}{reason}", 12, width)
         )

@@ -142,7 +142,7 @@ class TestResult:
 
 
 WITHHELD = (
-    "passed, but its region is graded all or nothing (spot the bug) and another of its tests fails: "
+    "passed, but its region is graded all or nothing and another of its tests fails: "
     "0 points until every test of the region passes"
 )
 

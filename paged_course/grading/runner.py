@@ -13,7 +13,8 @@ out inside a function, the region's later tests stop the moment they call that f
 the grader reads that log while pytest runs and prints a line per chapter (``progress.py``).
 
 A region whose tests carry ``@pytest.mark.exercise(..., all_or_nothing=True)`` (a spot-the-bug region: the
-learner gets working-looking code with one planted bug, which passes some of its tests by design) scores 0
+learner gets working-looking code with one planted bug, which passes some of its tests by design; or
+ch04.ex3, whose starter is correct but slow) scores 0
 unless every one of its tests passes: its passing tests are then *withheld* (score 0, reported failed to
 Gradescope and in JUnit, with the reason), see :func:`apply_all_or_nothing`.
 

@@ -126,7 +126,7 @@ class PagedManager:
         blocks than ``blocks_for(num_tokens)``. Finding the newest request costs the same with 100,000
         running requests as with 10 (the simulator calls ``grow`` at every step for every growing request).
         """
-        # Spot the bug: this grow runs and looks right, and it passes most of its checks, but one case
+        # Spot the bug: this grow runs and looks right, and it passes some of its checks, but one case
         # of the docstring goes wrong (chapter 01 shows the symptom). Fix it; the region counts only
         # when every one of its checks passes.
         if self.blocks_for(num_tokens) <= self.held[req]:

@@ -66,8 +66,8 @@ class ContiguousAllocator:
         # BEGIN SOLUTION ch01.ex4 -- the lowest-addressed hole that holds size slots gives its start; None: no change
         # HINT: The holes are sorted by address: the first one long enough is the answer. What is left of it,
         # HINT+ and what if nothing is left?
-        # HINT: Walk the holes in order; in the first with end - start >= size, remember start, move the hole's
-        # HINT+ start up by size (remove the hole when it is used up), record the run, return start.
+        # HINT: Walk the holes in order and stop at the first long enough. Its start is the answer; the hole
+        # HINT+ keeps what is left after the run (or disappears), and runs records the new run.
         for i, (start, end) in enumerate(self.holes):
             if end - start >= size:
                 if end - start == size:
@@ -97,9 +97,9 @@ class ContiguousAllocator:
         # BEGIN SOLUTION ch01.ex5 -- the run back among the holes, merged with the holes it touches
         # HINT: Find where the run sits among the sorted holes without walking them all. Which holes can it
         # HINT+ touch? At most the one just before it and the one just after it.
-        # HINT: i = bisect.bisect(self.holes, [start]); the hole before is holes[i - 1] (touching when its
-        # HINT+ end == start), the one after holes[i] (touching when its start == start + size): extend one,
-        # HINT+ join both (delete one), or insert [start, start + size) at i.
+        # HINT: The bisect module finds the first hole that starts after the run in O(log n). The hole before
+        # HINT+ it touches the run when it ends where the run starts; the one after, when it starts where
+        # HINT+ the run ends. Four cases: extend one, join both, or insert a new hole.
         end = start + self.runs.pop(start)
         i = bisect.bisect(self.holes, [start])
         joins_before = i > 0 and self.holes[i - 1][1] == start

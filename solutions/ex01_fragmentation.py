@@ -140,7 +140,7 @@ class PagedManager:
         running requests as with 10 (the simulator calls ``grow`` at every step for every growing request).
         """
         # BEGIN SOLUTION ch01.ex3 -- one more block when the tokens overflow; preempt the newest when none is free
-        # STUB: # Spot the bug: this grow runs and looks right, and it passes most of its checks, but one case
+        # STUB: # Spot the bug: this grow runs and looks right, and it passes some of its checks, but one case
         # STUB: # of the docstring goes wrong (chapter 01 shows the symptom). Fix it; the region counts only
         # STUB: # when every one of its checks passes.
         # STUB: if self.blocks_for(num_tokens) <= self.held[req]:

@@ -49,7 +49,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 
-from paged_course.check import ROOT, check, exercise_module, hint, learner_or_reference, solution
+from paged_course.check import (
+    ROOT,
+    check,
+    exercise_module,
+    hint,
+    impl_package,
+    learner_or_reference,
+    solution,
+)
 
 if str(ROOT) not in sys.path:
     sys.path.insert(
@@ -428,7 +436,7 @@ reveal(
 )
 
 # %% [markdown]
-# **Spot the bug.** This step is already written in your file: `grow` runs, looks right, and passes most of
+# **Spot the bug.** This step is already written in your file: `grow` runs, looks right, and passes some of
 # its checks. One case of the contract goes wrong. The symptom: a pool of two blocks, both held by request 0,
 # which reaches its 9th token. The contract says request 0 preempts itself, holds nothing, and both blocks are
 # free; as handed out, your `grow` raises `KeyError: 0` instead. The cell below runs your `PagedManager` (its
@@ -451,7 +459,7 @@ def grow_symptom(manager_cls) -> str:
 your_manager_cls = yours("PagedManager")
 print("the contract: preempted [0]; held {}; 2 free blocks")
 print(
-    "your grow:   ",
+    f"your grow ({impl_package()}/ex01_fragmentation.py):",
     grow_symptom(your_manager_cls) if your_manager_cls else "(your file does not import)",
 )
 

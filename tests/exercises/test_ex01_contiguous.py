@@ -88,7 +88,7 @@ def test_a_new_pool_hands_out_runs_back_to_back(impl):
 
 
 @pytest.mark.exercise("ch01.ex4", points=1)
-@pytest.mark.parametrize("position", [0, 1, 2, 3])
+@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=lambda p: f"the hole that fits is #{p}")
 def test_the_lowest_hole_that_fits_at_every_position(impl, position):
     # Four holes of 3 slots; the one at `position` grows to 12. A run of 8 fits only there; a run of 3 then
     # goes to the lowest hole (first fit), not to the best one.
@@ -114,7 +114,7 @@ def test_the_lowest_hole_that_fits_at_every_position(impl, position):
 
 
 @pytest.mark.exercise("ch01.ex4", points=1)
-@pytest.mark.parametrize("position", [0, 1, 2])
+@pytest.mark.parametrize("position", [0, 1, 2], ids=lambda p: f"the exact fit is hole #{p}")
 def test_first_fit_not_best_fit_and_exact_fits_at_every_position(impl, position):
     # Holes of 9 slots, with one of exactly 5 at `position`: a run of 5 goes to the first hole that holds it.
     sizes = [9, 9, 9]
@@ -172,8 +172,10 @@ def test_allocate_reads_each_hole_once_at_most(impl):
 
 
 @pytest.mark.exercise("ch01.ex5", points=1)
-@pytest.mark.parametrize("position", [0, 1, 2])
-@pytest.mark.parametrize("touch", ["none", "before", "after", "both"])
+@pytest.mark.parametrize("position", [0, 1, 2], ids=lambda p: f"run #{p}")
+@pytest.mark.parametrize(
+    "touch", ["none", "before", "after", "both"], ids=lambda t: f"touching {t}"
+)
 def test_free_merges_with_the_holes_it_touches_at_every_position(impl, position, touch):
     # Three runs of 4 slots at 10, 30, 50 in a pool of 70, with holes around them; the run freed is number
     # `position`, and the runs next to it are moved so that it touches the hole before it, after it, both
@@ -231,7 +233,7 @@ def test_free_finds_its_place_by_binary_search(impl):
 
 
 @pytest.mark.exercise("ch01.ex5", points=1, uses=("ch01.ex4",))
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(4), ids=lambda s: f"seed {s}")
 def test_random_traces_match_the_slot_model(impl, seed):
     rng = random.Random(seed)
     num_slots = 64

@@ -63,7 +63,11 @@ def _check(out, inputs, what, scale=SCALE, tol=1e-5):
 @pytest.mark.exercise("ch04.ex3", points=2, all_or_nothing=True)
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
-    ("block_size", "block_n"), [(8, 16), (8, 32), (16, 64), (32, 16), (16, 16)]
+    ("block_size", "block_n"),
+    [(8, 16), (8, 32), (16, 64), (32, 16), (16, 16)],
+    ids=[
+        f"blocks of {b}, tiles of {n}" for b, n in [(8, 16), (8, 32), (16, 64), (32, 16), (16, 16)]
+    ],
 )
 def test_tiles_of_block_n_tokens_across_blocks(impl, block_size, block_n):
     # Contexts around both edges: 1, a block minus one, a block, a block plus one, a tile minus one, a
@@ -92,7 +96,9 @@ def test_each_length_at_every_position(impl):
 @pytest.mark.exercise("ch04.ex3", points=2, all_or_nothing=True)
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "head_dim"), [(2, 2, 16), (6, 2, 24), (8, 2, 16), (14, 2, 16)]
+    ("heads", "kv_heads", "head_dim"),
+    [(2, 2, 16), (6, 2, 24), (8, 2, 16), (14, 2, 16)],
+    ids=["group 1", "group 3, head dim 24", "group 4", "group 7"],
 )
 def test_gqa_groups_padded_to_tensor_core_rows(impl, heads, kv_heads, head_dim):
     # Groups 1, 3, 4 and 7: the rows past the group are padding (masked on load and store); head dim 24

@@ -23,7 +23,7 @@ def _times(ex, arrival, tokens):
 
 
 @pytest.mark.exercise("ch08.ex1", points=2)
-@pytest.mark.parametrize("n", [1, 2, 5, 37, 200])
+@pytest.mark.parametrize("n", [1, 2, 5, 37, 200], ids=lambda n: f"{n} values")
 def test_percentile_equals_numpys_linear_interpolation(impl, n):
     ex = impl("ex08_metrics")
     rng = random.Random(n)
@@ -150,7 +150,7 @@ def test_tpot_is_per_request_not_the_mean_gap(impl):
 
 
 @pytest.mark.exercise("ch08.ex2", points=2)
-@pytest.mark.parametrize("position", [0, 1, 2, 3])
+@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=lambda p: f"rotated by {p}")
 def test_a_request_without_tokens_and_one_with_a_single_token_at_every_position(impl, position):
     ex = impl("ex08_metrics")
     run = [
@@ -205,7 +205,7 @@ def test_runs_where_a_metric_has_no_value(impl):
 
 
 @pytest.mark.exercise("ch08.ex2", points=2)
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(3), ids=lambda s: f"seed {s}")
 def test_random_runs(impl, seed):
     ex = impl("ex08_metrics")
     rng = random.Random(seed)

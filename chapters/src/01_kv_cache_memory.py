@@ -507,6 +507,8 @@ reveal(
 
 # %%
 _ = check("ch01.ex4")
+
+# %%
 _ = check("ch01.ex5")
 
 # %% [markdown]

@@ -440,6 +440,8 @@ print(
 
 # %%
 _ = check("ch08.ex1")
+
+# %%
 _ = check("ch08.ex2")
 
 # %% [markdown]

@@ -21,12 +21,13 @@ from paged_course.publish.sync import exercise_ids
 from tests.unit.test_release import write_hidden_tests
 
 
-def _chapter_files() -> dict[str, str]:
-    """``{"ch01": "ex01_fragmentation.py", ...}`` read from the solution markers."""
-    table = {}
+def _chapter_files() -> dict[str, list[str]]:
+    """``{"ch01": ["ex01_contiguous.py", "ex01_fragmentation.py", ...], ...}``: the solution files of each
+    chapter, read from their markers (a chapter may have several)."""
+    table: dict[str, list[str]] = {}
     for path in sorted((ROOT / "solutions").glob("ex*.py")):
-        for ex_id in exercise_ids(path.read_text()):
-            table.setdefault(ex_id.split(".")[0], path.name)
+        for chapter in sorted({ex_id.split(".")[0] for ex_id in exercise_ids(path.read_text())}):
+            table.setdefault(chapter, []).append(path.name)
     return table
 
 
@@ -117,14 +118,15 @@ def test_find_submission_files_accepts_repo_and_bare_layouts(tmp_path):
 
 @pytest.mark.slow
 def test_run_autograder_full_and_zero_on_two_chapters(bundle, tmp_path):
-    """One run: chapter A's solution as a bare file (full marks), chapter B not submitted (zero)."""
+    """One run: chapter A's solution files as bare files (full marks), chapter B not submitted (zero)."""
     root, _ = bundle
     files = _chapter_files()
     assert len(files) >= 1, "no solutions with exercise markers"
-    (full_ch, full_file), *rest = files.items()
+    (full_ch, full_files), *rest = files.items()
     submission = tmp_path / "submission"
     submission.mkdir()
-    shutil.copyfile(ROOT / "solutions" / full_file, submission / full_file)
+    for name in full_files:
+        shutil.copyfile(ROOT / "solutions" / name, submission / name)
     chapters = [full_ch] + [c for c, _ in rest[:1]]
     data = _run(root, submission, ",".join(chapters))
     per_chapter: dict[str, list[int]] = {}
@@ -141,7 +143,7 @@ def test_run_autograder_full_and_zero_on_two_chapters(bundle, tmp_path):
     )
     for ch in chapters[1:]:
         assert per_chapter[ch][0] == 0 < per_chapter[ch][1], f"{ch} not submitted must score 0"
-    assert data["score"] == possible and f"graded: {full_file}" in data["output"]
+    assert data["score"] == possible and f"graded: {', '.join(full_files)}" in data["output"]
     hidden = [t for t in data["tests"] if "no_region_left_unfilled" in t["name"]]
     assert [(t["score"], t.get("visibility")) for t in hidden] == [(1, "after_published")], (
         "the bundle's hidden test runs, counts, and stays hidden until grades are published"

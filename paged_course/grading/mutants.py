@@ -49,6 +49,25 @@ def apply(source: str, exercise: str, code: str) -> str:
     return "\n".join(lines[:first] + body + lines[end:]) + "\n"
 
 
+def variant(file_name: str, exercise: str, old: str, new: str) -> str:
+    """The body of region ``exercise`` of ``solutions/<file_name>`` (without its hint and stub comments,
+    dedented) with ``old`` replaced by ``new``: a mutant written as one slip in the reference answer.
+
+    Raises:
+        AssertionError: ``old`` is not in the region exactly once (the reference changed under the mutant).
+    """
+    source = (ROOT / "solutions" / file_name).read_text()
+    first, end, _ = regions(source)[exercise]
+    lines = source.splitlines()[first:end]
+    body = textwrap.dedent(
+        "\n".join(x for x in lines if not x.lstrip().startswith(("# HINT", "# STUB")))
+    )
+    assert body.count(old) == 1, (
+        f"{exercise}: the mutant's anchor {old!r} is not in the reference once"
+    )
+    return body.replace(old, new)
+
+
 def load_mutants() -> dict[str, dict[str, dict[str, str]]]:
     """``{solutions file name: {exercise id: {mutant name: code}}}`` from ``tests/mutants/*.py``."""
     out = {}

@@ -1,21 +1,14 @@
 """Planted wrong answers for ``solutions/ex04_fast_decode.py`` (``python -m paged course mutants``).
 
 The region is a whole kernel, so each mutant is the reference's region with one plausible slip, written
-as a replacement of the reference's text (the test below the table checks that each one applies).
+as a replacement of the reference's text (``variant`` fails when its anchor is not there once).
 """
 
-from pathlib import Path
-
-_SOURCE = (Path(__file__).resolve().parents[2] / "solutions" / "ex04_fast_decode.py").read_text()
-_REGION = _SOURCE.split("# BEGIN SOLUTION ch04.ex3")[1].split("\n", 1)[1].split("# END SOLUTION")[0]
-_REGION = "\n".join(line for line in _REGION.splitlines() if not line.startswith("# "))
+from paged_course.grading.mutants import variant
 
 
 def _with(old: str, new: str) -> str:
-    assert _REGION.count(old) == 1, (
-        f"the mutant's anchor {old!r} is not in the reference region once"
-    )
-    return _REGION.replace(old, new)
+    return variant("ex04_fast_decode.py", "ch04.ex3", old, new)
 
 
 MUTANTS = {

@@ -1,48 +1,10 @@
 """Planted wrong answers for ``solutions/ex08_metrics.py`` (``python -m paged course mutants``)."""
 
-_REPORT = """
-ttft, tpot, itl, e2e, good = [], [], [], [], 0
-for request in requests:
-    times = request.tokens
-    if not times:
-        continue
-    ttft.append(times[0] - request.arrival)
-    e2e.append(times[-1] - request.arrival)
-    own_tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
-    if len(times) > 1:
-        tpot.append(own_tpot)
-    itl.extend(later - earlier for earlier, later in zip(times, times[1:]))
-    good += (slo_ttft is None or ttft[-1] <= slo_ttft) and (
-        slo_tpot is None or own_tpot <= slo_tpot
-    )
-
-def summary(values):
-    if not values:
-        return None
-    stats = {"mean": sum(values) / len(values)}
-    stats.update({f"p{q:g}": percentile(values, q) for q in percentiles})
-    return stats
-
-tokens = sum(len(r.tokens) for r in requests)
-span = max((r.tokens[-1] for r in requests if r.tokens), default=0.0) - min(
-    r.arrival for r in requests
-)
-return {
-    "ttft": summary(ttft),
-    "tpot": summary(tpot),
-    "itl": summary(itl),
-    "e2e": summary(e2e),
-    "requests": len(requests),
-    "output_tokens": tokens,
-    "throughput": tokens / span if tokens and span > 0 else 0.0,
-    "goodput": None if slo_ttft is None and slo_tpot is None else good / len(requests),
-}
-"""
+from paged_course.grading.mutants import variant
 
 
 def _report(old: str, new: str) -> str:
-    assert _REPORT.count(old) == 1, old
-    return _REPORT.replace(old, new)
+    return variant("ex08_metrics.py", "ch08.ex2", old, new)
 
 
 MUTANTS = {

@@ -10,14 +10,18 @@ points), ``tests/mutants/exNN_topic.py`` keeps plausible wrong answers as data::
 Each mutant replaces the region's body (indentation is fixed up), in a copy of ``solutions/``; the
 region's graded tests then run against that copy (``--impl DIR``, in this process) and must fail: the
 mutant is *killed*. The last line printed is ``mutants: K of M killed``; the exit status is 1 unless
-every mutant is killed and every graded region has at least ``MIN_MUTANTS`` of them.
+every mutant is killed and every graded region has at least ``MIN_MUTANTS`` of them. ``--jobs N`` splits
+the chapters over N processes (a chapter's mutants stay in one process; their lines print per chapter).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -126,15 +130,59 @@ def run(chapters: list[str] | None = None) -> tuple[int, int, list[str]]:
     return killed, total, problems
 
 
+def run_in_processes(chapters: list[str], jobs: int) -> tuple[int, int, list[str]]:
+    """``run(chapters)`` split over ``jobs`` child processes, the chapters dealt out by mutant count
+    (most first, each to the lightest process); returns the summed ``(killed, total, problems)``."""
+    counts = {}
+    for by_region in load_mutants().values():
+        for ex_id, planted in by_region.items():
+            chapter = ex_id.split(".")[0]
+            counts[chapter] = counts.get(chapter, 0) + len(planted)
+    for ex_id in graded_regions():
+        counts.setdefault(ex_id.split(".")[0], 0)
+    shares = [[] for _ in range(jobs)]
+    for chapter in sorted(counts, key=counts.get, reverse=True):
+        if not chapters or chapter in chapters:
+            min(shares, key=lambda share: sum(counts[c] for c in share)).append(chapter)
+    command = [sys.executable, "-m", "paged", "course", "mutants"]
+    children = {
+        tuple(share): subprocess.Popen(command + share, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        for share in shares
+        if share
+    }
+    killed = total = 0
+    problems = []
+    for share, child in children.items():
+        out, _ = child.communicate()
+        summary = None
+        for line in out.splitlines():
+            if line.startswith("problem: "):
+                problems.append(line.removeprefix("problem: "))
+            elif (m := re.fullmatch(r"mutants: (\d+) of (\d+) killed", line)) is not None:
+                summary = m
+            else:
+                print(line)
+        if summary is None:
+            problems.append(
+                f"the run of {' '.join(share)} ended (exit {child.returncode}) with no count"
+            )
+        else:
+            killed, total = killed + int(summary[1]), total + int(summary[2])
+    return killed, total, problems
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m paged course mutants", description=__doc__.split("\n")[0]
     )
     parser.add_argument("chapters", nargs="*", help="chapters to check, e.g. ch02 (default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes to split the chapters over")
     args = parser.parse_args(argv)
-    killed, total, problems = run(
-        [c if c.startswith("ch") else f"ch{int(c):02d}" for c in args.chapters]
-    )
+    chapters = [c if c.startswith("ch") else f"ch{int(c):02d}" for c in args.chapters]
+    if args.jobs > 1:
+        killed, total, problems = run_in_processes(chapters, args.jobs)
+    else:
+        killed, total, problems = run(chapters)
     for line in problems:
         print("problem:", line)
     print(f"mutants: {killed} of {total} killed")

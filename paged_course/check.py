@@ -147,6 +147,14 @@ def describe_failure(name: str, report) -> str:
         lines.append(f"  got      {got_expected.group(1)}\n  expected {got_expected.group(2)}")
     elif comparison:
         lines.append("  assert " + comparison.splitlines()[0])
+    # pytest shortens long values ('[0, 1, 2, ...]'); its next line says where they differ
+    where = [
+        x.strip()
+        for x in comparison.splitlines()[1:]
+        if x.strip().startswith(("At index", "Left contains", "Right contains"))
+    ]
+    if where:
+        lines.append(f"  ({where[0][0].lower()}{where[0][1:]})")
     return "\n".join(lines)
 
 

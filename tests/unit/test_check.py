@@ -4,11 +4,19 @@ capstone's part loader (``paged_course.capstone``), on the repository's own chap
 from __future__ import annotations
 
 import shutil
+import types
 
 import pytest
 
 from paged_course import capstone
-from paged_course.check import ROOT, check, learner_or_reference, run_check, solution
+from paged_course.check import (
+    ROOT,
+    check,
+    describe_failure,
+    learner_or_reference,
+    run_check,
+    solution,
+)
 from paged_course.grading import mutants
 
 EX = "ch02.ex1"
@@ -155,3 +163,26 @@ def test_hint_gives_one_tier_per_call_then_points_at_the_solution(tmp_path, monk
     ]
     with pytest.raises(ValueError, match="exercise ids look like"):
         hint("02.1")
+
+
+def test_a_failing_case_names_where_two_long_values_differ():
+    """pytest shortens long values to their first items ('[0, 1, 2, 3, 4, 5, ...]'); the check keeps
+    pytest's next line, which says where they differ, so the learner sees it without scrolling."""
+    message = (
+        "AssertionError: the free queue after one free\n"
+        "assert [0, 1, 2, 3, 4, 5, ...] == [0, 1, 2, 3, 4, 5, ...]\n"
+        "  \n"
+        "  At index 59 diff: 59 != 99\n"
+        "  Use -v to get more diff"
+    )
+    report = types.SimpleNamespace(
+        longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message=message)),
+        longreprtext=message,
+    )
+    assert describe_failure("test_free_order[last]", report).splitlines() == [
+        "check 'free order' with last",
+        "  the free queue after one free",
+        "  got      [0, 1, 2, 3, 4, 5, ...]",
+        "  expected [0, 1, 2, 3, 4, 5, ...]",
+        "  (at index 59 diff: 59 != 99)",
+    ]

@@ -138,8 +138,8 @@ for step in range(10):
         targets["B"] = 0
     for name, table in tables.items():
         if table.num_tokens < targets[name]:
-            if table.num_tokens == table.capacity:  # the last block is full: take a new one
-                table.append(allocator.allocate())
+            if table.num_tokens == len(table) * BS:  # the last block is full: take a new one
+                table.block_ids.append(allocator.allocate())
             table.num_tokens += 1
 tables["D"] = BlockTable(BS, [allocator.allocate()], num_tokens=3)  # a newcomer gets a freed block
 for name, table in tables.items():
@@ -460,7 +460,13 @@ def random_paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_si
         table = BlockTable(block_size, [free.pop() for _ in range(blocks)], num_tokens=n)
         k = torch.randn(n, num_kv_heads, head_dim, generator=gen)
         v = torch.randn(n, num_kv_heads, head_dim, generator=gen)
-        write_kv(kv.key_cache[0], kv.value_cache[0], k, v, torch.tensor(table.slot_mapping(0, n)))
+        write_kv(
+            kv.key_cache[0],
+            kv.value_cache[0],
+            k,
+            v,
+            torch.tensor(reference_slot_mapping([table.block_ids], [0], [n], block_size)),
+        )
         tables.append(table.block_ids)
         clean.append((k, v))
     query = torch.randn(len(context_lens), num_heads, head_dim, generator=gen)

@@ -10,7 +10,7 @@ from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_table import BlockTable, blocks_needed, slot_mapping
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
-from paged_course.engine_views import slot
+from paged_course.engine_views import slot, slots
 from paged_course.reference import pad_block_tables
 
 
@@ -21,7 +21,7 @@ def test_case5_slot_at_an_exact_block_boundary():
         assert slot(table, length - 1) == want, f"last slot of a {length}-token sequence"
         assert slot(table, length - 1) == table[(length - 1) // 4] * 4 + (length - 1) % 4
     assert slot(table, 7) == 47, "L = 8 ends block 11 at 47, not 43"
-    assert table.slot_mapping(0, 9) == [40, 41, 42, 43, 44, 45, 46, 47, 48]
+    assert slots(table, 0, 9) == [40, 41, 42, 43, 44, 45, 46, 47, 48]
 
 
 def test_slot_mapping_of_a_packed_batch():
@@ -69,7 +69,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="position 4 is outside"):
         slot(table, 4)
     with pytest.raises(ValueError, match="outside capacity 4"):
-        table.slot_mapping(2, 5)
+        slots(table, 2, 5)
 
 
 def test_pad_block_tables_makes_an_int32_tensor_padded_with_zero():

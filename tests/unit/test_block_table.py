@@ -52,7 +52,8 @@ def test_case6_max_model_len_not_a_multiple_of_block_size():
     ]
     fits.seqs[0].append_token_id(7)  # 9 prompt + 1 new token = max_model_len: it ran to the end
     fits.seqs[0].status = SequenceStatus.FINISHED_LENGTH
-    assert sched.free_finished() == [fits] and not sched.has_unfinished_requests()
+    sched.free_finished()
+    assert fits.is_finished and not sched.has_unfinished_requests()
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 
 ``prefills`` / ``decodes``: a step's prompt chunks and decodes (``SchedulerOutputs.scheduled`` split by
 ``is_prefill``); ``slot`` / ``slots``: the pool rows of token positions of a ``BlockTable``; ``reset_prefix_cache``:
-forget a block manager's cached blocks (as vLLM's ``LLM.reset_prefix_cache``; the tests' way to start cold).
+forget a block manager's cached blocks (as vLLM's ``LLM.reset_prefix_cache``; the tests' way to start cold);
+``describe``: one line about a ``KVCache`` (its sizes and bytes) for a chapter to print.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ def slots(table, start: int, end: int) -> list[int]:
     if not 0 <= start <= end <= capacity:
         raise ValueError(f"positions {start}..{end - 1} are outside capacity {capacity}")
     return slot_mapping([table.block_ids], [start], [end - start], table.block_size)
+
+
+def describe(kv) -> str:
+    """One line about a ``KVCache``: layers, blocks and their size, KV heads, head dim, dtype, device,
+    MiB of the device pool and the CPU swap blocks."""
+    return (
+        f"KVCache(layers={kv.num_layers}, blocks={kv.num_blocks} x {kv.block_size} tokens, "
+        f"kv_heads={kv.num_kv_heads}, head_dim={kv.head_dim}, {kv.dtype}, {kv.device}, "
+        f"{kv.bytes / 2**20:.1f} MiB; cpu_blocks={kv.num_cpu_blocks})"
+    )
 
 
 def reset_prefix_cache(manager) -> bool:

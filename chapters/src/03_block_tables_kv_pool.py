@@ -69,7 +69,7 @@ from paged.core.block_table import slot_mapping as reference_slot_mapping
 from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
 from paged_course.check import check, exercise_module, hint, learner_or_reference, solution
-from paged_course.engine_views import slot
+from paged_course.engine_views import describe, slot
 from paged_course.reference.memory import KVSpec, kv_spec
 from paged_course.predict import reveal
 from paged_course.reference import (
@@ -278,7 +278,7 @@ slot_mapping = yours("ch03.ex1", "slot_mapping", reference_slot_mapping)
 write_kv = yours("ch03.ex2", "write_kv", reference_write_kv)
 NUM_LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 8
 cache = KVCache(NUM_LAYERS, NUM_BLOCKS, BS, KV_HEADS, HEAD_DIM)
-print(cache)
+print(describe(cache))
 step = [("D", 0, 3), ("A", 9, 1), ("C", 8, 1)]  # (sequence, first position, new tokens)
 slots = torch.tensor(
     slot_mapping(

@@ -173,10 +173,3 @@ class KVCache:
             target[:, :, d].copy_(source[:, :, s], non_blocking=non_blocking)
         if non_blocking:
             torch.cuda.current_stream(self.device).synchronize()
-
-    def __repr__(self) -> str:
-        return (
-            f"KVCache(layers={self.num_layers}, blocks={self.num_blocks} x {self.block_size} tokens, "
-            f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {self.dtype}, {self.device}, "
-            f"{self.bytes / 2**20:.1f} MiB; cpu_blocks={self.num_cpu_blocks})"
-        )

@@ -25,8 +25,8 @@ def snapshot(m: BlockSpaceManager):
         list(m.gpu_allocator._ref_counts),
         m.swap.allocator.free_queue(),
         list(m.swap.allocator._ref_counts),
-        {k: repr(t) for k, t in m.block_tables.items()},
-        {k: repr(t) for k, t in m.cpu_block_tables.items()},
+        {k: (list(t.block_ids), t.num_tokens) for k, t in m.block_tables.items()},
+        {k: (list(t.block_ids), t.num_tokens) for k, t in m.cpu_block_tables.items()},
         dict(cache._by_block) if cache else None,
     )
 

@@ -102,16 +102,8 @@ class KVCache:
         self.value_cache = [self.kv[layer, 1] for layer in range(num_layers)]
 
     @property
-    def bytes_per_block(self) -> int:
-        """Bytes of one block over all layers, K and V: 2 x layers x kv_heads x head_dim x block_size x bytes
-        (``block_bytes``)."""
-        return block_bytes(
-            self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype
-        )
-
-    @property
     def bytes(self) -> int:
-        """Bytes of the device pool (``num_blocks * bytes_per_block``)."""
+        """Bytes of the device pool (``num_blocks`` x ``block_bytes(...)``)."""
         return self.kv.numel() * self.kv.element_size()
 
     # ---- block copies -----------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def test_case6_max_model_len_not_a_multiple_of_block_size():
     out = sched.schedule()
     assert [s.group for s in out.ignored] == [too_long], "the 11-token request is rejected up front"
     assert "prompt of 11 tokens is longer than max_model_len=10" in too_long.seqs[0].finish_message
-    assert [(s.seq_group, s.num_tokens, len(s.block_table)) for s in out.scheduled] == [
+    assert [(s.seq.group, s.num_tokens, len(s.block_table)) for s in out.scheduled] == [
         (fits, 9, 3)
     ]
     fits.seqs[0].append_token_id(7)  # 9 prompt + 1 new token = max_model_len: it ran to the end

@@ -382,7 +382,7 @@ print(
 
 # %%
 pool = kv_cache_from_budget(1_000_000, num_layers=2, block_size=16, num_kv_heads=2, head_dim=64)
-print(pool, "| bytes per block:", pool.bytes_per_block)
+print(describe(pool), "| bytes per block:", pool.bytes // pool.num_blocks)
 
 # %% [markdown]
 # ## 4. Attention over the paged pool: gather, then attend

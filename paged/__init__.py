@@ -7,33 +7,30 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 
+# the public names, by the module each is imported from on first use
 _EXPORTS = {
-    "LLM": "paged.engine",
-    "LLMEngine": "paged.engine",
-    "SamplingParams": "paged.core.sequence",
-    "RequestOutput": "paged.core.sequence",
-    "CompletionOutput": "paged.core.sequence",
-    "Sequence": "paged.core.sequence",
-    "SequenceStatus": "paged.core.sequence",
-    "BlockAllocator": "paged.core.allocator",
-    "NoFreeBlocksError": "paged.core.allocator",
-    "BlockTable": "paged.core.block_table",
-    "BlockSpaceManager": "paged.core.block_manager",
-    "AllocStatus": "paged.core.block_manager",
-    "KVCache": "paged.worker.kv_cache",
-    "Scheduler": "paged.core.scheduler",
-    "SchedulerOutputs": "paged.core.scheduler",
-    "SchedulerConfig": "paged.config",
-    "CacheConfig": "paged.config",
-    "ModelConfig": "paged.config",
-    "EngineConfig": "paged.config",
-    "Parts": "paged.engine.parts",
+    "paged.engine": ("LLM", "LLMEngine"),
+    "paged.core.sequence": (
+        "SamplingParams",
+        "RequestOutput",
+        "CompletionOutput",
+        "Sequence",
+        "SequenceStatus",
+    ),
+    "paged.core.allocator": ("BlockAllocator", "NoFreeBlocksError"),
+    "paged.core.block_table": ("BlockTable",),
+    "paged.core.block_manager": ("BlockSpaceManager", "AllocStatus"),
+    "paged.worker.kv_cache": ("KVCache",),
+    "paged.core.scheduler": ("Scheduler", "SchedulerOutputs"),
+    "paged.config": ("SchedulerConfig", "CacheConfig", "ModelConfig", "EngineConfig"),
+    "paged.engine.parts": ("Parts",),
 }
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_MODULE_OF)
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
+    if name in _MODULE_OF:
+        return getattr(import_module(_MODULE_OF[name]), name)
     raise AttributeError(f"module 'paged' has no attribute {name!r}")

@@ -15,7 +15,7 @@ subclass and its graded tests build.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -26,6 +26,12 @@ def check_int(name: str, value, minimum: int = 1) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is an int (not a bool) ``>= minimum``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def section(cls, settings: dict):
+    """The config section ``cls`` built from the entries of ``settings`` named as its fields: how
+    ``LLM(...)``'s keyword arguments reach ``CacheConfig`` and ``SchedulerConfig``, routed once."""
+    return cls(**{f.name: settings[f.name] for f in fields(cls) if f.name in settings})
 
 
 @dataclass

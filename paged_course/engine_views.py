@@ -1,11 +1,14 @@
 """Views of the engine's objects that only the course reads (the engine itself never needs them).
 
 ``prefills`` / ``decodes``: a step's prompt chunks and decodes (``SchedulerOutputs.scheduled`` split by
-``is_prefill``); ``slot``: the pool row of one token position of a ``BlockTable``; ``reset_prefix_cache``:
-forget a block manager's cached blocks (as vLLM's ``LLM.reset_prefix_cache``; the tests' way to start cold).
+``is_prefill``); ``slot`` / ``slots``: the pool rows of token positions of a ``BlockTable``; ``reset_prefix_cache``:
+forget a block manager's cached blocks (as vLLM's ``LLM.reset_prefix_cache``; the tests' way to start cold);
+``describe``: one line about a ``KVCache`` (its sizes and bytes) for a chapter to print.
 """
 
 from __future__ import annotations
+
+from paged.core.block_table import slot_mapping
 
 
 def prefills(out) -> list:
@@ -24,13 +27,37 @@ def slot(table, position: int) -> int:
     Raises:
         ValueError: ``position`` outside the table's capacity.
     """
-    if not 0 <= position < table.capacity:
+    capacity = len(table.block_ids) * table.block_size
+    if not 0 <= position < capacity:
         raise ValueError(
             f"position {position} is outside the {len(table.block_ids)} blocks of this "
-            f"table (capacity {table.capacity} tokens)"
+            f"table (capacity {capacity} tokens)"
         )
     return table.block_ids[position // table.block_size] * table.block_size + (
         position % table.block_size
+    )
+
+
+def slots(table, start: int, end: int) -> list[int]:
+    """Rows of token positions ``start .. end - 1`` of a ``BlockTable`` (the tokens one step computes):
+    the engine's ``slot_mapping`` for this one table.
+
+    Raises:
+        ValueError: positions outside the table's capacity.
+    """
+    capacity = len(table.block_ids) * table.block_size
+    if not 0 <= start <= end <= capacity:
+        raise ValueError(f"positions {start}..{end - 1} are outside capacity {capacity}")
+    return slot_mapping([table.block_ids], [start], [end - start], table.block_size)
+
+
+def describe(kv) -> str:
+    """One line about a ``KVCache``: layers, blocks and their size, KV heads, head dim, dtype, device,
+    MiB of the device pool and the CPU swap blocks."""
+    return (
+        f"KVCache(layers={kv.num_layers}, blocks={kv.num_blocks} x {kv.block_size} tokens, "
+        f"kv_heads={kv.num_kv_heads}, head_dim={kv.head_dim}, {kv.dtype}, {kv.device}, "
+        f"{kv.bytes / 2**20:.1f} MiB; cpu_blocks={kv.num_cpu_blocks})"
     )
 
 

@@ -57,7 +57,7 @@ from paged.core.block_manager import AllocStatus, BlockSpaceManager
 from paged.core.block_table import BlockTable, blocks_needed
 from paged.core.sequence import Sequence
 from paged_course.bench.allocator import allocator_vs_deque, manager_allocate_free
-from paged_course.engine_views import slot
+from paged_course.engine_views import slot, slots
 from paged_course.predict import reveal
 from paged_course.viz.blocks import (
     allocator_stepper,
@@ -437,7 +437,7 @@ draw_block_table(
 plt.show()
 
 # %% tags=["nbval-check-output"]
-print("slots of positions 0..9:", table.slot_mapping(0, 10))
+print("slots of positions 0..9:", slots(table, 0, 10))
 print(
     "blocks for 10 tokens:",
     blocks_needed(10, 4),

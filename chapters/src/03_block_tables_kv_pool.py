@@ -69,7 +69,7 @@ from paged.core.block_table import slot_mapping as reference_slot_mapping
 from paged.worker.attention import write_kv as reference_write_kv
 from paged.worker.kv_cache import KVCache
 from paged_course.check import check, exercise_module, hint, learner_or_reference, solution
-from paged_course.engine_views import slot
+from paged_course.engine_views import describe, slot
 from paged_course.reference.memory import KVSpec, kv_spec
 from paged_course.predict import reveal
 from paged_course.reference import (
@@ -138,8 +138,8 @@ for step in range(10):
         targets["B"] = 0
     for name, table in tables.items():
         if table.num_tokens < targets[name]:
-            if table.num_tokens == table.capacity:  # the last block is full: take a new one
-                table.append(allocator.allocate())
+            if table.num_tokens == len(table) * BS:  # the last block is full: take a new one
+                table.block_ids.append(allocator.allocate())
             table.num_tokens += 1
 tables["D"] = BlockTable(BS, [allocator.allocate()], num_tokens=3)  # a newcomer gets a freed block
 for name, table in tables.items():
@@ -278,7 +278,7 @@ slot_mapping = yours("ch03.ex1", "slot_mapping", reference_slot_mapping)
 write_kv = yours("ch03.ex2", "write_kv", reference_write_kv)
 NUM_LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 8
 cache = KVCache(NUM_LAYERS, NUM_BLOCKS, BS, KV_HEADS, HEAD_DIM)
-print(cache)
+print(describe(cache))
 step = [("D", 0, 3), ("A", 9, 1), ("C", 8, 1)]  # (sequence, first position, new tokens)
 slots = torch.tensor(
     slot_mapping(
@@ -382,7 +382,7 @@ print(
 
 # %%
 pool = kv_cache_from_budget(1_000_000, num_layers=2, block_size=16, num_kv_heads=2, head_dim=64)
-print(pool, "| bytes per block:", pool.bytes_per_block)
+print(describe(pool), "| bytes per block:", pool.bytes // pool.num_blocks)
 
 # %% [markdown]
 # ## 4. Attention over the paged pool: gather, then attend
@@ -460,7 +460,13 @@ def random_paged_batch(context_lens, num_heads, num_kv_heads, head_dim, block_si
         table = BlockTable(block_size, [free.pop() for _ in range(blocks)], num_tokens=n)
         k = torch.randn(n, num_kv_heads, head_dim, generator=gen)
         v = torch.randn(n, num_kv_heads, head_dim, generator=gen)
-        write_kv(kv.key_cache[0], kv.value_cache[0], k, v, torch.tensor(table.slot_mapping(0, n)))
+        write_kv(
+            kv.key_cache[0],
+            kv.value_cache[0],
+            k,
+            v,
+            torch.tensor(reference_slot_mapping([table.block_ids], [0], [n], block_size)),
+        )
         tables.append(table.block_ids)
         clean.append((k, v))
     query = torch.randn(len(context_lens), num_heads, head_dim, generator=gen)

@@ -72,6 +72,7 @@ from paged.engine.parts import Parts
 from paged.worker.kv_cache import KVCache
 from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
 from paged_course.capstone import origins
+from paged_course.engine_views import slots
 from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
 from paged_course.predict import reveal
 from paged_course.reference import write_kv_checked
@@ -608,15 +609,15 @@ kv = KVCache(num_layers=1, num_blocks=8, block_size=4, num_kv_heads=1, head_dim=
 def write(seq, start):
     """Write the 'keys' of positions start.. of seq into its slots (what the forward pass does)."""
     table = manager.block_tables[seq.seq_id]
-    slots = torch.tensor(table.slot_mapping(start, len(seq)))
+    rows = torch.tensor(slots(table, start, len(seq)))
     keys = torch.tensor(seq.token_ids[start:], dtype=torch.float32).view(-1, 1, 1)
-    write_kv_checked(kv, 0, keys, keys.clone(), slots)
+    write_kv_checked(kv, 0, keys, keys.clone(), rows)
 
 
 def context(seq):
     """The keys seq's attention reads: gathered through its block table."""
-    slots = manager.block_tables[seq.seq_id].slot_mapping(0, len(seq))
-    return kv.key_cache[0].reshape(-1)[slots].int().tolist()
+    rows = slots(manager.block_tables[seq.seq_id], 0, len(seq))
+    return kv.key_cache[0].reshape(-1)[rows].int().tolist()
 
 
 parent = Sequence(0, [10, 11, 12, 13, 14, 15], 4)

@@ -175,6 +175,3 @@ class BlockAllocator:
         if in_use and not count:
             raise ValueError(f"{op}: block {block_id} is already free (ref count 0)")
         return count
-
-    def __repr__(self) -> str:
-        return f"BlockAllocator(num_blocks={self.num_blocks}, free={self.num_free_blocks})"

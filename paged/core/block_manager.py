@@ -124,7 +124,6 @@ class BlockSpaceManager:
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
-        self.watermark = watermark
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.gpu_allocator = allocator_cls(num_gpu_blocks)
         self.prefix_cache = prefix_cache_cls(block_size, hash_fn) if enable_prefix_caching else None

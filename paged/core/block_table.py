@@ -54,8 +54,9 @@ class BlockTable:
         num_tokens: tokens that have slots so far (default: full capacity of ``block_ids``).
 
     Raises:
-        ValueError: ``num_tokens`` outside the capacity of the blocks given;
-        ``slot`` of a position outside ``0 .. capacity - 1``.
+        ValueError: ``num_tokens`` outside the capacity of the blocks given.
+
+    The course's views of a table (``slot``, ``slots``) live in ``paged_course.engine_views``.
     """
 
     def __init__(
@@ -80,26 +81,8 @@ class BlockTable:
     def __iter__(self):
         return iter(self.block_ids)
 
-    def __repr__(self) -> str:
-        return f"BlockTable({self.block_ids}, num_tokens={self.num_tokens}, block_size={self.block_size})"
-
-    @property
-    def capacity(self) -> int:
-        """Token slots the blocks hold: ``len(self) * block_size``."""
-        return len(self.block_ids) * self.block_size
-
-    def append(self, block_id: int) -> None:
-        """Add one physical block at the end (the sequence grew into a new logical block)."""
-        self.block_ids.append(block_id)
-
     def copy(self) -> BlockTable:
         return BlockTable(self.block_size, self.block_ids, self.num_tokens)
-
-    def slot_mapping(self, start: int, end: int) -> list[int]:
-        """Slots of token positions ``start .. end - 1`` (the tokens one step computes)."""
-        if not 0 <= start <= end <= self.capacity:
-            raise ValueError(f"positions {start}..{end - 1} are outside capacity {self.capacity}")
-        return slot_mapping([self.block_ids], [start], [end - start], self.block_size)
 
 
 __all__ = ["BlockTable", "blocks_needed", "slot_mapping"]

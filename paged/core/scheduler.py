@@ -209,19 +209,15 @@ class Scheduler:
         child.status = RUNNING
         self.running.append(child)
 
-    def free_finished(self) -> list[SequenceGroup]:
+    def free_finished(self) -> None:
         """Finish the running sequences whose status says finished (set by ``update_from_output`` or by
-        a simulated engine): free their blocks, drop finished requests. Returns those requests.
-        ``schedule()`` calls it first; ``update_from_output`` right after a step, to free memory sooner."""
+        a simulated engine): free their blocks, drop finished requests. ``schedule()`` calls it first;
+        ``update_from_output`` right after a step, to free memory sooner."""
         finished = [s for s in self.running if s.is_finished]
-        if not finished:
-            return []
-        self.running = deque(s for s in self.running if not s.is_finished)
-        groups = {}
-        for seq in finished:
-            if self.finish(seq, seq.status):
-                groups[seq.group.request_id] = seq.group
-        return list(groups.values())
+        if finished:
+            self.running = deque(s for s in self.running if not s.is_finished)
+            for seq in finished:
+                self.finish(seq, seq.status)
 
     def update_from_output(
         self, out: SchedulerOutputs, sampled: dict[int, list[int]]
@@ -424,26 +420,19 @@ class Scheduler:
         status: SequenceStatus,
         message: str | None = None,
         bucket: list | None = None,
-    ) -> bool:
+    ) -> None:
         """The one way a sequence ends: set its ``FINISHED_*`` ``status`` (and ``finish_message``), free its
         blocks, list it in ``bucket`` (``out.ignored`` / ``out.exhausted``), and drop its request once every
-        sequence of it is finished. The caller has taken it out of its queue. Returns whether the request
-        was dropped."""
+        sequence of it is finished. The caller has taken it out of its queue."""
         seq.status = status
         if message is not None:
             seq.finish_message = message
         self.block_manager.free(seq)
         if bucket is not None:
             bucket.append(seq)
-        return self._forget(seq.group)
+        if seq.group.is_finished:
+            self._requests.pop(seq.group.request_id, None)
+            self._order.pop(seq.group.request_id, None)
 
     def _rank(self, seq: Sequence) -> tuple[int, int]:
         return self._order[seq.group.request_id], seq.seq_id
-
-    def _forget(self, group: SequenceGroup) -> bool:
-        """Drop a request whose sequences are all finished. Returns whether it was dropped."""
-        if not group.is_finished:
-            return False
-        self._requests.pop(group.request_id, None)
-        self._order.pop(group.request_id, None)
-        return True

@@ -40,10 +40,6 @@ class ScheduledSeq:
         """Computes prompt tokens (or several tokens at once, as after a recompute preemption)."""
         return self.start < self.seq.num_prompt_tokens or self.num_tokens > 1
 
-    @property
-    def seq_group(self):
-        return self.seq.group
-
 
 @dataclass
 class SchedulerOutputs:

@@ -75,12 +75,6 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def __repr__(self) -> str:
-        return (
-            f"Sequence(id={self.seq_id}, tokens={len(self)}, computed={self.num_computed_tokens}, "
-            f"status={self.status.value})"
-        )
-
     @property
     def prompt_token_ids(self) -> list[int]:
         return self.token_ids[: self.num_prompt_tokens]
@@ -181,9 +175,6 @@ class SequenceGroup:
         self.generator = None
         for seq in self.seqs:
             seq.group = self
-
-    def __repr__(self) -> str:
-        return f"SequenceGroup({self.request_id!r}, seqs={self.seqs})"
 
     @property
     def is_finished(self) -> bool:

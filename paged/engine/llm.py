@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import torch
 from tqdm.auto import tqdm
 
-from paged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from paged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, section
 from paged.core.sequence import CompletionOutput, RequestOutput, SamplingParams
 from paged.engine.llm_engine import LLMEngine, check_token_ids, short_repr
 from paged.engine.model_loader import eos_token_ids, load_model, resolve_device
@@ -162,6 +162,7 @@ class LLM:
         enforce_eager: bool = False,
         profile: bool = False,
     ):
+        settings = dict(locals())  # the keyword arguments by name (no other local exists yet)
         device = resolve_device(device)  # before loading: a bad device fails fast
         model, found_tokenizer = load_model(model, dtype)
         self.model = model.to(device)
@@ -169,6 +170,7 @@ class LLM:
         positions = getattr(model.config, "max_position_embeddings", None) or getattr(
             model.config, "n_positions", 2048
         )
+        settings["max_model_len"] = max_model_len or int(positions)
         self.config = EngineConfig(
             model=ModelConfig(
                 device=device,
@@ -177,23 +179,8 @@ class LLM:
                 seed=seed,
                 enforce_eager=enforce_eager,
             ),
-            cache=CacheConfig(
-                block_size=block_size,
-                num_gpu_blocks=num_gpu_blocks,
-                num_cpu_blocks=num_cpu_blocks,
-                watermark=watermark,
-                enable_prefix_caching=enable_prefix_caching,
-                kv_cache_memory_bytes=kv_cache_memory_bytes,
-                gpu_memory_utilization=gpu_memory_utilization,
-            ),
-            scheduler=SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len or int(positions),
-                preemption_mode=preemption_mode,
-                enable_chunked_prefill=enable_chunked_prefill,
-                long_prefill_token_threshold=long_prefill_token_threshold,
-            ),
+            cache=section(CacheConfig, settings),
+            scheduler=section(SchedulerConfig, settings),
             profile=profile,
         )
         self.engine = LLMEngine(

@@ -299,53 +299,12 @@ class AttentionMetadata:
 class AttentionBackend:
     """The engine's attention parts resolved once for its pool (``paged.engine.parts.Parts.attention``):
     ``write_kv`` stores the new K/V, ``prefill`` attends every chunk of a step in one call, ``decode``
-    every decode in one call. ``forward`` is one layer's attention over a packed step."""
+    every decode in one call; ``paged_attention_forward`` runs them for each layer."""
 
     kv_cache: object
     write_kv: Callable
     prefill: Callable
     decode: Callable
-
-    def forward(
-        self,
-        layer: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:
-        """query ``[T, H, D]``, key / value ``[T, KVH, D]`` of layer ``layer`` -> ``[T, H, D]`` in
-        packed-token order: the new K/V written to the pool first, then the chunks, then the decodes."""
-        key_cache = self.kv_cache.key_cache[layer]
-        value_cache = self.kv_cache.value_cache[layer]
-        self.write_kv(key_cache, value_cache, key, value, meta.slot_mapping)
-        c, outs = meta.num_chunks, []
-        if c:
-            outs.append(
-                self.prefill(
-                    query[: meta.decode_start],
-                    key_cache,
-                    value_cache,
-                    meta.block_tables[:c],
-                    meta.query_start[: c + 1],
-                    meta.context_lens[:c],
-                    meta.max_query_len,
-                    scale,
-                )
-            )
-        if meta.decode_start < query.shape[0]:
-            outs.append(
-                self.decode(
-                    query[meta.decode_start :].contiguous(),
-                    key_cache,
-                    value_cache,
-                    meta.decode_block_tables,
-                    meta.decode_context_lens,
-                    scale,
-                )
-            )
-        return outs[0] if len(outs) == 1 else torch.cat(outs)  # one kind needs no copy
 
 
 def paged_attention_forward(
@@ -377,8 +336,38 @@ def paged_attention_forward(
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
-    k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, KVH, D]
-    out = backend.forward(module.layer_idx, q, k_new, v_new, meta, scale)
+    key_cache = backend.kv_cache.key_cache[module.layer_idx]
+    value_cache = backend.kv_cache.value_cache[module.layer_idx]
+    # the new K/V [T, KVH, D] written to the pool first, then the chunks, then the decodes
+    backend.write_kv(
+        key_cache, value_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), meta.slot_mapping
+    )
+    c, outs = meta.num_chunks, []
+    if c:
+        outs.append(
+            backend.prefill(
+                q[: meta.decode_start],
+                key_cache,
+                value_cache,
+                meta.block_tables[:c],
+                meta.query_start[: c + 1],
+                meta.context_lens[:c],
+                meta.max_query_len,
+                scale,
+            )
+        )
+    if meta.decode_start < q.shape[0]:
+        outs.append(
+            backend.decode(
+                q[meta.decode_start :].contiguous(),
+                key_cache,
+                value_cache,
+                meta.decode_block_tables,
+                meta.decode_context_lens,
+                scale,
+            )
+        )
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)  # one kind needs no copy
     return out.to(q.dtype).unsqueeze(0), None
 
 

@@ -102,16 +102,8 @@ class KVCache:
         self.value_cache = [self.kv[layer, 1] for layer in range(num_layers)]
 
     @property
-    def bytes_per_block(self) -> int:
-        """Bytes of one block over all layers, K and V: 2 x layers x kv_heads x head_dim x block_size x bytes
-        (``block_bytes``)."""
-        return block_bytes(
-            self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype
-        )
-
-    @property
     def bytes(self) -> int:
-        """Bytes of the device pool (``num_blocks * bytes_per_block``)."""
+        """Bytes of the device pool (``num_blocks`` x ``block_bytes(...)``)."""
         return self.kv.numel() * self.kv.element_size()
 
     # ---- block copies -----------------------------------------------------------------------------
@@ -173,10 +165,3 @@ class KVCache:
             target[:, :, d].copy_(source[:, :, s], non_blocking=non_blocking)
         if non_blocking:
             torch.cuda.current_stream(self.device).synchronize()
-
-    def __repr__(self) -> str:
-        return (
-            f"KVCache(layers={self.num_layers}, blocks={self.num_blocks} x {self.block_size} tokens, "
-            f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {self.dtype}, {self.device}, "
-            f"{self.bytes / 2**20:.1f} MiB; cpu_blocks={self.num_cpu_blocks})"
-        )

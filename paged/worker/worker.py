@@ -142,16 +142,16 @@ def profile_num_blocks(model, config: EngineConfig) -> tuple[int, str]:
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - scratch.bytes
     # the real pool's blocks have the scratch pool's shape and dtype
-    block_bytes = scratch.bytes_per_block
+    bytes_per_block = scratch.bytes // scratch.num_blocks
     del scratch, meta
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory
     available = int(total * cache.gpu_memory_utilization) - peak
-    num_blocks = available // block_bytes
+    num_blocks = available // bytes_per_block
     report = (
         f"GPU {total / 2**30:.1f} GiB x {cache.gpu_memory_utilization:.2f} - peak {peak / 2**30:.2f} GiB "
         f"(weights + activations) = {available / 2**30:.2f} GiB for KV -> {num_blocks} blocks of "
-        f"{block_bytes / 2**10:.0f} KiB"
+        f"{bytes_per_block / 2**10:.0f} KiB"
     )
     if num_blocks <= 0:
         raise ValueError(f"no KV block fits: {report}")

@@ -249,7 +249,7 @@ def simulate(
         res.num_preemptions += len(out.preempted)
         prefill_tokens = sum(g.num_tokens for g in prefills(out))
         res.recomputed_tokens += sum(
-            g.num_tokens for g in prefills(out) if g.seq_group.request_id in ran
+            g.num_tokens for g in prefills(out) if g.seq.group.request_id in ran
         )
         used = bm.num_gpu_blocks - bm.get_num_free_gpu_blocks()
         res.steps.append(
@@ -265,7 +265,7 @@ def simulate(
             }
         )
         end = now + seconds
-        scheduled = {g.seq_group.request_id for g in out.scheduled}
+        scheduled = {g.seq.group.request_id for g in out.scheduled}
         for rid, group in list(
             active.items()
         ):  # timelines: the state of every active request this step
@@ -283,7 +283,7 @@ def simulate(
         for (
             s
         ) in out.scheduled:  # the fake model: one token per sequence whose tokens are all computed
-            rid, seq = s.seq_group.request_id, s.seq
+            rid, seq = s.seq.group.request_id, s.seq
             ran.add(rid)
             if not s.samples_next_token:  # a prompt chunk that is not the last one
                 continue

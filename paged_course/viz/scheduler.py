@@ -136,7 +136,7 @@ class Stepper:
             # a prompt's last chunk or a decode: the fake model appends one token
             if s.samples_next_token:
                 s.seq.append_token_id(1)
-                if len(s.seq.output_token_ids) >= s.seq_group.sampling_params.max_tokens:
+                if len(s.seq.output_token_ids) >= s.seq.group.sampling_params.max_tokens:
                     s.seq.status = SequenceStatus.FINISHED_LENGTH
         self.sched.free_finished()
         self.step_no += 1
@@ -144,10 +144,10 @@ class Stepper:
         if prefills(out):
             parts.append(
                 "prefill "
-                + ", ".join(f"{g.seq_group.request_id}({g.num_tokens})" for g in prefills(out))
+                + ", ".join(f"{g.seq.group.request_id}({g.num_tokens})" for g in prefills(out))
             )
         if decodes(out):
-            parts.append("decode " + ", ".join(g.seq_group.request_id for g in decodes(out)))
+            parts.append("decode " + ", ".join(g.seq.group.request_id for g in decodes(out)))
         for label, seqs in (
             ("preempted", out.preempted),
             ("swapped in", out.swapped_in),

@@ -224,7 +224,7 @@ def test_case7_prompt_larger_than_cache_is_ignored_and_does_not_block():
     eng = FakeEngine(s)
     first = eng.step()
     assert [x.group.request_id for x in first.ignored] == ["A"]
-    assert [g.seq_group.request_id for g in prefills(first)] == ["B"], "B must not wait behind A"
+    assert [g.seq.group.request_id for g in prefills(first)] == ["B"], "B must not wait behind A"
     assert a.seqs[0].status is S.FINISHED_IGNORED
     assert "20 tokens" in a.seqs[0].finish_message and "4 blocks" in a.seqs[0].finish_message
     assert eng.run() == 3, "B: prefill, one decode, then the loop sees nothing left"
@@ -285,8 +285,8 @@ def test_case8_two_requests_the_later_one_is_preempted_and_both_finish():
     preempted = [x.group.request_id for o in eng.log for x in o.preempted]
     assert preempted == ["B"], "the victim is the most recently admitted request, once"
     assert [x.group for x in eng.log[2].preempted] == [b]
-    assert [g.seq_group.request_id for g in decodes(eng.log[2])] == ["A"]
-    reprefill = [g for o in eng.log for g in prefills(o) if g.seq_group is b][1]
+    assert [g.seq.group.request_id for g in decodes(eng.log[2])] == ["A"]
+    reprefill = [g for o in eng.log for g in prefills(o) if g.seq.group is b][1]
     assert (reprefill.start, reprefill.num_tokens) == (0, 5), "prompt 3 + 2 generated recomputed"
     for g in (a, b):
         assert g.seqs[0].status is S.FINISHED_LENGTH and len(g.seqs[0].output_token_ids) == 6
@@ -314,7 +314,7 @@ def test_case10_swapped_out_request_comes_back_after_the_other_finishes():
     finished_a = next(
         i
         for i, o in enumerate(eng.log)
-        if any(g.seq_group is a for g in o.scheduled) and a.seqs[0].is_finished and i >= 5
+        if any(g.seq.group is a for g in o.scheduled) and a.seqs[0].is_finished and i >= 5
     )
     assert in_step[0] > finished_a, "B comes back only after A finished"
     assert s.num_swap_outs == s.num_swap_ins == 1 and s.num_recomputes == 0
@@ -360,8 +360,8 @@ def test_mixed_step_and_num_computed_tokens_contract():
     assert a.seqs[0].num_computed_tokens == 5, "the scheduler marks scheduled tokens computed"
     s.add_request(make("B", 6, 2))
     out = eng.step()
-    assert [g.seq_group.request_id for g in decodes(out)] == ["A"]
-    assert [g.seq_group.request_id for g in prefills(out)] == ["B"], (
+    assert [g.seq.group.request_id for g in decodes(out)] == ["A"]
+    assert [g.seq.group.request_id for g in prefills(out)] == ["B"], (
         "a prefill and decodes share the step"
     )
     assert out.num_batched_tokens == 1 + 6 and decodes(out)[0].start == 5
@@ -380,7 +380,7 @@ def test_token_and_seq_budgets_are_fcfs():
     for rid, p in [("A", 10), ("B", 7), ("C", 3), ("D", 2)]:
         s.add_request(make(rid, p, 3))
     out = s.schedule()
-    assert [g.seq_group.request_id for g in prefills(out)] == ["A"], (
+    assert [g.seq.group.request_id for g in prefills(out)] == ["A"], (
         "B (7) > 6 tokens left; C may not overtake"
     )
     assert out.num_batched_tokens == 10
@@ -393,7 +393,7 @@ def test_prefix_cached_tokens_cost_no_budget():
     s.add_request(make("Y", range(100, 116), 1))  # 12 tokens cached (the last block is recomputed)
     s.add_request(make("Z", range(200, 212), 1))
     out = s.schedule()
-    assert [(g.seq_group.request_id, g.start, g.num_tokens) for g in prefills(out)] == [
+    assert [(g.seq.group.request_id, g.start, g.num_tokens) for g in prefills(out)] == [
         ("Y", 12, 4),
         ("Z", 0, 12),
     ], "4 + 12 tokens fit the 16-token budget only if cached tokens are free"
@@ -411,7 +411,7 @@ def test_watermark_keeps_blocks_free_at_admission_only():
     assert [x.group for x in out.ignored] == [too_big] and "keeps 10 free" in too_big.seqs[
         0
     ].finish_message
-    assert [g.seq_group for g in prefills(out)] == [fits]
+    assert [g.seq.group for g in prefills(out)] == [fits]
     s.add_request(make("more", 1, 1, bs=1))
     assert prefills(eng.step()) == [], "admission stops while fewer than 10 blocks would stay free"
     # running requests may use the reserve: decodes grow into the last 10 blocks without preemption

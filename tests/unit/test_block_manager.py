@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from paged.core.block_manager import AllocStatus, BlockSpaceManager, NewBlocks
 from paged.core.sequence import Sequence
-from paged_course.engine_views import reset_prefix_cache
+from paged_course.engine_views import reset_prefix_cache, slot
 
 
 def weak_hash(parent, tokens):
@@ -25,8 +25,8 @@ def snapshot(m: BlockSpaceManager):
         list(m.gpu_allocator._ref_counts),
         m.swap.allocator.free_queue(),
         list(m.swap.allocator._ref_counts),
-        {k: repr(t) for k, t in m.block_tables.items()},
-        {k: repr(t) for k, t in m.cpu_block_tables.items()},
+        {k: (list(t.block_ids), t.num_tokens) for k, t in m.block_tables.items()},
+        {k: (list(t.block_ids), t.num_tokens) for k, t in m.cpu_block_tables.items()},
         dict(cache._by_block) if cache else None,
     )
 
@@ -202,15 +202,15 @@ class Shadow:
     def write(self, seq, start):
         table = self.m.block_tables[seq.seq_id]
         for p in range(start, len(seq)):
-            self.gpu[table.slot_mapping(p, p + 1)[0]] = tuple(seq.token_ids[: p + 1])
+            self.gpu[slot(table, p)] = tuple(seq.token_ids[: p + 1])
 
     def check(self, seqs, upto=None):
         for seq in seqs:
             table = self.m.block_tables.get(seq.seq_id)
             for p in range(upto if upto is not None else table.num_tokens if table else 0):
-                assert self.gpu.get(table.slot_mapping(p, p + 1)[0]) == tuple(
-                    seq.token_ids[: p + 1]
-                ), f"seq {seq.seq_id} position {p}: its slot holds another sequence's K/V"
+                assert self.gpu.get(slot(table, p)) == tuple(seq.token_ids[: p + 1]), (
+                    f"seq {seq.seq_id} position {p}: its slot holds another sequence's K/V"
+                )
 
 
 def check_invariants(m: BlockSpaceManager, seqs):
@@ -305,9 +305,9 @@ def run_random(data, m: BlockSpaceManager, steps: int):
         for seq in seqs:  # swapped-out sequences: their CPU copies hold their tokens too
             table = m.cpu_block_tables.get(seq.seq_id)
             for p in range(table.num_tokens if table else 0):
-                assert shadow.cpu.get(table.slot_mapping(p, p + 1)[0]) == tuple(
-                    seq.token_ids[: p + 1]
-                ), "swap copy is stale"
+                assert shadow.cpu.get(slot(table, p)) == tuple(seq.token_ids[: p + 1]), (
+                    "swap copy is stale"
+                )
     for seq in seqs:
         m.free(seq)
     assert m.get_num_free_gpu_blocks() == m.num_gpu_blocks, (

@@ -10,7 +10,7 @@ from paged.config import CacheConfig, SchedulerConfig
 from paged.core.block_table import BlockTable, blocks_needed, slot_mapping
 from paged.core.scheduler import Scheduler
 from paged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
-from paged_course.engine_views import slot
+from paged_course.engine_views import slot, slots
 from paged_course.reference import pad_block_tables
 
 
@@ -21,7 +21,7 @@ def test_case5_slot_at_an_exact_block_boundary():
         assert slot(table, length - 1) == want, f"last slot of a {length}-token sequence"
         assert slot(table, length - 1) == table[(length - 1) // 4] * 4 + (length - 1) % 4
     assert slot(table, 7) == 47, "L = 8 ends block 11 at 47, not 43"
-    assert table.slot_mapping(0, 9) == [40, 41, 42, 43, 44, 45, 46, 47, 48]
+    assert slots(table, 0, 9) == [40, 41, 42, 43, 44, 45, 46, 47, 48]
 
 
 def test_slot_mapping_of_a_packed_batch():
@@ -47,12 +47,13 @@ def test_case6_max_model_len_not_a_multiple_of_block_size():
     out = sched.schedule()
     assert [s.group for s in out.ignored] == [too_long], "the 11-token request is rejected up front"
     assert "prompt of 11 tokens is longer than max_model_len=10" in too_long.seqs[0].finish_message
-    assert [(s.seq_group, s.num_tokens, len(s.block_table)) for s in out.scheduled] == [
+    assert [(s.seq.group, s.num_tokens, len(s.block_table)) for s in out.scheduled] == [
         (fits, 9, 3)
     ]
     fits.seqs[0].append_token_id(7)  # 9 prompt + 1 new token = max_model_len: it ran to the end
     fits.seqs[0].status = SequenceStatus.FINISHED_LENGTH
-    assert sched.free_finished() == [fits] and not sched.has_unfinished_requests()
+    sched.free_finished()
+    assert fits.is_finished and not sched.has_unfinished_requests()
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="position 4 is outside"):
         slot(table, 4)
     with pytest.raises(ValueError, match="outside capacity 4"):
-        table.slot_mapping(2, 5)
+        slots(table, 2, 5)
 
 
 def test_pad_block_tables_makes_an_int32_tensor_padded_with_zero():

@@ -35,7 +35,7 @@ def test_layout_and_views():
     )
     assert cache.bytes == 2 * 2 * 6 * 4 * 2 * 8 * 4 == 6144
     assert (
-        cache.bytes_per_block == 1024
+        cache.bytes // cache.num_blocks == 1024
         and cache.cpu_kv.numel() * cache.cpu_kv.element_size() == 3 * 1024
     )
 
@@ -169,7 +169,7 @@ def test_sizing_from_budget_matches_kvspec():
     assert per_block == 2 * 2 * 2 * 8 * 4 * 2 == 512 == block_bytes(2, 2, 8, 4, torch.float16)
     cache = kv_cache_from_budget(10 * 512 + 511, 2, 4, 2, 8, torch.float16, cpu_budget_bytes=1100)
     assert (cache.num_blocks, cache.num_cpu_blocks) == (10, 2)
-    assert cache.bytes == 10 * 512 and cache.bytes_per_block == 512
+    assert cache.bytes == 10 * 512 and cache.bytes // cache.num_blocks == 512
     with pytest.raises(ValueError, match="budget_bytes=511 holds no block of 512 bytes"):
         kv_cache_from_budget(511, 2, 4, 2, 8, torch.float16)
 

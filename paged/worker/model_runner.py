@@ -91,7 +91,7 @@ class DecodeGraph:
 
     def step(self) -> torch.Tensor:
         meta = AttentionMetadata.from_buffer(self.buf, self.layout)
-        return forward_logits(self.runner.model, meta.input_ids, meta, self.runner.attention)
+        return forward_logits(self.runner.model, meta, self.runner.attention)
 
     def run(self, host: torch.Tensor) -> torch.Tensor:
         """Logits ``[size, vocab]`` of the step packed in ``host`` (static until the next replay)."""
@@ -207,7 +207,7 @@ class ModelRunner:
         use_paged_attention(self.model)
         if batch.graph is not None:
             return batch.graph.run(batch.host)[: len(batch.sampling)]
-        return forward_logits(self.model, batch.meta.input_ids, batch.meta, self.attention)
+        return forward_logits(self.model, batch.meta, self.attention)
 
     def sample(self, entries: list[ScheduledSeq], logits: torch.Tensor) -> dict[int, list[int]]:
         """``{seq_id: token ids}`` for ``entries`` (the rows of ``logits``): ``n - len(group.seqs) + 1``
@@ -226,13 +226,11 @@ class ModelRunner:
         return {e.seq.seq_id: [next(tokens) for _ in range(k)] for e, k in zip(entries, counts)}
 
 
-def forward_logits(
-    model, input_ids: torch.Tensor, meta: AttentionMetadata, attention: AttentionBackend
-) -> torch.Tensor:
-    """One packed forward of the whole model: ``input_ids [T]`` -> logits ``[K, vocab]`` float32 of the
-    kept sequences (``meta.keep``), every layer attending through ``attention``."""
+def forward_logits(model, meta: AttentionMetadata, attention: AttentionBackend) -> torch.Tensor:
+    """One packed forward of the whole model over the step's ``meta.input_ids [T]`` -> logits ``[K, vocab]``
+    float32 of the kept sequences (``meta.keep``), every layer attending through ``attention``."""
     out = model(
-        input_ids=input_ids.unsqueeze(0),
+        input_ids=meta.input_ids.unsqueeze(0),
         position_ids=meta.positions.unsqueeze(0),
         use_cache=False,
         logits_to_keep=meta.keep,

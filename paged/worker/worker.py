@@ -50,7 +50,7 @@ def init_kv_cache(model, config: EngineConfig) -> tuple[KVCache, str]:
     how = "num_gpu_blocks"
     profile = device.type == "cuda" and cache.kv_cache_memory_bytes is None  # no byte budget given
     if cache.num_gpu_blocks is None and profile:
-        cache.num_gpu_blocks, how = profile_num_blocks(model, config)
+        cache.num_gpu_blocks, how = profile_num_blocks(model, config, bytes_per_block)
     elif cache.num_gpu_blocks is None:
         budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
         num_gpu_blocks = budget // bytes_per_block
@@ -104,8 +104,9 @@ def kv_shape(model) -> tuple[int, int, int]:
 
 
 @torch.inference_mode()
-def profile_num_blocks(model, config: EngineConfig) -> tuple[int, str]:
-    """GPU blocks that fit beside the model's peak activation memory (CUDA only).
+def profile_num_blocks(model, config: EngineConfig, bytes_per_block: int) -> tuple[int, str]:
+    """GPU blocks of ``bytes_per_block`` (``init_kv_cache``'s, its one caller) that fit beside the
+    model's peak activation memory (CUDA only).
 
     Runs one dummy forward of the scheduler's ``max_num_batched_tokens`` tokens split over up to
     ``max_num_seqs`` sequences through a 1-table-per-sequence scratch pool (the PyTorch attention), then
@@ -115,7 +116,7 @@ def profile_num_blocks(model, config: EngineConfig) -> tuple[int, str]:
         ValueError: no block fits (the message gives the numbers).
     """
     cache, tokens = config.cache, config.scheduler.max_num_batched_tokens
-    device, block_size = next(model.parameters()).device, cache.block_size
+    device, block_size = config.model.device, cache.block_size
     layers, kv_heads, head_dim = kv_shape(model)
     num_seqs = max(1, min(config.scheduler.max_num_seqs, tokens))
     per_seq = max(2, tokens // num_seqs)  # >= 2 tokens: every sequence is a chunk
@@ -132,17 +133,15 @@ def profile_num_blocks(model, config: EngineConfig) -> tuple[int, str]:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_seqs)]
+    lens = [per_seq] * num_seqs
     meta = AttentionMetadata.build(
-        tables, [per_seq] * num_seqs, [per_seq] * num_seqs, block_size, device
+        tables, lens, lens, block_size, device, token_ids=[0] * sum(lens)
     )
     attention = AttentionBackend(scratch, write_kv, prefill_attention, decode_attention)
     use_paged_attention(model)
-    input_ids = torch.zeros(per_seq * num_seqs, dtype=torch.long, device=device)
-    forward_logits(model, input_ids, meta, attention)
+    forward_logits(model, meta, attention)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - scratch.bytes
-    # the real pool's blocks have the scratch pool's shape and dtype
-    bytes_per_block = scratch.bytes // scratch.num_blocks
     del scratch, meta
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory

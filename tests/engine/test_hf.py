@@ -48,14 +48,15 @@ def test_packed_prefill_prefix_hit_and_decode_match_contiguous_forward(arch):
         # step 1: write the history of sequences 1-3 (all but their last token / last 5 tokens)
         history = [None, seqs[1][:6], seqs[2][:-1], seqs[3][:-1]]
         attention = Parts().attention(cache)
-        meta = AttentionMetadata.build(
-            tables[1:], [len(h) for h in history[1:]], [len(h) for h in history[1:]], bs
-        )
-        forward_logits(model, torch.tensor(sum(history[1:], [])), meta, attention)
+        lens = [len(h) for h in history[1:]]
+        meta = AttentionMetadata.build(tables[1:], lens, lens, bs, token_ids=sum(history[1:], []))
+        forward_logits(model, meta, attention)
         # step 2: seq 0 fresh prefill, seq 1 prefill of 5 tokens after 6 cached, seqs 2-3 decode
         new = [seqs[0], seqs[1][6:], seqs[2][-1:], seqs[3][-1:]]
-        meta = AttentionMetadata.build(tables, [len(s) for s in seqs], [len(n) for n in new], bs)
-        logits = forward_logits(model, torch.tensor(sum(new, [])), meta, attention)
+        meta = AttentionMetadata.build(
+            tables, [len(s) for s in seqs], [len(n) for n in new], bs, token_ids=sum(new, [])
+        )
+        logits = forward_logits(model, meta, attention)
     assert logits.shape == (4, model.config.vocab_size)
     for row, tokens in enumerate(seqs):
         torch.testing.assert_close(
@@ -159,18 +160,15 @@ def test_triton_decode_backend_matches_torch_backend():
         cache = _pool(model, num_blocks=12, fill=0.0)
         use_paged_attention(model)
         with torch.inference_mode():
-            meta = AttentionMetadata.build(
-                tables, [len(s) - 1 for s in seqs], [len(s) - 1 for s in seqs], 4
-            )
-            forward_logits(
-                model, torch.tensor(sum((s[:-1] for s in seqs), [])), meta, Parts().attention(cache)
-            )
+            lens, history = [len(s) - 1 for s in seqs], sum((s[:-1] for s in seqs), [])
+            meta = AttentionMetadata.build(tables, lens, lens, 4, token_ids=history)
+            forward_logits(model, meta, Parts().attention(cache))
             decode = None if backend == "torch" else launch_decode
             attention = Parts(decode_attention=decode).attention(cache)
-            meta = AttentionMetadata.build(tables, [len(s) for s in seqs], [1, 1], 4)
-            results.append(
-                forward_logits(model, torch.tensor([s[-1] for s in seqs]), meta, attention)
+            meta = AttentionMetadata.build(
+                tables, [len(s) for s in seqs], [1, 1], 4, token_ids=[s[-1] for s in seqs]
             )
+            results.append(forward_logits(model, meta, attention))
     torch.testing.assert_close(
         results[1],
         results[0],

@@ -159,14 +159,13 @@ def test_engine_chunks_through_the_kernel_match_the_torch_path():
         cache = KVCache(layers, 32, bs, kv_heads, head_dim)
         with torch.inference_mode():
             attention = Parts(prefill_attention=prefill).attention(cache)
+            lens = [len(h) for h in history]
+            meta = AttentionMetadata.build(tables[1:], lens, lens, bs, token_ids=sum(history, []))
+            forward_logits(model, meta, attention)
             meta = AttentionMetadata.build(
-                tables[1:], [len(h) for h in history], [len(h) for h in history], bs
+                tables, [len(s) for s in seqs], [len(n) for n in new], bs, token_ids=sum(new, [])
             )
-            forward_logits(model, torch.tensor(sum(history, [])), meta, attention)
-            meta = AttentionMetadata.build(
-                tables, [len(s) for s in seqs], [len(n) for n in new], bs
-            )
-            results.append(forward_logits(model, torch.tensor(sum(new, [])), meta, attention))
+            results.append(forward_logits(model, meta, attention))
     torch.testing.assert_close(
         results[1],
         results[0],

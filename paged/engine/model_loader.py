@@ -156,45 +156,44 @@ def load_model(model, dtype: torch.dtype | None):
                 "model, or a PreTrainedModel"
             )
 
-    def from_pretrained(cls, **kwargs):
-        with quiet_progress_bars():
-            return cls.from_pretrained(name, **kwargs)
+    asked_hub = []  # the hub is asked at most once, before the first download
 
-    kwargs = {"dtype": dtype or torch.float32}
-    try:
-        # no network
-        loaded = from_pretrained(AutoModelForCausalLM, local_files_only=True, **kwargs)
-    # not (fully) in the local cache; for a folder: no config.json or weights
-    except OSError as err:
-        if local:
-            raise _load_error(model, err) from err
-        loaded = None
-    except Exception as err:  # an unknown architecture, a bad config, ...
-        raise _load_error(model, err) from err
-    if downloaded := loaded is None:
-        _check_hub(name)  # fails within HUB_TIMEOUT_S when the hub cannot be asked
+    def from_pretrained(cls, **kwargs):
+        """``cls.from_pretrained(name)`` from the local cache (no network); a name missing there is
+        looked up on the hub (``_check_hub``, once) and downloaded. What transformers cannot load
+        raises ``_load_error``; what the hub check finds raises as ``_check_hub`` says."""
         try:
-            loaded = from_pretrained(AutoModelForCausalLM, **kwargs)
+            with quiet_progress_bars():
+                return cls.from_pretrained(name, local_files_only=True, **kwargs)
+        # not (fully) in the local cache; for a folder: no config.json or weights
+        except OSError as err:
+            if local:
+                raise _load_error(model, cls, err) from err
+        except Exception as err:  # an unknown architecture, a bad config, ...
+            raise _load_error(model, cls, err) from err
+        if not asked_hub:
+            _check_hub(name)  # fails within HUB_TIMEOUT_S when the hub cannot be asked
+            asked_hub.append(name)
+        try:
+            with quiet_progress_bars():
+                return cls.from_pretrained(name, **kwargs)
         except Exception as err:
-            raise _load_error(model, err) from err
-    try:  # a model without tokenizer files: token-id prompts only
-        tokenizer = from_pretrained(AutoTokenizer, local_files_only=True)
+            raise _load_error(model, cls, err) from err
+
+    loaded = from_pretrained(AutoModelForCausalLM, dtype=dtype or torch.float32)
+    # a model without tokenizer files: token-id prompts only (a hub model's tokenizer is downloaded
+    # apart from its weights)
+    try:
+        tokenizer = from_pretrained(AutoTokenizer)
     except Exception:
         tokenizer = None
-    if tokenizer is None and not local:  # the tokenizer is downloaded apart from the weights
-        try:
-            if not downloaded:
-                _check_hub(name)
-            tokenizer = from_pretrained(AutoTokenizer)
-        except Exception:
-            tokenizer = None
     return loaded.eval(), tokenizer
 
 
-def _load_error(model, err: Exception) -> ValueError:
+def _load_error(model, cls, err: Exception) -> ValueError:
     first = str(err).splitlines()[0] if str(err) else ""
     return ValueError(
-        f"model {model!r} could not be loaded with AutoModelForCausalLM.from_pretrained "
+        f"model {model!r} could not be loaded with {cls.__name__}.from_pretrained "
         f"({type(err).__name__}: {first}); pass None for the built-in model, a local folder, "
         "or a PreTrainedModel"
     )

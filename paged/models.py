@@ -131,15 +131,12 @@ def quiet_progress_bars():
                 disable_progress_bars()
 
 
-def cache_root() -> Path:
-    """``$PAGED_CACHE`` if set, else ``~/.cache/paged``."""
-    return Path(os.environ.get("PAGED_CACHE") or Path.home() / ".cache" / "paged")
-
-
 def default_model_path() -> Path:
-    """Folder of the built-in model and tokenizer; built and saved on first use (atomic rename), so
-    several processes may race safely. Rebuilt when missing or incomplete."""
-    target = cache_root() / f"default-model-v{DEFAULT_MODEL_VERSION}"
+    """Folder of the built-in model and tokenizer, under ``$PAGED_CACHE`` if set, else
+    ``~/.cache/paged``; built and saved on first use (atomic rename), so several processes may race
+    safely. Rebuilt when missing or incomplete."""
+    root = Path(os.environ.get("PAGED_CACHE") or Path.home() / ".cache" / "paged")
+    target = root / f"default-model-v{DEFAULT_MODEL_VERSION}"
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ class DecodeGraph:
 
     def __init__(self, runner: ModelRunner, size: int, width: int, pool=None):
         self.runner, self.size, self.width = runner, size, width
-        host, self.layout = self.pack([], [])
+        host, self.layout = self.pack([], [], [])
         self.buf = host.to(runner.device)
         self.graph = None
         if runner.device.type == "cuda":
@@ -74,9 +74,7 @@ class DecodeGraph:
             with torch.cuda.graph(self.graph, pool=pool):
                 self.logits = self.step()
 
-    def pack(
-        self, tables: list[list[int]], lens: list[int], tokens: list[int] | None = None
-    ) -> tuple:
+    def pack(self, tables: list[list[int]], lens: list[int], tokens: list[int]) -> tuple:
         pad, r = self.size - len(tables), self.runner
         return r.prepare_inputs(
             tables + [[r.pad_block]] * pad,
@@ -85,7 +83,7 @@ class DecodeGraph:
             r.kv_cache.block_size,
             None,
             r.slot_mapping,
-            (tokens or []) + [0] * pad,
+            tokens + [0] * pad,
             self.width,
         )
 

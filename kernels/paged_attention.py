@@ -60,8 +60,6 @@ from .decode_inputs import validate_decode_inputs
 from .launch_config import choose_num_splits, decode_config, decode_slots, device_spec
 from .split_merge import launch_merge_splits
 
-__all__ = ["paged_attention_decode", "launch_decode", "validate_decode_inputs", "choose_num_splits"]
-
 
 @jit
 def attend_tile(q, k, v, mask, m, l, acc, qk_scale, PRECISION: tl.constexpr):

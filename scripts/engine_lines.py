@@ -17,11 +17,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Counted on the formatted tree (`ruff format`, line length 100; CI checks the format). The budget
 # is a ceiling for the design, met by removing duplication, never by folding lines. The total is
-# today's count (3,090 after the attention backend's forward became paged_attention_forward's body,
-# LLM routed its arguments to the config sections once, course-only accessors and reprs left and the
-# lazy exports were listed by module),
+# today's count (3,077 after the attention backend's forward became paged_attention_forward's body,
+# LLM routed its arguments to the config sections once, course-only accessors and reprs left, the
+# lazy exports were listed by module, forward_logits read its input ids from the metadata and the
+# loader fetched the model and tokenizer through one helper),
 # a ratchet that only goes down; the target is 3,000. No module over 300.
-TOTAL_LIMIT = 3090
+TOTAL_LIMIT = 3077
 MODULE_LIMIT = 300
 _SKIP = {
     tokenize.COMMENT,

@@ -35,9 +35,10 @@ which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` inde
    blocks, not ``None``); the first that does not fit stops admission. Tokens found in the prefix cache
    (``get_computed_blocks``, looked up once per admission) cost no budget.
 
-A request that can never run (over ``max_model_len``, ``n`` over ``max_num_seqs``, a prompt that does not
-fit beside the watermark) never reaches ``waiting``: ``add_request`` decides that once and lists it in
-the next step's ``out.ignored``.
+6. ``_never_reason`` (ch06.ex8): whether a new request can ever run. ``add_request`` (reference plumbing)
+   asks once, at arrival; a request that never can (over ``max_model_len``, ``n`` over ``max_num_seqs``, a
+   prompt that does not fit beside the watermark in an empty pool) never reaches ``waiting`` and is listed,
+   with the reason, in the next step's ``out.ignored``.
 
 Helpers you can use (reference plumbing): ``self._mark_scheduled(seq, n, out)`` lists ``seq``'s next
 ``n`` tokens in ``out``, marks them computed and returns ``n``; ``self._exhaust(seq, out)``;
@@ -206,6 +207,58 @@ class Scheduler(ReferenceScheduler):
             budget -= self._mark_scheduled(seq, n, out)
         # END SOLUTION
 
+    def _never_reason(self, seq: Sequence) -> str | None:
+        """Why a new sequence can never run, or ``None`` when it may run some day. ``add_request`` asks once,
+        when the request arrives: a reason ends it ``FINISHED_IGNORED`` with ``"ignored: " + reason`` (listed
+        in the next step's ``out.ignored``); ``None`` sends it to the back of ``waiting``.
+
+        Never is a statement about every future state, not about this one: a sequence that does not fit
+        the free blocks *now* waits (the running ones will finish); only a limit that no amount of waiting
+        lifts makes it "never". The rules, checked in this order, the first that applies gives the reason:
+
+        1. its prompt, ``len(seq)`` tokens, is longer than ``config.max_model_len`` (a prompt of exactly
+           ``max_model_len`` tokens runs and stops at its first output token);
+        2. the seats it will take, ``self._seats(seq)`` (``n`` for a request that forks ``n`` samples),
+           exceed ``config.max_num_seqs``;
+        3. its whole prompt (not just the first chunk: every prompt token stays in the pool until the
+           request ends) needs more blocks of ``block_manager.block_size`` tokens than an *empty* pool of
+           ``block_manager.num_gpu_blocks`` blocks offers while admission keeps
+           ``block_manager.watermark_blocks`` of them free.
+
+        The reason is one line that names the number that breaks the limit and the limit (for rule 3: the
+        blocks needed, the pool's blocks and the watermark's blocks), e.g. ``"prompt of 40 tokens is longer
+        than max_model_len=32"``. Nothing changes: no queue, no block, no sequence field (asking allocates
+        nothing).
+
+        Source: vLLM v0's ``Scheduler._schedule_prefills`` (``vllm/core/scheduler.py``, 0.10.2) ends a prompt
+        over its prompt limit, or one for which ``can_allocate`` answers ``AllocStatus.NEVER`` (whole pool
+        minus needed blocks below the watermark, ``vllm/core/block_manager.py``), as ``FINISHED_IGNORED``, at
+        the moment it reaches the front of ``waiting``; this engine decides once, at arrival.
+        """
+        cfg, bm = self.config, self.block_manager
+        # BEGIN SOLUTION ch06.ex8 -- a limit no amount of waiting lifts: its length, its seats, an empty pool
+        # HINT: Which limits would still stop this sequence if every other request finished now? The free blocks
+        # HINT+ of this moment are not one of them. How many blocks does the *whole* prompt need, and how many
+        # HINT+ may an admission take from an empty pool?
+        # HINT: Compare len(seq) with max_model_len (longer only), self._seats(seq) with max_num_seqs, and
+        # HINT+ ceil(len(seq) / block_size) with num_gpu_blocks - watermark_blocks; return the first reason
+        # HINT+ with its numbers, else None.
+        tokens, seats = len(seq), self._seats(seq)
+        if tokens > cfg.max_model_len:
+            return f"prompt of {tokens} tokens is longer than max_model_len={cfg.max_model_len}"
+        if seats > cfg.max_num_seqs:
+            return f"n={seats} sequences exceed max_num_seqs={cfg.max_num_seqs}"
+        needed = -(-tokens // bm.block_size)
+        if needed > bm.num_gpu_blocks - bm.watermark_blocks:
+            return (
+                f"prompt of {tokens} tokens needs {needed} blocks of {bm.block_size} tokens; the KV cache "
+                f"has {bm.num_gpu_blocks} blocks and admission keeps {bm.watermark_blocks} free (watermark)"
+            )
+        return None
+        # END SOLUTION
+
 
 # The graded regions the engine part is made of (paged_course/capstone.py reads this).
-PART_REGIONS = {"Scheduler": ("ch06.ex1", "ch06.ex2", "ch06.ex3", "ch06.ex4", "ch06.ex5")}
+PART_REGIONS = {
+    "Scheduler": ("ch06.ex1", "ch06.ex2", "ch06.ex3", "ch06.ex4", "ch06.ex5", "ch06.ex8")
+}

@@ -801,3 +801,154 @@ def test_admission_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
     seen = assert_invariants(mix(ex, "_schedule_waiting"), range(40))
     assert seen >= {"preempted", "ignored"}
+
+
+# ---------------------------------------------------------------- ch06.ex8: a request that can never run
+
+
+def _reason(cls, seq_group, **cfg):
+    """The learner's verdict on a fresh request, and the scheduler it was asked on."""
+    s = sched(cls, **cfg)
+    return s._never_reason(seq_group.seqs[0]), s
+
+
+@pytest.mark.exercise("ch06.ex8", points=2)
+@pytest.mark.parametrize(
+    "rule, runs, never, cfg",
+    [
+        ("length", make("ok", 32, 1), make("long", 33, 1), dict(num_gpu_blocks=64)),
+        ("seats", make("ok", 4, 1, n=4), make("wide", 4, 1, n=5), dict(num_gpu_blocks=64)),
+        ("pool", make("ok", 24, 1), make("big", 25, 1), dict(num_gpu_blocks=8, watermark=0.25)),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_each_limit_at_its_edge(impl, rule, runs, never, cfg):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_never_reason")
+    # max_model_len 32, max_num_seqs 4, blocks of 4 tokens; the pool: 8 blocks, 2 kept free (watermark 0.25)
+    ok, _ = _reason(cls, runs, **cfg)
+    assert ok is None, (
+        f"{rule}: a request exactly at the limit can run ({len(runs.seqs[0])} prompt tokens, "
+        f"n={runs.sampling_params.n}, {cfg}); got the reason {ok!r}"
+    )
+    reason, _ = _reason(cls, never, **cfg)
+    want = {
+        "length": ("33", "32", "max_model_len"),
+        "seats": ("5", "4", "max_num_seqs"),
+        "pool": ("7", "8", "2"),  # blocks needed, blocks in the pool, blocks the watermark keeps
+    }[rule]
+    assert isinstance(reason, str) and all(w in reason for w in want), (
+        f"{rule}: one step past the limit can never run; the reason must name {', '.join(want)}, "
+        f"got {reason!r}"
+    )
+
+
+@pytest.mark.exercise("ch06.ex8", points=2)
+def test_the_first_rule_that_applies_gives_the_reason(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_never_reason")
+    reason, _ = _reason(cls, make("X", 40, 1, n=5), num_gpu_blocks=4, max_model_len=32)
+    assert reason and "max_model_len" in reason and "max_num_seqs" not in reason, (
+        f"a prompt over max_model_len, with too many samples, larger than the pool: the length comes first, "
+        f"got {reason!r}"
+    )
+    reason, _ = _reason(cls, make("Y", 40, 1, n=5), num_gpu_blocks=4, max_model_len=64)
+    assert reason and "max_num_seqs" in reason and "10" not in reason, (
+        f"too many samples and larger than the pool: the seats come before the pool, got {reason!r}"
+    )
+
+
+@pytest.mark.exercise("ch06.ex8", points=3)
+def test_a_busy_pool_is_later_not_never(impl):
+    # A's 28 tokens hold 7 of the 8 blocks; B (12 tokens, 3 blocks) does not fit now but fits an empty pool.
+    ex = impl("ex06_scheduler")
+    s = sched(mix(ex, "_never_reason"), 8)
+    a, b = make("A", 28, 3), make("B", 12, 2)
+    s.add_request(a)
+    engine = CheckedEngine(s)
+    engine.step()
+    free_before = s.block_manager.get_num_free_gpu_blocks()
+    s.add_request(b)
+    assert b.seqs[0].status is S.WAITING and list(s.waiting) == [b.seqs[0]], (
+        f"B needs 3 blocks, {free_before} are free now, 8 in the pool: it must wait (later), not be "
+        f"ignored (never); got {b.seqs[0].status.value}"
+    )
+    assert s.block_manager.get_num_free_gpu_blocks() == free_before, (
+        "asking whether a request can ever run must not allocate anything"
+    )
+    engine.run(max_steps=60)
+    assert [len(g.seqs[0].output_token_ids) for g in (a, b)] == [3, 2] and not any(
+        o.ignored for o in engine.log
+    ), "both requests run to their max_tokens; nobody is ignored"
+    assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex8", points=2)
+def test_the_whole_prompt_counts_not_its_first_chunk(impl):
+    # 8 blocks of 4 tokens; chunks of at most 8 tokens. 32 tokens fill the pool exactly; 33 never fit.
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_never_reason")
+    for length, ignored in ((32, False), (33, True)):
+        s = sched(cls, 8, max_model_len=64, max_num_batched_tokens=8)
+        g = make("P", length, 1)
+        s.add_request(g)
+        engine = CheckedEngine(s)
+        engine.run(max_steps=30)
+        got = g.seqs[0].status is S.FINISHED_IGNORED
+        assert got == ignored, (
+            f"a {length}-token prompt in a pool of 32 slots, computed in chunks of 8: "
+            f"{'it can never hold all its tokens' if ignored else 'it fits the pool exactly'}, expected "
+            f"{'ignored' if ignored else 'to run'}, got {g.seqs[0].status.value}"
+        )
+        assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex8", points=2)
+@pytest.mark.parametrize("position", range(4), ids=lambda p: f"at position {p}")
+def test_an_ignored_request_at_every_position_blocks_nobody(impl, position):
+    ex = impl("ex06_scheduler")
+    s = sched(mix(ex, "_never_reason"), 16, max_num_seqs=8)
+    groups = [make(f"R{i}", 3 + i, 2) for i in range(3)]
+    never = make("NEVER", 40, 2)  # over max_model_len=32
+    groups.insert(position, never)
+    for g in groups:
+        s.add_request(g)
+    engine = CheckedEngine(s)
+    engine.run(max_steps=40)
+    ignored = [ids(o.ignored) for o in engine.log if o.ignored]
+    assert ignored == [["NEVER"]] and never.seqs[0].finish_message.startswith("ignored: "), (
+        f"the request over max_model_len at position {position} is listed once in out.ignored, with its "
+        f"reason; got {ignored}"
+    )
+    done = [len(g.seqs[0].output_token_ids) for g in groups if g is not never]
+    assert done == [2, 2, 2], f"the other three requests each generate 2 tokens, got {done}"
+    assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex8", points=1)
+def test_asking_changes_nothing(impl):
+    ex = impl("ex06_scheduler")
+    s = sched(mix(ex, "_never_reason"), 8, watermark=0.25)
+    s.add_request(make("A", 10, 4))
+    CheckedEngine(s).step()
+    state = (
+        s.block_manager.get_num_free_gpu_blocks(),
+        [x.seq_id for x in s.running],
+        list(s.waiting),
+    )
+    for g in (make("B", 5, 1), make("C", 40, 1), make("D", 30, 1), make("E", 3, 1, n=6)):
+        seq = g.seqs[0]
+        before = (list(seq.token_ids), seq.num_computed_tokens, seq.status)
+        first, second = s._never_reason(seq), s._never_reason(seq)
+        assert first == second, f"asked twice about {g.request_id}: {first!r}, then {second!r}"
+        assert (list(seq.token_ids), seq.num_computed_tokens, seq.status) == before, (
+            f"_never_reason changed sequence {g.request_id}"
+        )
+    after = (
+        s.block_manager.get_num_free_gpu_blocks(),
+        [x.seq_id for x in s.running],
+        list(s.waiting),
+    )
+    assert after == state, (
+        "_never_reason must change no queue and allocate nothing (free blocks, running, waiting)"
+    )

@@ -16,10 +16,9 @@
 4. ``update_from_output`` = ``update_sequence`` (ch07.ex7) + the step's update (ch07.ex8): append the sampled
    tokens, finish sequences on their stop rules, fork ``n`` samples, free finished sequences.
 
-Everything outside the marked regions (the loop over a step's chunks, the other input checks) is written for
-you.
-``PART_REGIONS`` tells the course which regions make each engine part; the capstone runs them. Check one
-step in the chapter with ``check("ch07.ex2")``, or all of them with ``python -m paged grade ch07``.
+Everything outside the marked regions (the loop over a step's chunks, the other input checks) is written
+for you. ``PART_REGIONS`` tells the course which regions make each engine part; the capstone runs them.
+Check one step in the chapter with ``check("ch07.ex2")``, or all of them with ``python -m paged grade ch07``.
 """
 
 from __future__ import annotations

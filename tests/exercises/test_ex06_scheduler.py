@@ -952,3 +952,146 @@ def test_asking_changes_nothing(impl):
     assert after == state, (
         "_never_reason must change no queue and allocate nothing (free blocks, running, waiting)"
     )
+
+
+# ---------------------------------------------------------------- ch06.ex9: preemption by recompute
+
+
+def _running_and_waiting(cls, num_running=3, num_waiting=2, **cfg):
+    """A scheduler with ``num_running`` admitted sequences (3 tokens each, decoding) and ``num_waiting``
+    prompts that never got in (the seats are full)."""
+    s = sched(cls, 16, max_num_seqs=num_running, **cfg)
+    groups = [make(f"R{i}", 3, 6) for i in range(num_running)]
+    groups += [make(f"W{i}", 5, 2) for i in range(num_waiting)]
+    for g in groups:
+        s.add_request(g)
+    CheckedEngine(s).step()
+    return s, groups
+
+
+@pytest.mark.exercise("ch06.ex9", points=3)
+@pytest.mark.parametrize("position", range(3), ids=lambda p: f"victim at position {p}")
+def test_a_recomputed_victim_waits_at_the_front_with_nothing_computed(impl, position):
+    ex = impl("ex06_scheduler")
+    s, groups = _running_and_waiting(mix(ex, "_recompute"))
+    victim = list(s.running)[position]
+    tokens, waiting = list(victim.token_ids), list(s.waiting)
+    free = s.block_manager.get_num_free_gpu_blocks()
+    held = len(s.block_manager.get_block_table(victim))
+    s.running.remove(victim)
+    out = SchedulerOutputs()
+    s._recompute(victim, out)
+    assert list(s.waiting) == [victim, *waiting], (
+        f"the victim (admitted before every waiting prompt) must wait at the front of waiting: got "
+        f"{ids(s.waiting)}, expected {ids([victim, *waiting])}"
+    )
+    assert victim.status is S.WAITING and victim.num_computed_tokens == 0, (
+        f"a recomputed sequence waits with nothing computed: got {victim.status.value}, "
+        f"{victim.num_computed_tokens} computed tokens"
+    )
+    assert list(victim.token_ids) == tokens, "its tokens (prompt and output so far) are all kept"
+    assert not s.block_manager.has_blocks(victim), "its blocks go back to the pool"
+    assert s.block_manager.get_num_free_gpu_blocks() == free + held, (
+        f"{held} blocks freed: {free} + {held} free expected, got "
+        f"{s.block_manager.get_num_free_gpu_blocks()}"
+    )
+    assert not out.exhausted and not out.preempted, (
+        "a victim that can come back is not exhausted (and counting preemptions is _preempt's job)"
+    )
+
+
+@pytest.mark.exercise("ch06.ex9", points=2)
+def test_victims_newest_first_keep_waiting_in_arrival_order(impl):
+    ex = impl("ex06_scheduler")
+    s, groups = _running_and_waiting(mix(ex, "_recompute"))
+    waiting = list(s.waiting)
+    out = SchedulerOutputs()
+    victims = [
+        s.running.pop(),
+        s.running.pop(),
+    ]  # the newest first, as _schedule_running takes them
+    for seq in victims:
+        s._recompute(seq, out)
+    want = [victims[1], victims[0], *waiting]
+    assert list(s.waiting) == want, (
+        f"two victims, the newest first: waiting must be {ids(want)} (arrival order), got {ids(s.waiting)}"
+    )
+
+
+def _grown(cls, prompt, max_tokens, steps):
+    """A pool of 4 blocks of 4 tokens, one kept free at admission (watermark 0.25): admissions get at most
+    3 blocks (12 tokens), a running sequence may grow into the fourth."""
+    s = sched(cls, 4, watermark=0.25, max_model_len=32)
+    g = make("G", prompt, max_tokens)
+    s.add_request(g)
+    engine = CheckedEngine(s)
+    for _ in range(steps):
+        engine.step()
+    return s, g.seqs[0]
+
+
+@pytest.mark.exercise("ch06.ex9", points=3)
+def test_a_victim_grown_past_an_empty_pool_ends_exhausted(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_recompute")
+    s, seq = _grown(cls, 11, 8, 3)  # 11 prompt tokens + 3 sampled = 14 tokens, 4 blocks held
+    assert len(seq) == 14 and len(s.block_manager.get_block_table(seq)) == 4
+    s.running.remove(seq)
+    out = SchedulerOutputs()
+    s._recompute(seq, out)
+    assert seq.status is S.FINISHED_KV_EXHAUSTED and ids(out.exhausted) == ["G"], (
+        f"14 tokens need 4 blocks; an admission may take 3 of the 4 (watermark): it can never come back "
+        f"and must end finished_kv_exhausted in out.exhausted, got {seq.status.value}, "
+        f"exhausted {ids(out.exhausted)}"
+    )
+    assert (seq.finish_message or "").startswith(
+        "KV cache exhausted: "
+    ) and "14" in seq.finish_message
+    assert not s.waiting and not s.has_unfinished_requests(), "it never waits; its request is over"
+    assert s.block_manager.get_num_free_gpu_blocks() == 4, "its blocks go back to the pool"
+
+
+@pytest.mark.exercise("ch06.ex9", points=2)
+def test_a_victim_that_fits_an_empty_pool_exactly_waits(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_recompute")
+    s, seq = _grown(cls, 9, 8, 3)  # 9 + 3 = 12 tokens: 3 blocks, exactly what an admission may take
+    assert len(seq) == 12
+    s.running.remove(seq)
+    out = SchedulerOutputs()
+    s._recompute(seq, out)
+    assert list(s.waiting) == [seq] and seq.status is S.WAITING and not out.exhausted, (
+        f"12 tokens fit the 3 blocks an admission may take: it must wait, got {seq.status.value}"
+    )
+    engine = CheckedEngine(s)
+    engine.run(max_steps=30)
+    assert seq.status is S.FINISHED_LENGTH and len(seq.output_token_ids) == 8, (
+        "readmitted, it is prefilled again and generates its 8 tokens"
+    )
+    assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex9", points=2)
+def test_runs_with_recompute_preemption_end_as_with_the_reference(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_recompute")
+    for num_blocks in (2, 3, 5):
+        results = []
+        for scheduler_cls in (cls, RefScheduler):
+            s = sched(scheduler_cls, num_blocks, max_num_seqs=4)
+            groups = [make(r, 3 + i, 5) for i, r in enumerate("ABC")]
+            for g in groups:
+                s.add_request(g)
+            engine = CheckedEngine(s)
+            engine.run(max_steps=80)
+            assert_all_free(s)
+            results.append(
+                (
+                    [(g.seqs[0].status, list(g.seqs[0].output_token_ids)) for g in groups],
+                    s.num_preemptions,
+                )
+            )
+        assert results[0] == results[1], (
+            f"{num_blocks} blocks of 4: statuses, tokens and preemptions must equal the reference's: "
+            f"got {results[0]}, the reference {results[1]}"
+        )

@@ -7,6 +7,10 @@ def _never(old: str, new: str) -> str:
     return variant("ex06_scheduler.py", "ch06.ex8", old, new)
 
 
+def _recompute(old: str, new: str) -> str:
+    return variant("ex06_scheduler.py", "ch06.ex9", old, new)
+
+
 MUTANTS = {
     "ch06.ex1": {
         "no budget cap (a chunk over the budget)": """
@@ -567,5 +571,21 @@ MUTANTS = {
         "blocks rounded down (a partial last block forgotten)": _never(
             "needed = -(-tokens // bm.block_size)", "needed = tokens // bm.block_size"
         ),
+    },
+    "ch06.ex9": {
+        "the victim waits at the back (new prompts overtake it)": _recompute(
+            "self.waiting.appendleft(seq)", "self.waiting.append(seq)"
+        ),
+        "its computed tokens kept (the next admission skips them)": _recompute(
+            "seq.reset_for_recompute()", "seq.status = SequenceStatus.WAITING"
+        ),
+        "never exhausted (a victim that can never return waits forever)": _recompute(
+            "if not self.block_manager.can_ever_fit(len(seq)):", "if False:"
+        ),
+        "the prompt, not the whole sequence, must fit again": _recompute(
+            "if not self.block_manager.can_ever_fit(len(seq)):",
+            "if not self.block_manager.can_ever_fit(seq.num_prompt_tokens):",
+        ),
+        "its blocks kept (the pool leaks them)": _recompute("self.block_manager.free(seq)\n", ""),
     },
 }

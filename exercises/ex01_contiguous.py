@@ -107,7 +107,7 @@ class ContiguousAllocator:
         Time: ``O(r log r)`` for ``r`` runs (independent of the pool's size).
 
         Source: compaction of a memory with variable partitions (Knuth, *The Art of Computer Programming*
-        vol. 1, §2.5); the PagedAttention paper (Kwon et al., SOSP 2023, §4.1) avoids it with fixed-size
+        vol. 1, §2.5); the PagedAttention paper (Kwon et al., SOSP 2023, §4.2) avoids it with fixed-size
         blocks mapped through a block table, as an operating system's paging does.
         """
         raise NotImplementedError(

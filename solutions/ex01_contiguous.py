@@ -133,7 +133,7 @@ class ContiguousAllocator:
         Time: ``O(r log r)`` for ``r`` runs (independent of the pool's size).
 
         Source: compaction of a memory with variable partitions (Knuth, *The Art of Computer Programming*
-        vol. 1, §2.5); the PagedAttention paper (Kwon et al., SOSP 2023, §4.1) avoids it with fixed-size
+        vol. 1, §2.5); the PagedAttention paper (Kwon et al., SOSP 2023, §4.2) avoids it with fixed-size
         blocks mapped through a block table, as an operating system's paging does.
         """
         # BEGIN SOLUTION ch01.ex7 -- runs slid down in address order, the moved ones listed in a safe copy order

@@ -519,7 +519,7 @@ _ = check("ch01.ex5")
 # slide every partition down until none is left between them, and fix every address that pointed into them. A
 # contiguous KV cache could do the same, but each slot it slides is one token's K and V in every layer, copied
 # while the requests wait. Paging never compacts: any free block serves any request, wherever it lies, because
-# the block table hides where it is (paper §4.1).
+# the block table hides where it is (paper §4.2).
 #
 # **Step 7, `compact()` (region `ch01.ex7`).** It slides the runs down and returns the copies the engine would
 # make, `(old_start, new_start, size)`. Three decisions are yours: where each run lands, in which order the

@@ -3,9 +3,10 @@
 
 """Exercise 07: two more parts of the engine, the prompt chunks' attention and the sampler (chapter 07).
 
-1. ``prefill_attention`` = ``sequence_kv`` (region ch07.ex2) + ``attend_chunk`` (ch07.ex3): every prompt
-   chunk of a step attends to its sequence's cached prefix and, causally, to itself, all read from the
-   paged pool (vLLM v1's chunked prefill; the packed interface of ``paged.kernels.launch_prefill``).
+1. ``prefill_attention`` = ``sequence_kv`` (region ch07.ex2) + ``attend_chunk`` (ch07.ex3) +
+   ``prefill_layout`` (ch07.ex9): every prompt chunk of a step attends to its sequence's cached prefix and,
+   causally, to itself, all read from the paged pool (vLLM v1's chunked prefill; the packed interface of
+   ``paged.kernels.launch_prefill``), once the packed layout is checked safe to read.
 2. ``Sampler`` = ``filter_top_k_top_p`` (ch07.ex4) + the draw in ``Sampler.sample`` (ch07.ex5): greedy,
    temperature, top-k, top-p and per-request generators on one packed logits tensor (the reference is
    ``paged/worker/sampler.py``; vLLM's ``vllm/v1/sample/sampler.py`` applies the same steps).
@@ -15,9 +16,9 @@
 4. ``update_from_output`` = ``update_sequence`` (ch07.ex7) + the step's update (ch07.ex8): append the sampled
    tokens, finish sequences on their stop rules, fork ``n`` samples, free finished sequences.
 
-Everything outside the marked regions (input checks, the loop over a step's chunks) is written for you.
-``PART_REGIONS`` tells the course which regions make each engine part; the capstone runs them. Check one
-step in the chapter with ``check("ch07.ex2")``, or all of them with ``python -m paged grade ch07``.
+Everything outside the marked regions (the loop over a step's chunks, the other input checks) is written
+for you. ``PART_REGIONS`` tells the course which regions make each engine part; the capstone runs them.
+Check one step in the chapter with ``check("ch07.ex2")``, or all of them with ``python -m paged grade ch07``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from paged.worker.attention import StepLayout
 
 # engine part -> the graded regions it is made of (read by paged_course.capstone)
 PART_REGIONS = {
-    "prefill_attention": ("ch07.ex2", "ch07.ex3"),
+    "prefill_attention": ("ch07.ex2", "ch07.ex3", "ch07.ex9"),
     "Sampler": ("ch07.ex4", "ch07.ex5"),
     "prepare_inputs": ("ch07.ex6",),
     "update_from_output": ("ch07.ex7", "ch07.ex8"),
@@ -87,6 +88,42 @@ def attend_chunk(
     )
 
 
+def prefill_layout(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> list[tuple[int, int, int]]:
+    """The chunks of one packed step, each ``(first, stop, context)``, after checking that the layout is one
+    the attention can read without leaving a chunk's own rows, its own table or the pool's shape.
+
+    Args: as :func:`prefill_attention`: ``query [T, H, D]``, ``key_cache`` / ``value_cache
+        [num_blocks, block_size, KVH, D]``, ``block_tables`` int ``[C, W]``, ``query_start`` int ``[C + 1]``,
+        ``context_lens`` int ``[C]``.
+
+    Returns:
+        ``C`` tuples of ints, in chunk order: chunk ``c`` owns query rows ``first .. stop - 1``
+        (``query_start[c]``, ``query_start[c + 1]``) and its sequence has ``context`` tokens after this step
+        (``context_lens[c]``). A chunk of 0 rows is allowed (it computes nothing).
+
+    The layout is accepted exactly when all of these hold (every chunk checked, whatever its position):
+    the two caches have the same shape and their head dimension is the query's; ``H`` is a multiple of ``KVH``;
+    there is one offset more than chunks and one table row per chunk; the offsets start at 0, end at ``T``
+    and never decrease; each chunk is no longer than its context (its first token's position,
+    ``context - (stop - first)``, is not negative); each context fits its table
+    (``context <= W * block_size``). The inputs are not modified.
+
+    Raises:
+        ValueError: the first condition that fails; the message names the chunk (for a per-chunk
+            condition) and the numbers that disagree.
+    """
+    raise NotImplementedError(
+        "ch07.ex9: what makes a packed step safe to read: shapes, a partition of 0..T, chunks in tables"
+    )
+
+
 def prefill_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -114,36 +151,13 @@ def prefill_attention(
     (``q_c`` its length). Returns ``[T, H, D]`` in the query's dtype; the inputs are not modified.
 
     Raises:
-        ValueError: mismatched shapes, ``H % KVH != 0``, offsets that are not a partition of ``0 .. T``, or a
-            chunk longer than its context or a context longer than its table.
+        ValueError: a layout :func:`prefill_layout` refuses (mismatched shapes, ``H % KVH != 0``, offsets
+            that are not a partition of ``0 .. T``, a chunk longer than its context or a context longer
+            than its table).
     """
-    num_tokens, num_heads, head_dim = query.shape
-    num_blocks, block_size, num_kv_heads, kv_dim = key_cache.shape
-    if value_cache.shape != key_cache.shape or kv_dim != head_dim:
-        raise ValueError(
-            f"query {list(query.shape)}, key_cache {list(key_cache.shape)}, value_cache "
-            f"{list(value_cache.shape)}: head_dim and cache shapes must agree"
-        )
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    num_chunks = context_lens.shape[0]
-    if tuple(query_start.shape) != (num_chunks + 1,) or block_tables.shape[0] != num_chunks:
-        raise ValueError(
-            f"{num_chunks} chunks need query_start [{num_chunks + 1}] and block_tables [{num_chunks}, W], "
-            f"got {list(query_start.shape)} and {list(block_tables.shape)}"
-        )
-    starts, lens = query_start.tolist(), context_lens.tolist()
-    if starts[0] != 0 or starts[-1] != num_tokens:
-        raise ValueError(f"query_start must run from 0 to T={num_tokens}, got {starts}")
-    capacity = block_tables.shape[1] * block_size
-    for c, (first, last, length) in enumerate(zip(starts, starts[1:], lens)):
-        if not 0 <= last - first <= length <= capacity:
-            raise ValueError(
-                f"chunk {c}: {last - first} tokens (rows {first}..{last - 1}), context {length}, table of "
-                f"{block_tables.shape[1]} blocks x {block_size} tokens"
-            )
+    spans = prefill_layout(query, key_cache, value_cache, block_tables, query_start, context_lens)
     out = torch.empty_like(query)
-    for c, (first, last, length) in enumerate(zip(starts, starts[1:], lens)):
+    for c, (first, last, length) in enumerate(spans):
         if last > first:
             key, value = sequence_kv(key_cache, value_cache, block_tables[c], length)
             out[first:last] = attend_chunk(query[first:last], key, value, scale)

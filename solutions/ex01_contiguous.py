@@ -3,7 +3,8 @@
 Before paging, a serving system gave each request one run of adjacent KV slots, reserved for its whole
 stay (the PagedAttention paper's "contiguous" baseline, Kwon et al., SOSP 2023, §3). You write the
 allocator that hands those runs out: ``allocate`` (ch01.ex4) places a request first fit, ``free``
-(ch01.ex5) gives its run back and merges it with the free space around it. The chapter runs the
+(ch01.ex5) gives its run back and merges it with the free space around it, and ``compact`` (ch01.ex7)
+slides the runs together to win the holes back, at the price of copying them. The chapter runs the
 simulator's contiguous manager on your class (``simulate(..., contiguous_allocator=ContiguousAllocator)``)
 and shows the third kind of waste that only this design has: **external fragmentation**, free slots that
 add up to enough but lie in holes too small for the request that waits.
@@ -113,4 +114,43 @@ class ContiguousAllocator:
             self.holes[i][0] = start
         else:
             self.holes.insert(i, [start, end])
+        # END SOLUTION
+
+    def compact(self) -> list[tuple[int, int, int]]:
+        """Close every hole by sliding the runs down: what a contiguous design must do to recover memory
+        lost to external fragmentation, and what paging never needs.
+
+        Every run keeps its size and its order in the pool and moves to the lowest address it can: the first
+        run to slot 0, each next one to the slot after the one before it. Afterwards the free space is one
+        hole at the top, ``[used, num_slots)``, or no hole when the runs fill the pool; ``runs`` maps each
+        run's new start to its size (so ``free`` takes the new start from now on).
+
+        Returns:
+            The copies to make, ``(old_start, new_start, size)`` for every run that moves, in the order in
+            which copying them one after another, each a copy of ``size`` slots, never overwrites a slot of a
+            run not copied yet. A run already in place is not listed (copying it would cost for nothing).
+
+        Time: ``O(r log r)`` for ``r`` runs (independent of the pool's size).
+
+        Source: compaction of a memory with variable partitions (Knuth, *The Art of Computer Programming*
+        vol. 1, §2.5); the PagedAttention paper (Kwon et al., SOSP 2023, §4.2) avoids it with fixed-size
+        blocks mapped through a block table, as an operating system's paging does.
+        """
+        # BEGIN SOLUTION ch01.ex7 -- runs slid down in address order, the moved ones listed in a safe copy order
+        # HINT: Where does each run end up if none may overtake another? If the copies run one after another,
+        # HINT+ which order guarantees that a copy lands only on slots that are free or already copied? Which
+        # HINT+ runs need no copy at all, and what must the state say afterwards?
+        # HINT: Visit the runs by increasing start with a running "next free slot" from 0: each run's new start
+        # HINT+ is that slot; list the runs whose start changes, in that order. Rebuild runs with the new starts
+        # HINT+ and leave one hole from the last run's end to num_slots, or none when the pool is full.
+        moves, top, runs = [], 0, {}
+        for start in sorted(self.runs):
+            size = self.runs[start]
+            if start != top:
+                moves.append((start, top, size))
+            runs[top] = size
+            top += size
+        self.runs = runs
+        self.holes = [[top, self.num_slots]] if top < self.num_slots else []
+        return moves
         # END SOLUTION

@@ -34,15 +34,18 @@ which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` inde
    seats (``max_num_seqs``), the budget and the watermark (``allocate_slots(seq, n, computed)`` returns
    blocks, not ``None``); the first that does not fit stops admission. Tokens found in the prefix cache
    (``get_computed_blocks``, looked up once per admission) cost no budget.
-
-A request that can never run (over ``max_model_len``, ``n`` over ``max_num_seqs``, a prompt that does not
-fit beside the watermark) never reaches ``waiting``: ``add_request`` decides that once and lists it in
-the next step's ``out.ignored``.
+6. ``_never_reason`` (ch06.ex8): whether a new request can ever run. ``add_request`` (reference plumbing)
+   asks once, at arrival; a request that never can (over ``max_model_len``, ``n`` over ``max_num_seqs``, a
+   prompt that does not fit beside the watermark in an empty pool) never reaches ``waiting`` and is listed,
+   with the reason, in the next step's ``out.ignored``.
+7. ``_recompute`` (ch06.ex9): preemption by recompute: the victim's blocks back, its KV forgotten, and
+   where it waits (or, grown past an empty pool, how it ends). ``_preempt`` and ``_schedule_swapped``
+   call it.
 
 Helpers you can use (reference plumbing): ``self._mark_scheduled(seq, n, out)`` lists ``seq``'s next
 ``n`` tokens in ``out``, marks them computed and returns ``n``; ``self._exhaust(seq, out)``;
-``self._recompute(seq, out)`` (free, reset, front of waiting; or ``FINISHED_KV_EXHAUSTED`` in
-``out.exhausted`` when it grew too long to be admitted again); ``self._seats(seq)`` /
+``self._recompute(seq, out)`` (step 7; each step is checked with the reference's other methods, so an
+unwritten step never fails another one's checks); ``self._seats(seq)`` /
 ``self._num_seats()`` (seats, counting a request's forks to come); ``self._rank`` (arrival order key).
 Block manager calls (each gives what it can now or returns ``None``, changing nothing):
 ``allocate_slots(seq, n)`` (a ``NewBlocks``; its ``copies`` are copy-on-write pairs),
@@ -206,6 +209,109 @@ class Scheduler(ReferenceScheduler):
             budget -= self._mark_scheduled(seq, n, out)
         # END SOLUTION
 
+    def _never_reason(self, seq: Sequence) -> str | None:
+        """Why a new sequence can never run, or ``None`` when it may run some day. ``add_request`` asks once,
+        when the request arrives: a reason ends it ``FINISHED_IGNORED`` with ``"ignored: " + reason`` (listed
+        in the next step's ``out.ignored``); ``None`` sends it to the back of ``waiting``.
+
+        Never is a statement about every future state, not about this one: a sequence that does not fit
+        the free blocks *now* waits (the running ones will finish); only a limit that no amount of waiting
+        lifts makes it "never". The rules, checked in this order, the first that applies gives the reason:
+
+        1. its prompt, ``len(seq)`` tokens, is longer than ``config.max_model_len`` (a prompt of exactly
+           ``max_model_len`` tokens runs and stops at its first output token);
+        2. the seats it will take, ``self._seats(seq)`` (``n`` for a request that forks ``n`` samples),
+           exceed ``config.max_num_seqs``;
+        3. its whole prompt (not just the first chunk: every prompt token stays in the pool until the
+           request ends) needs more blocks of ``block_manager.block_size`` tokens than an *empty* pool of
+           ``block_manager.num_gpu_blocks`` blocks offers while admission keeps
+           ``block_manager.watermark_blocks`` of them free.
+
+        The reason is one line that names the number that breaks the limit and the limit (for rule 3: the
+        blocks needed, the pool's blocks and the watermark's blocks), e.g. ``"prompt of 40 tokens is longer
+        than max_model_len=32"``. Nothing changes: no queue, no block, no sequence field (asking allocates
+        nothing).
+
+        Source: vLLM v0's ``Scheduler._schedule_prefills`` (``vllm/core/scheduler.py``, 0.10.2) ends a prompt
+        over its prompt limit, or one for which ``can_allocate`` answers ``AllocStatus.NEVER`` (whole pool
+        minus needed blocks below the watermark, ``vllm/core/block_manager.py``), as ``FINISHED_IGNORED``, at
+        the moment it reaches the front of ``waiting``; this engine decides once, at arrival.
+        """
+        cfg, bm = self.config, self.block_manager
+        # BEGIN SOLUTION ch06.ex8 -- a limit no amount of waiting lifts: its length, its seats, an empty pool
+        # HINT: Which limits would still stop this sequence if every other request finished now? The free blocks
+        # HINT+ of this moment are not one of them. How many blocks does the *whole* prompt need, and how many
+        # HINT+ may an admission take from an empty pool?
+        # HINT: Compare len(seq) with max_model_len (longer only), self._seats(seq) with max_num_seqs, and
+        # HINT+ ceil(len(seq) / block_size) with num_gpu_blocks - watermark_blocks; return the first reason
+        # HINT+ with its numbers, else None.
+        tokens, seats = len(seq), self._seats(seq)
+        if tokens > cfg.max_model_len:
+            return f"prompt of {tokens} tokens is longer than max_model_len={cfg.max_model_len}"
+        if seats > cfg.max_num_seqs:
+            return f"n={seats} sequences exceed max_num_seqs={cfg.max_num_seqs}"
+        needed = -(-tokens // bm.block_size)
+        if needed > bm.num_gpu_blocks - bm.watermark_blocks:
+            return (
+                f"prompt of {tokens} tokens needs {needed} blocks of {bm.block_size} tokens; the KV cache "
+                f"has {bm.num_gpu_blocks} blocks and admission keeps {bm.watermark_blocks} free (watermark)"
+            )
+        return None
+        # END SOLUTION
+
+    def _recompute(self, seq: Sequence, out: SchedulerOutputs) -> None:
+        """Preemption by recompute (also the fallback of swap, and of a swapped sequence that cannot return).
+
+        ``seq`` has left its queue (the caller took it out of ``running`` or ``swapped``). Its blocks go back
+        to the pool, GPU or CPU (``block_manager.free``), and its KV is forgotten: later a prefill computes
+        all its tokens again, prompt and output so far. Then one of two ends:
+
+        - it can be admitted again some day (its ``len(seq)`` tokens fit an empty pool beside the watermark:
+          ``block_manager.can_ever_fit``): it is reset (``seq.reset_for_recompute()``: nothing computed,
+          ``WAITING``) and waits so that ``waiting`` stays in arrival order: it arrived before every
+          sequence still waiting that was never admitted, and victims reach this method newest first, so
+          each one belongs ahead of the one before;
+        - it never can (it grew past that while running): it ends ``FINISHED_KV_EXHAUSTED`` with
+          ``self.finish(seq, status, "KV cache exhausted: " + reason, out.exhausted)``, where ``reason``
+          is ``self._no_room_reason(seq, "sequence")``; it is never queued.
+
+        Counting preemptions is the caller's (``_preempt``), not this method's.
+
+        Source: vLLM v0 ``Scheduler._preempt_by_recompute`` (``vllm/core/scheduler.py``, 0.10.2: free the
+        blocks and reset; the scheduler then puts the preempted groups at the front of ``waiting`` with
+        ``extendleft``); vLLM v1 ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``, 0.10.2:
+        ``kv_cache_manager.free``, ``num_computed_tokens = 0``, ``self.waiting.prepend_request``).
+        """
+        # BEGIN SOLUTION ch06.ex9 -- blocks back, KV forgotten; front of waiting, or exhausted if it never fits again
+        # HINT: The victim was admitted before anyone still waiting: where in waiting keeps first come, first served?
+        # HINT+ What must it forget so that its next admission computes every token again? And what if even an
+        # HINT+ empty pool could no longer take it?
+        # HINT: Free its blocks first; if block_manager.can_ever_fit(len(seq)) fails, finish it with the exhausted
+        # HINT+ status and _no_room_reason's message in out.exhausted; else reset it and put it at the front.
+        self.block_manager.free(seq)
+        if not self.block_manager.can_ever_fit(len(seq)):
+            reason = self._no_room_reason(seq, "sequence")
+            self.finish(
+                seq,
+                SequenceStatus.FINISHED_KV_EXHAUSTED,
+                "KV cache exhausted: " + reason,
+                out.exhausted,
+            )
+            return
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        # END SOLUTION
+
 
 # The graded regions the engine part is made of (paged_course/capstone.py reads this).
-PART_REGIONS = {"Scheduler": ("ch06.ex1", "ch06.ex2", "ch06.ex3", "ch06.ex4", "ch06.ex5")}
+PART_REGIONS = {
+    "Scheduler": (
+        "ch06.ex1",
+        "ch06.ex2",
+        "ch06.ex3",
+        "ch06.ex4",
+        "ch06.ex5",
+        "ch06.ex8",
+        "ch06.ex9",
+    )
+}

@@ -4,7 +4,8 @@ A serving engine is judged by what each request sees: how long until its first t
 arrive, how long the whole answer takes, and how many requests meet a service-level objective (SLO). You
 write ``percentile`` (ch08.ex1) and ``latency_report`` (ch08.ex2) from the times at which each request's
 tokens reached the caller; chapter 08 runs the engine on a workload, records those times, and reads the
-report.
+report. Before that, ``kv_capacity`` (ch08.ex3) answers the operator's first question: how many requests one
+KV budget holds at once, static slots against paged blocks, over a trace of a million requests.
 
 The definitions are those of vLLM's serving benchmark (``vllm/benchmarks/serve.py``, 0.10.2, function
 ``calculate_metrics``): time to first token (TTFT), time per output token (TPOT, per request: the time after
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -126,5 +129,72 @@ def latency_report(
         "output_tokens": tokens,
         "throughput": tokens / span if tokens and span > 0 else 0.0,
         "goodput": None if slo_ttft is None and slo_tpot is None else good / len(requests),
+    }
+    # END SOLUTION
+
+
+def kv_capacity(
+    final_lens: np.ndarray, block_size: int, budget_blocks: int, static_len: int
+) -> dict:
+    """How many requests of a trace one KV budget holds at once: static slots against paged blocks.
+
+    Args:
+        final_lens: int ``[n]``, each request's final length in tokens (prompt and output), every one
+            ``>= 1``, in arrival order.
+        block_size: tokens per block.
+        budget_blocks: the blocks the KV budget buys; it holds ``budget_blocks * block_size`` token slots.
+        static_len: the token slots static pre-allocation reserves for every request (its ``max_seq_len``).
+
+    Returns a dict:
+        ``"static"``: int, the requests static pre-allocation holds: the budget's slots over ``static_len``,
+            rounded down, whatever their lengths.
+        ``"paged"``: int64 ``[m]``. A paged request holds ``ceil(final_len / block_size)`` blocks. For every
+            start ``i`` (in order), how many consecutive requests ``i, i+1, ...`` fit in ``budget_blocks``
+            together at their final lengths: as many as fit, stopping at the first that does not (0 when
+            request ``i`` alone is too large). Only starts whose window the budget closes: the requests
+            from ``i`` to the end of the trace need at least ``budget_blocks`` blocks. A window cut short by
+            the trace's end measures the trace, not the budget. ``m`` may be 0.
+        ``"static_token_share"``: the tokens of all requests over the slots static pre-allocation ties up
+            for them (``n * static_len``).
+        ``"paged_token_share"``: the tokens of all requests over the slots of all their blocks.
+
+    Cost: a million requests in well under a second, with windows of hundreds of requests: ``O(n log n)``
+    with NumPy, no Python loop over the requests. ``final_lens`` is not modified.
+
+    Source: the capacity argument of the PagedAttention paper (Kwon et al., SOSP 2023, §3 and Fig. 2: memory
+    reserved for the maximum length vs allocated on demand); the window count is this course's measure.
+
+    Raises:
+        ValueError: ``final_lens`` empty, not 1-D or holding a length below 1, or a size below 1 (the
+            message gives them).
+    """
+    final_lens = np.asarray(final_lens)
+    if final_lens.ndim != 1 or final_lens.size == 0 or int(final_lens.min()) < 1:
+        raise ValueError(
+            f"final_lens must be a non-empty 1-D array of lengths >= 1, got shape {final_lens.shape}"
+        )
+    if min(block_size, budget_blocks, static_len) < 1:
+        raise ValueError(
+            f"block_size, budget_blocks and static_len must be >= 1, got {block_size}, "
+            f"{budget_blocks}, {static_len}"
+        )
+    # BEGIN SOLUTION ch08.ex3 -- every full window of requests the budget holds, counted at once with NumPy
+    # HINT: A window starting at i ends where the blocks of requests i, i+1, ... first exceed the budget. If you knew
+    # HINT+ the blocks of all requests before each position, how would you find that end for every i at once,
+    # HINT+ without walking the window? Which windows does the trace's end cut short?
+    # HINT: Turn the blocks into a running sum that starts at 0. Window i ends at the last entry of that sum
+    # HINT+ within cum[i] + budget_blocks: one sorted search finds it for every i (mind which side a tie falls
+    # HINT+ on: a window that fills the budget exactly holds its last request). Keep the starts whose window the
+    # HINT+ budget closes, not the trace's end.
+    blocks = -(-final_lens.astype(np.int64) // block_size)
+    cum = np.concatenate(([0], np.cumsum(blocks)))
+    ends = cum[:-1] + budget_blocks
+    fit = np.searchsorted(cum, ends, side="right") - 1 - np.arange(len(blocks))
+    tokens = float(final_lens.sum())
+    return {
+        "static": budget_blocks * block_size // static_len,
+        "paged": fit[ends <= cum[-1]].astype(np.int64),
+        "static_token_share": tokens / (len(blocks) * static_len),
+        "paged_token_share": tokens / float(cum[-1] * block_size),
     }
     # END SOLUTION

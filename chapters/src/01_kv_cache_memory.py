@@ -29,14 +29,15 @@
 #    for static pre-allocation, contiguous first-fit reservation, and paged blocks on a chat-like trace;
 # 4. build three pieces of the simulator yourself, the waste accounting, the paged manager (admission with a
 #    watermark, growth block by block, preemption of the newest request) and the contiguous first-fit allocator
-#    (where external fragmentation comes from), and run the simulation on them;
+#    (where external fragmentation comes from, and the compaction that would undo it, at a price), and run the
+#    simulation on them;
 # 5. check three claims of the seed with your own numbers: the real-token share before and after paging (C1),
 #    the split between the kinds of waste (C2), and the at-most-one-partial-block bound of paging (C3);
 # 6. size the engine's KV pool from a model's config and a byte budget, as the engine does at start-up.
 #
 # The calculator is `paged_course.reference.memory`, the trace and the simulator `paged_course.sim`, the plots
 # `paged_course.viz.fragmentation`. Your pieces go in **`exercises/ex01_fragmentation.py`** (three build steps),
-# **`exercises/ex01_contiguous.py`** (two) and **`exercises/ex01_kv_pool.py`** (sizing the pool), each followed by
+# **`exercises/ex01_contiguous.py`** (three) and **`exercises/ex01_kv_pool.py`** (sizing the pool), each followed by
 # a cell that runs its checks. Until a piece passes its checks, the chapter runs the simulator's (or the engine's)
 # own version and says so in one line.
 
@@ -510,6 +511,73 @@ _ = check("ch01.ex4")
 
 # %%
 _ = check("ch01.ex5")
+
+# %% [markdown]
+# ### The allocator's last piece (build step 7): compaction, the fix paging makes unnecessary
+#
+# An operating system that gives programs variable-sized partitions wins its holes back by **compaction**: stop,
+# slide every partition down until none is left between them, and fix every address that pointed into them. A
+# contiguous KV cache could do the same, but each slot it slides is one token's K and V in every layer, copied
+# while the requests wait. Paging never compacts: any free block serves any request, wherever it lies, because
+# the block table hides where it is (paper §4.2).
+#
+# **Step 7, `compact()` (region `ch01.ex7`).** It slides the runs down and returns the copies the engine would
+# make, `(old_start, new_start, size)`. Three decisions are yours: where each run lands, in which order the
+# copies must run when a run's new place overlaps its old one (a copy must never land on a run not copied yet),
+# and which runs need no copy at all. The docstring states the state afterwards and the cost.
+
+# %%
+_ = check("ch01.ex7")
+
+# %% [markdown]
+# **Predict, then run.** The chapter's requests (the trace of section 3, below) arrive one after another at a pool
+# of 32,768 slots, each reserving `prompt + max_tokens` adjacent slots; when the next one finds no room, running
+# requests leave in random order until it fits. After 500 arrivals, at the first moment the waiting request finds
+# no hole large enough although the free slots add up to enough, the pool is compacted. What share of the slots
+# that requests hold does compaction copy: about 1%, 10%, 50% or 90%? Set `prediction` to 0.01, 0.1, 0.5 or 0.9.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 0.1
+
+# %%
+compacting = learner_or_reference(
+    ["ch01.ex4", "ch01.ex5", "ch01.ex7"],
+    getattr(exercise_module("ex01_contiguous"), "ContiguousAllocator", None),
+    ContiguousAllocator,
+)
+churn = chat_trace(2000, seed=0, max_seq_len=2048)  # the trace of section 3
+rng = np.random.default_rng(0)
+pool, held, stuck = compacting(32768), [], None
+for arrival, size in enumerate((churn.prompt_len + churn.max_tokens).tolist()):
+    start = pool.allocate(size)
+    while start is None:
+        if arrival >= 500 and pool.free_slots >= size:  # room in total, no hole that holds it
+            stuck = size
+            break
+        pool.free(held.pop(int(rng.integers(len(held)))))  # a random running request leaves
+        start = pool.allocate(size)
+    if stuck:
+        break
+    held.append(start)
+in_use = pool.num_slots - pool.free_slots
+print(
+    f"arrival {arrival} waits for {stuck} slots: {pool.free_slots} are free, the largest hole holds "
+    f"{pool.largest_hole}; {len(pool.runs)} requests hold {in_use} slots"
+)
+moves = pool.compact()
+copied = sum(size for _, _, size in moves)
+per_token = KNOWN_MODELS["llama-2-7b"].bytes_per_token
+print(
+    f"compaction: {len(moves)} of {len(pool.runs)} runs move, {copied} slots copied = "
+    f"{format_bytes(copied * per_token)} of Llama-2-7B KV (fp16); then allocate({stuck}) -> {pool.allocate(stuck)}"
+)
+reveal(
+    prediction,
+    min((0.01, 0.1, 0.5, 0.9), key=lambda share: abs(share - copied / in_use)),
+    "share of the held slots compaction copies (nearest choice)",
+    why=f"{copied / in_use:.0%}: a hole low in the pool moves every run above it, and first fit fills the pool "
+    "from the bottom, so holes open anywhere; paging would have placed the request in the free blocks as they lie",
+)
 
 # %% [markdown]
 # ### Your pieces in the simulator

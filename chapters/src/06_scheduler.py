@@ -32,13 +32,14 @@
 # 4. grow the running sequences and preempt the **most recently admitted** one when memory runs out, by
 #    **recompute** or by **swap**, and end a sequence that can never grow instead of looping;
 # 5. bring swapped sequences back and admit new ones first come, first served under the **watermark**
-#    (and correct the fragmentation article's description of it, ledger row E9, `docs/sources.md`);
+#    (and correct the fragmentation article's description of it, ledger row E9, `docs/sources.md`), and tell a
+#    request that must wait from one that can never run;
 # 6. compare the step orders of vLLM v0 and v1, and measure what the chunk budget does to time to first
 #    token and inter-token latency (Sarathi-Serve, OSDI 2024), in a simulator and on the engine;
 # 7. measure recompute against swap by block size (the PagedAttention paper §7.3, Fig. 19), and write the
 #    CPU swap space that copies a block forked samples share once, not once per sample.
 #
-# You write five regions of `exercises/ex06_scheduler.py`, the policy methods of `Scheduler`, a subclass of
+# You write seven regions of `exercises/ex06_scheduler.py`, the policy methods of `Scheduler`, a subclass of
 # the reference `paged.core.scheduler.Scheduler` that keeps its plumbing (queues, requests in and out,
 # small helpers that its docstring lists), and two of `exercises/ex06_swap.py`, the CPU swap space that
 # preemption by swap moves blocks into. After each build step a cell `check("ch06.exK")` runs that
@@ -98,6 +99,8 @@ STEP_METHODS = {
     "ch06.ex3": "_preempt",
     "ch06.ex4": "_schedule_swapped",
     "ch06.ex5": "_schedule_waiting",
+    "ch06.ex8": "_never_reason",
+    "ch06.ex9": "_recompute",
 }
 
 
@@ -383,10 +386,8 @@ reveal(
 #   full): the engine finds the pairs in `out.blocks_to_swap_out`; the sequence is `SWAPPED` with its
 #   `num_computed_tokens` kept (its K/V still exist), counted in `num_swap_outs`; and `self.swapped` is still
 #   in **arrival order** (`self._rank`): victims leave newest first, yet must come back oldest first.
-# * **recomputed**, otherwise, counted in `num_recomputes`: `self._recompute(seq, out)` is the plumbing that
-#   frees its blocks, resets it (`WAITING`, `num_computed_tokens` 0: all its tokens, prompt and generated,
-#   are prefilled again later) at the **front** of `self.waiting`, or ends it `kv_cache_exhausted` when it
-#   has grown too long to be admitted again.
+# * **recomputed**, otherwise, counted in `num_recomputes`: `self._recompute(seq, out)` takes its memory
+#   and its work away (you write it next, as `ch06.ex9`; until then the reference's runs).
 #
 # Swap keeps the work and pays for copies over PCIe; recompute throws the work away and pays for a prefill
 # (section 9 compares them).
@@ -395,6 +396,26 @@ reveal(
 
 # %%
 _ = check("ch06.ex3")
+
+# %% [markdown]
+# ### Build step 3b: what recompute leaves behind
+#
+# `_recompute(seq, out)` runs for every recompute victim (and for a swapped sequence that cannot come back).
+# The sequence keeps its tokens, prompt and output so far, but loses every block and every computed token:
+# its next admission is a prefill of all of them. Two questions are yours to answer in the region `ch06.ex9`:
+#
+# * **Where does it wait?** It was admitted before every prompt still waiting, and first come, first served
+#   should not punish it for being evicted. Victims reach `_recompute` newest first, so think about where each
+#   must go for `waiting` to stay in arrival order.
+# * **Can it ever come back?** A running sequence may grow into the blocks the watermark keeps free at
+#   admission; once its length is more than an empty pool offers an admission, waiting would block the queue
+#   forever. Such a victim ends `kv_cache_exhausted` instead, with the reason `self._no_room_reason(seq,
+#   "sequence")` gives (`block_manager.can_ever_fit` answers the question).
+#
+# The docstring states the contract.
+
+# %%
+_ = check("ch06.ex9")
 
 # %% [markdown]
 # Your steps 1-3 at work on a tiny memory: five blocks of 4 tokens. Requests A (prompt 6, 6 new tokens) and
@@ -507,9 +528,8 @@ _ = check("ch06.ex4")
 # `_schedule_waiting(out, budget)` runs only in a step that preempted nobody and with nothing swapped out. For
 # the waiting sequences in arrival order. What must hold:
 #
-# (A request that can never run, longer than `max_model_len`, with more samples than seats, or larger than the
-# whole pool beside the watermark, never gets here: `add_request` decides that once, and the next step lists
-# it in `out.ignored` with its reason, so it blocks nobody.)
+# (A request that can never run never gets here: `add_request` turns it away at arrival, with your build step 5b
+# below.)
 #
 # * **First come, first served.** The first sequence that does not fit stops admission: nobody behind it
 #   overtakes.
@@ -537,6 +557,65 @@ _ = check("ch06.ex4")
 
 # %%
 _ = check("ch06.ex5")
+
+# %% [markdown]
+# ### Build step 5b: never, or only not yet?
+#
+# FCFS has a price: the first waiting prompt that does not fit stops admission for everyone behind it. That is
+# right for a prompt that will fit once running requests finish, and a disaster for one that never will: it
+# would block the queue forever. So `add_request` asks once, at arrival, `self._never_reason(seq)`: a reason
+# string ends the request `ignored` (the engine reports it to the caller with that reason), `None` sends it to
+# `waiting`. The line between the two is the design question of the region `ch06.ex8`: which limits would
+# still stop this sequence if every other request finished now? The pool's free blocks at this moment are not
+# one of them. The docstring lists the limits this engine has and the order in which they are reported.
+#
+# vLLM v0 asks the same question (`AllocStatus.NEVER` from `can_allocate`, and the prompt limit, in
+# `_schedule_prefills`, `vllm/core/scheduler.py`, 0.10.2), each time a prompt reaches the front of the queue.
+
+# %%
+_ = check("ch06.ex8")
+
+# %% [markdown]
+# **Predict, then run.** A pool of 8 blocks of 4 tokens, watermark 0.25, `max_model_len` 32 and `max_num_seqs`
+# 4, with 6 of the blocks held by a running request. Five requests arrive: prompts of 24, 25, 32 and 33 tokens,
+# and one of 3 tokens asking for `n=5` samples. How many of them are ignored? Set `prediction`, then run both
+# cells.
+
+# %%
+prediction = None  # your guess, e.g. prediction = 2
+
+# %%
+arrivals = [(24, 1), (25, 1), (32, 1), (33, 1), (3, 5)]  # (prompt tokens, n)
+YoursNever = your_scheduler("ch06.ex8")
+never_sched = YoursNever(
+    SchedulerConfig(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=32),
+    CacheConfig(block_size=4, num_gpu_blocks=8, watermark=0.25),
+)
+busy = SequenceGroup("busy", [Sequence(0, list(range(1, 23)), 4)], SamplingParams(max_tokens=4))
+never_sched.add_request(busy)
+never_sched.schedule()  # the busy request's 22 tokens take 6 of the 8 blocks
+busy.seqs[0].append_token_id(1)  # the token its step sampled
+for i, (prompt_len, n) in enumerate(arrivals):
+    never_sched.add_request(
+        SequenceGroup(
+            f"p{prompt_len}n{n}",
+            [Sequence(i + 1, list(range(1, prompt_len + 1)), 4)],
+            SamplingParams(max_tokens=2, n=n),
+        )
+    )
+turned_away = never_sched.schedule().ignored
+print(f"free blocks now: {never_sched.block_manager.get_num_free_gpu_blocks()} of 8")
+for seq in turned_away:
+    print(f"  {seq.group.request_id}: {seq.finish_message}")
+print("waiting:", [seq.group.request_id for seq in never_sched.waiting])
+reveal(
+    prediction,
+    len(turned_away),
+    "requests ignored",
+    why="25 tokens need 7 blocks where an admission may take 6 of 8 (the watermark keeps 2), 32 tokens likewise, "
+    "33 is over max_model_len and 5 samples need 5 seats of 4; the 24-token prompt only has to wait for the "
+    "busy request, which is later, not never",
+)
 
 # %% [markdown]
 # Your whole scheduler (or the reference for the steps that do not pass yet) in the simulator: 100 requests

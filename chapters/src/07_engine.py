@@ -303,13 +303,24 @@ print(
 # on a first chunk (where `L = n`). vLLM v1 runs every prefill this way, all chunks of a step packed into one
 # tensor with offsets `query_start` (`vllm/v1/attention/backends/`); the engine's Triton kernel
 # `paged.kernels.launch_prefill` has exactly the interface of your `prefill_attention`, whose loop over the
-# chunks is given. You write how one sequence's keys and values come out of the pool (`ch07.ex2`) and the
-# causal, grouped-query attention of one chunk (`ch07.ex3`). The graded tests compare with contiguous causal
-# attention on random chunkings.
+# chunks is given.
+#
+# That loop trusts a handful of integers: where each chunk's rows start in the packed query, how long each
+# sequence is, how wide the tables are. A kernel does not check them; a wrong one reads another request's rows,
+# a position before 0 or a block past the end of a table, and answers with plausible numbers. So before anything
+# is read, `prefill_layout` (`ch07.ex9`) decides which packed steps are safe and returns each chunk's rows and
+# context. The design question is the exact line: refuse every layout that would read out of bounds, and accept
+# every legal one, including an empty chunk and a context that fills its table to the last slot. Then you
+# write how one sequence's keys and values come out of the pool (`ch07.ex2`) and the causal, grouped-query
+# attention of one chunk (`ch07.ex3`). The graded tests compare with contiguous causal attention on random
+# chunkings.
 
 # %%
 from paged_course.check import check  # noqa: E402
 
+_ = check("ch07.ex9")
+
+# %%
 _ = check("ch07.ex2")
 
 # %%

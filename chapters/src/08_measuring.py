@@ -25,7 +25,7 @@
 # 1. choose a block size with numbers: memory waste from the simulator on two length distributions, and what
 #    the GPU kernel benchmark adds (ledger rows C7 and E10);
 # 2. size a KV cache at scale: a million simulated requests of Llama-2-7B on an 80 GB GPU, static
-#    pre-allocation against paged blocks;
+#    pre-allocation against paged blocks, counted by your own vectorized sliding window;
 # 3. measure throughput against concurrency for our engine and transformers' `generate` on the same model with
 #    the same outputs (C6), and write the latency report a user's view needs: TTFT, TPOT, ITL, goodput;
 # 4. read the seed claims ledger: one row per claim C1-C7 and error E1-E11, each with the number this course
@@ -231,8 +231,21 @@ else:
 # - **Paged** gives a request `ceil(length / 16)` blocks: its real length plus at most one partial block.
 #
 # We draw one million chat-like requests with `max_seq_len=4096` and count, for every starting request, how many
-# consecutive requests fit in the budget at their final lengths. `paged_course.reference.ledger.capacity_at_scale` does it with
-# cumulative sums and `np.searchsorted`, no Python loop.
+# consecutive requests fit in the budget at their final lengths: a sliding window over the trace, whose mean and
+# spread say how many requests the memory holds at once.
+#
+# **Your turn** (`exercises/ex08_metrics.py`, region `ch08.ex3`): `kv_capacity(final_lens, block_size,
+# budget_blocks, static_len)`. Two decisions make it a measurement rather than a loop. First, cost: a window holds
+# hundreds of requests and there are a million starts, so walking each window is hundreds of millions of steps;
+# find every window's end at once. Second, which windows count: near the end of the trace a window stops because
+# the requests run out, not because the budget is full, and such a window says nothing about the budget. The
+# docstring states the contract, ties included.
+
+# %%
+_ = check("ch08.ex3")
+
+# %% [markdown]
+# The measurement (the ledger's `capacity_at_scale`, in bytes and percentiles):
 
 # %% tags=["nbval-check-output"]
 start = time.perf_counter()
@@ -260,6 +273,27 @@ print(f"paged / static: {cap['paged_mean'] / cap['static']:.1f}x")
 print(f"one million requests sized in {scale_seconds:.2f} s")
 plot_capacity(cap, "Llama-2-7B, 80 GB GPU, utilization 0.9")
 plt.show()
+
+# %%
+your_capacity = learner_or_reference(
+    "ch08.ex3", getattr(exercise_module("ex08_metrics"), "kv_capacity", None), None
+)
+if your_capacity is None:
+    print("the numbers above are the reference's; yours join them once ch08.ex3 passes")
+else:
+    start = time.perf_counter()
+    mine = your_capacity(million.final_len, 16, cap["budget_blocks"], 4096)
+    took = time.perf_counter() - start
+    agree = (
+        mine["static"] == cap["static"]
+        and abs(float(np.mean(mine["paged"])) - cap["paged_mean"]) < 1e-9
+        and abs(float(np.percentile(mine["paged"], 95)) - cap["paged_p95"]) < 1e-9
+    )
+    print(
+        f"your kv_capacity in {took:.2f} s: static {mine['static']}, paged {np.mean(mine['paged']):.1f} on "
+        f"average over {len(mine['paged']):,} windows, token shares {mine['static_token_share']:.1%} and "
+        f"{mine['paged_token_share']:.1%}; the same as the reference: {agree}"
+    )
 
 # %% [markdown]
 # Paging fits about ten times more requests in the same memory. The fragmentation article (§4.1) put it at "~8 vs ~32" for
@@ -643,7 +677,8 @@ else:
 # %% [markdown]
 # ## Your turn
 #
-# Chapter 08's graded exercise is the latency report (`ch08.ex1`, `ch08.ex2`); the rest of its work is measuring.
+# Chapter 08's graded exercises are the capacity count (`ch08.ex3`) and the latency report (`ch08.ex1`, `ch08.ex2`);
+# the rest of its work is measuring.
 # Three things to try from a terminal:
 #
 # ```bash

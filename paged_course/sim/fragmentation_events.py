@@ -72,6 +72,18 @@ class ContiguousAllocator:
         else:
             self.holes.insert(i, [start, end])
 
+    def compact(self) -> list[tuple[int, int, int]]:
+        """Slide the runs down in address order; the moved ones as ``(old_start, new_start, size)``, in an
+        order safe to copy one after another (chapter 01's ``ch01.ex7`` states the contract)."""
+        moves, top, runs = [], 0, {}
+        for start in sorted(self.runs):
+            if start != top:
+                moves.append((start, top, self.runs[start]))
+            runs[top] = self.runs[start]
+            top += self.runs[start]
+        self.runs, self.holes = runs, ([[top, self.num_slots]] if top < self.num_slots else [])
+        return moves
+
 
 def _simulate_reserving(trace: Trace, pool: int, manager: str, allocator_cls=ContiguousAllocator):
     """Static slots or contiguous first-fit: memory is fixed for a request's whole stay (event loop).

@@ -260,3 +260,117 @@ def test_random_traces_match_the_slot_model(impl, seed):
             f"seed {seed}, step {step}, after {what}: holes {pool.holes}, expected {_model_holes(free)}"
         )
         assert pool.free_slots == sum(free)
+
+
+# ---------------------------------------------------------------- ch01.ex7: compaction
+
+
+def _compacted(pool, what):
+    """Run ``pool.compact()`` on a slot model holding each run's id, replay the copies it returns one after
+    another, and check the layout, the state and the copy list. Returns the copies."""
+    before = dict(pool.runs)
+    slots = [None] * pool.num_slots
+    for start, size in before.items():
+        slots[start : start + size] = [start] * size  # each slot holds its run's old start
+    moves = pool.compact()
+    assert isinstance(moves, list), f"{what}: compact returns a list of copies, got {moves!r}"
+    for old, new, size in moves:
+        assert before.get(old) == size, (
+            f"{what}: copy {(old, new, size)} is not a run of the pool (runs {before})"
+        )
+        slots[new : new + size] = slots[old : old + size]  # one copy after another, as listed
+    want, top = {}, 0
+    for start in sorted(before):
+        want[top] = before[start]
+        assert slots[top : top + before[start]] == [start] * before[start], (
+            f"{what}: after the copies {moves}, the run that began at {start} must fill slots "
+            f"{top}..{top + before[start] - 1}; a copy overwrote slots of a run not copied yet, or a run "
+            "that moves is missing from the list"
+        )
+        top += before[start]
+    moved = [(old, new) for old, new, _ in moves]
+    must = [(old, new) for old, new in zip(sorted(before), want) if old != new]
+    assert sorted(moved) == sorted(must), (
+        f"{what}: the runs that move are {must}; got {moved} (a run already in place costs no copy)"
+    )
+    assert pool.runs == want, f"{what}: runs must be {want} after compaction, got {pool.runs}"
+    holes = [[top, pool.num_slots]] if top < pool.num_slots else []
+    assert pool.holes == holes, f"{what}: holes must be {holes}, got {pool.holes}"
+    return moves
+
+
+@pytest.mark.exercise("ch01.ex7", points=2)
+def test_compact_slides_the_runs_down_in_order(impl):
+    # 40 slots, runs of 10 at 0, 10, 20, 30; the ones at 10 and 30 finished: holes [10, 20) and [30, 40)
+    pool = _pool(impl, 40, {0: 10, 20: 10})
+    moves = _compacted(pool, "runs at 0 and 20 in 40 slots")
+    assert moves == [(20, 10, 10)], f"only the run at 20 moves, to 10: got {moves}"
+    assert pool.allocate(15) == 20, "after compaction one hole of 20 slots holds a run of 15 at 20"
+
+
+@pytest.mark.exercise("ch01.ex7", points=2)
+@pytest.mark.parametrize("gap", range(4), ids=lambda g: f"hole before run {g}")
+def test_compact_with_the_first_hole_at_every_position(impl, gap):
+    # four runs of sizes 3, 5, 2, 4; one hole of 6 slots before run `gap` (and a hole at the top)
+    sizes, runs, at = [3, 5, 2, 4], {}, 0
+    for i, size in enumerate(sizes):
+        if i == gap:
+            at += 6
+        runs[at] = size
+        at += size
+    pool = _pool(impl, 30, runs)
+    moves = _compacted(pool, f"the hole before run {gap}")
+    assert len(moves) == 4 - gap, f"the {4 - gap} runs above the hole move, got {moves}"
+
+
+@pytest.mark.exercise("ch01.ex7", points=2)
+def test_compact_overlapping_moves_in_a_safe_order(impl):
+    # long runs separated by one-slot holes: each run moves by less than its size, so its copy overlaps
+    # the run below it; copying the higher runs first would overwrite runs not yet copied
+    pool = _pool(impl, 64, {1: 12, 14: 12, 27: 12, 40: 12})
+    moves = _compacted(pool, "runs of 12 after holes of 1")
+    assert [new for _, new, _ in moves] == [0, 12, 24, 36]
+
+
+@pytest.mark.exercise("ch01.ex7", points=1)
+def test_compact_a_full_pool_an_empty_pool_and_a_packed_one(impl):
+    full = _pool(impl, 12, {0: 4, 4: 8})
+    assert _compacted(full, "a full pool") == [] and full.holes == []
+    empty = _pool(impl, 12, {})
+    assert _compacted(empty, "an empty pool") == [] and empty.holes == [[0, 12]]
+    packed = _pool(impl, 12, {0: 4, 4: 3})
+    assert _compacted(packed, "runs already at the bottom") == [], "nothing to copy"
+
+
+@pytest.mark.exercise("ch01.ex7", points=2, uses=("ch01.ex4", "ch01.ex5"))
+@pytest.mark.parametrize("seed", range(3), ids=lambda s: f"seed {s}")
+def test_compact_then_allocate_and_free_on_random_pools(impl, seed):
+    rng = random.Random(seed)
+    pool = impl("ex01_contiguous").ContiguousAllocator(96)
+    for round_ in range(6):
+        for _ in range(40):
+            if pool.runs and rng.random() < 0.5:
+                pool.free(rng.choice(sorted(pool.runs)))
+            else:
+                pool.allocate(rng.choice([1, 2, 3, 5, 8, 13]))
+        _compacted(pool, f"seed {seed}, round {round_}")
+        size = pool.free_slots
+        if size:
+            assert pool.allocate(size) is not None, (
+                f"seed {seed}, round {round_}: after compaction all {size} free slots are one hole"
+            )
+            pool.free(max(pool.runs))
+
+
+@pytest.mark.exercise("ch01.ex7", points=1)
+def test_compact_costs_the_runs_not_the_pool(impl):
+    import time
+
+    pool = _pool(impl, 10**9, {i * 1000 + 7: 500 for i in range(20_000)})
+    start = time.perf_counter()
+    moves = pool.compact()
+    seconds = time.perf_counter() - start
+    assert len(moves) == 20_000 and seconds < 2.0, (
+        f"20,000 runs in a pool of 10^9 slots: {len(moves)} copies in {seconds:.2f} s; compaction must "
+        "cost per run, never per slot of the pool"
+    )

@@ -801,3 +801,297 @@ def test_admission_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
     seen = assert_invariants(mix(ex, "_schedule_waiting"), range(40))
     assert seen >= {"preempted", "ignored"}
+
+
+# ---------------------------------------------------------------- ch06.ex8: a request that can never run
+
+
+def _reason(cls, seq_group, **cfg):
+    """The learner's verdict on a fresh request, and the scheduler it was asked on."""
+    s = sched(cls, **cfg)
+    return s._never_reason(seq_group.seqs[0]), s
+
+
+@pytest.mark.exercise("ch06.ex8", points=2)
+@pytest.mark.parametrize(
+    "rule, runs, never, cfg",
+    [
+        ("length", make("ok", 32, 1), make("long", 33, 1), dict(num_gpu_blocks=64)),
+        ("seats", make("ok", 4, 1, n=4), make("wide", 4, 1, n=5), dict(num_gpu_blocks=64)),
+        ("pool", make("ok", 24, 1), make("big", 25, 1), dict(num_gpu_blocks=8, watermark=0.25)),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_each_limit_at_its_edge(impl, rule, runs, never, cfg):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_never_reason")
+    # max_model_len 32, max_num_seqs 4, blocks of 4 tokens; the pool: 8 blocks, 2 kept free (watermark 0.25)
+    ok, _ = _reason(cls, runs, **cfg)
+    assert ok is None, (
+        f"{rule}: a request exactly at the limit can run ({len(runs.seqs[0])} prompt tokens, "
+        f"n={runs.sampling_params.n}, {cfg}); got the reason {ok!r}"
+    )
+    reason, _ = _reason(cls, never, **cfg)
+    want = {
+        "length": ("33", "32", "max_model_len"),
+        "seats": ("5", "4", "max_num_seqs"),
+        "pool": ("7", "8", "2"),  # blocks needed, blocks in the pool, blocks the watermark keeps
+    }[rule]
+    assert isinstance(reason, str) and all(w in reason for w in want), (
+        f"{rule}: one step past the limit can never run; the reason must name {', '.join(want)}, "
+        f"got {reason!r}"
+    )
+
+
+@pytest.mark.exercise("ch06.ex8", points=2)
+def test_the_first_rule_that_applies_gives_the_reason(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_never_reason")
+    reason, _ = _reason(cls, make("X", 40, 1, n=5), num_gpu_blocks=4, max_model_len=32)
+    assert reason and "max_model_len" in reason and "max_num_seqs" not in reason, (
+        f"a prompt over max_model_len, with too many samples, larger than the pool: the length comes first, "
+        f"got {reason!r}"
+    )
+    reason, _ = _reason(cls, make("Y", 40, 1, n=5), num_gpu_blocks=4, max_model_len=64)
+    assert reason and "max_num_seqs" in reason and "10" not in reason, (
+        f"too many samples and larger than the pool: the seats come before the pool, got {reason!r}"
+    )
+
+
+@pytest.mark.exercise("ch06.ex8", points=3)
+def test_a_busy_pool_is_later_not_never(impl):
+    # A's 28 tokens hold 7 of the 8 blocks; B (12 tokens, 3 blocks) does not fit now but fits an empty pool.
+    ex = impl("ex06_scheduler")
+    s = sched(mix(ex, "_never_reason"), 8)
+    a, b = make("A", 28, 3), make("B", 12, 2)
+    s.add_request(a)
+    engine = CheckedEngine(s)
+    engine.step()
+    free_before = s.block_manager.get_num_free_gpu_blocks()
+    s.add_request(b)
+    assert b.seqs[0].status is S.WAITING and list(s.waiting) == [b.seqs[0]], (
+        f"B needs 3 blocks, {free_before} are free now, 8 in the pool: it must wait (later), not be "
+        f"ignored (never); got {b.seqs[0].status.value}"
+    )
+    assert s.block_manager.get_num_free_gpu_blocks() == free_before, (
+        "asking whether a request can ever run must not allocate anything"
+    )
+    engine.run(max_steps=60)
+    assert [len(g.seqs[0].output_token_ids) for g in (a, b)] == [3, 2] and not any(
+        o.ignored for o in engine.log
+    ), "both requests run to their max_tokens; nobody is ignored"
+    assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex8", points=2)
+def test_the_whole_prompt_counts_not_its_first_chunk(impl):
+    # 8 blocks of 4 tokens; chunks of at most 8 tokens. 32 tokens fill the pool exactly; 33 never fit.
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_never_reason")
+    for length, ignored in ((32, False), (33, True)):
+        s = sched(cls, 8, max_model_len=64, max_num_batched_tokens=8)
+        g = make("P", length, 1)
+        s.add_request(g)
+        engine = CheckedEngine(s)
+        engine.run(max_steps=30)
+        got = g.seqs[0].status is S.FINISHED_IGNORED
+        assert got == ignored, (
+            f"a {length}-token prompt in a pool of 32 slots, computed in chunks of 8: "
+            f"{'it can never hold all its tokens' if ignored else 'it fits the pool exactly'}, expected "
+            f"{'ignored' if ignored else 'to run'}, got {g.seqs[0].status.value}"
+        )
+        assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex8", points=2)
+@pytest.mark.parametrize("position", range(4), ids=lambda p: f"at position {p}")
+def test_an_ignored_request_at_every_position_blocks_nobody(impl, position):
+    ex = impl("ex06_scheduler")
+    s = sched(mix(ex, "_never_reason"), 16, max_num_seqs=8)
+    groups = [make(f"R{i}", 3 + i, 2) for i in range(3)]
+    never = make("NEVER", 40, 2)  # over max_model_len=32
+    groups.insert(position, never)
+    for g in groups:
+        s.add_request(g)
+    engine = CheckedEngine(s)
+    engine.run(max_steps=40)
+    ignored = [ids(o.ignored) for o in engine.log if o.ignored]
+    assert ignored == [["NEVER"]] and never.seqs[0].finish_message.startswith("ignored: "), (
+        f"the request over max_model_len at position {position} is listed once in out.ignored, with its "
+        f"reason; got {ignored}"
+    )
+    done = [len(g.seqs[0].output_token_ids) for g in groups if g is not never]
+    assert done == [2, 2, 2], f"the other three requests each generate 2 tokens, got {done}"
+    assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex8", points=1)
+def test_asking_changes_nothing(impl):
+    ex = impl("ex06_scheduler")
+    s = sched(mix(ex, "_never_reason"), 8, watermark=0.25)
+    s.add_request(make("A", 10, 4))
+    CheckedEngine(s).step()
+    state = (
+        s.block_manager.get_num_free_gpu_blocks(),
+        [x.seq_id for x in s.running],
+        list(s.waiting),
+    )
+    for g in (make("B", 5, 1), make("C", 40, 1), make("D", 30, 1), make("E", 3, 1, n=6)):
+        seq = g.seqs[0]
+        before = (list(seq.token_ids), seq.num_computed_tokens, seq.status)
+        first, second = s._never_reason(seq), s._never_reason(seq)
+        assert first == second, f"asked twice about {g.request_id}: {first!r}, then {second!r}"
+        assert (list(seq.token_ids), seq.num_computed_tokens, seq.status) == before, (
+            f"_never_reason changed sequence {g.request_id}"
+        )
+    after = (
+        s.block_manager.get_num_free_gpu_blocks(),
+        [x.seq_id for x in s.running],
+        list(s.waiting),
+    )
+    assert after == state, (
+        "_never_reason must change no queue and allocate nothing (free blocks, running, waiting)"
+    )
+
+
+# ---------------------------------------------------------------- ch06.ex9: preemption by recompute
+
+
+def _running_and_waiting(cls, num_running=3, num_waiting=2, **cfg):
+    """A scheduler with ``num_running`` admitted sequences (3 tokens each, decoding) and ``num_waiting``
+    prompts that never got in (the seats are full)."""
+    s = sched(cls, 16, max_num_seqs=num_running, **cfg)
+    groups = [make(f"R{i}", 3, 6) for i in range(num_running)]
+    groups += [make(f"W{i}", 5, 2) for i in range(num_waiting)]
+    for g in groups:
+        s.add_request(g)
+    CheckedEngine(s).step()
+    return s, groups
+
+
+@pytest.mark.exercise("ch06.ex9", points=3)
+@pytest.mark.parametrize("position", range(3), ids=lambda p: f"victim at position {p}")
+def test_a_recomputed_victim_waits_at_the_front_with_nothing_computed(impl, position):
+    ex = impl("ex06_scheduler")
+    s, groups = _running_and_waiting(mix(ex, "_recompute"))
+    victim = list(s.running)[position]
+    tokens, waiting = list(victim.token_ids), list(s.waiting)
+    free = s.block_manager.get_num_free_gpu_blocks()
+    held = len(s.block_manager.get_block_table(victim))
+    s.running.remove(victim)
+    out = SchedulerOutputs()
+    s._recompute(victim, out)
+    assert list(s.waiting) == [victim, *waiting], (
+        f"the victim (admitted before every waiting prompt) must wait at the front of waiting: got "
+        f"{ids(s.waiting)}, expected {ids([victim, *waiting])}"
+    )
+    assert victim.status is S.WAITING and victim.num_computed_tokens == 0, (
+        f"a recomputed sequence waits with nothing computed: got {victim.status.value}, "
+        f"{victim.num_computed_tokens} computed tokens"
+    )
+    assert list(victim.token_ids) == tokens, "its tokens (prompt and output so far) are all kept"
+    assert not s.block_manager.has_blocks(victim), "its blocks go back to the pool"
+    assert s.block_manager.get_num_free_gpu_blocks() == free + held, (
+        f"{held} blocks freed: {free} + {held} free expected, got "
+        f"{s.block_manager.get_num_free_gpu_blocks()}"
+    )
+    assert not out.exhausted and not out.preempted, (
+        "a victim that can come back is not exhausted (and counting preemptions is _preempt's job)"
+    )
+
+
+@pytest.mark.exercise("ch06.ex9", points=2)
+def test_victims_newest_first_keep_waiting_in_arrival_order(impl):
+    ex = impl("ex06_scheduler")
+    s, groups = _running_and_waiting(mix(ex, "_recompute"))
+    waiting = list(s.waiting)
+    out = SchedulerOutputs()
+    victims = [
+        s.running.pop(),
+        s.running.pop(),
+    ]  # the newest first, as _schedule_running takes them
+    for seq in victims:
+        s._recompute(seq, out)
+    want = [victims[1], victims[0], *waiting]
+    assert list(s.waiting) == want, (
+        f"two victims, the newest first: waiting must be {ids(want)} (arrival order), got {ids(s.waiting)}"
+    )
+
+
+def _grown(cls, prompt, max_tokens, steps):
+    """A pool of 4 blocks of 4 tokens, one kept free at admission (watermark 0.25): admissions get at most
+    3 blocks (12 tokens), a running sequence may grow into the fourth."""
+    s = sched(cls, 4, watermark=0.25, max_model_len=32)
+    g = make("G", prompt, max_tokens)
+    s.add_request(g)
+    engine = CheckedEngine(s)
+    for _ in range(steps):
+        engine.step()
+    return s, g.seqs[0]
+
+
+@pytest.mark.exercise("ch06.ex9", points=3)
+def test_a_victim_grown_past_an_empty_pool_ends_exhausted(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_recompute")
+    s, seq = _grown(cls, 11, 8, 3)  # 11 prompt tokens + 3 sampled = 14 tokens, 4 blocks held
+    assert len(seq) == 14 and len(s.block_manager.get_block_table(seq)) == 4
+    s.running.remove(seq)
+    out = SchedulerOutputs()
+    s._recompute(seq, out)
+    assert seq.status is S.FINISHED_KV_EXHAUSTED and ids(out.exhausted) == ["G"], (
+        f"14 tokens need 4 blocks; an admission may take 3 of the 4 (watermark): it can never come back "
+        f"and must end finished_kv_exhausted in out.exhausted, got {seq.status.value}, "
+        f"exhausted {ids(out.exhausted)}"
+    )
+    assert (seq.finish_message or "").startswith(
+        "KV cache exhausted: "
+    ) and "14" in seq.finish_message
+    assert not s.waiting and not s.has_unfinished_requests(), "it never waits; its request is over"
+    assert s.block_manager.get_num_free_gpu_blocks() == 4, "its blocks go back to the pool"
+
+
+@pytest.mark.exercise("ch06.ex9", points=2)
+def test_a_victim_that_fits_an_empty_pool_exactly_waits(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_recompute")
+    s, seq = _grown(cls, 9, 8, 3)  # 9 + 3 = 12 tokens: 3 blocks, exactly what an admission may take
+    assert len(seq) == 12
+    s.running.remove(seq)
+    out = SchedulerOutputs()
+    s._recompute(seq, out)
+    assert list(s.waiting) == [seq] and seq.status is S.WAITING and not out.exhausted, (
+        f"12 tokens fit the 3 blocks an admission may take: it must wait, got {seq.status.value}"
+    )
+    engine = CheckedEngine(s)
+    engine.run(max_steps=30)
+    assert seq.status is S.FINISHED_LENGTH and len(seq.output_token_ids) == 8, (
+        "readmitted, it is prefilled again and generates its 8 tokens"
+    )
+    assert_all_free(s)
+
+
+@pytest.mark.exercise("ch06.ex9", points=2)
+def test_runs_with_recompute_preemption_end_as_with_the_reference(impl):
+    ex = impl("ex06_scheduler")
+    cls = mix(ex, "_recompute")
+    for num_blocks in (2, 3, 5):
+        results = []
+        for scheduler_cls in (cls, RefScheduler):
+            s = sched(scheduler_cls, num_blocks, max_num_seqs=4)
+            groups = [make(r, 3 + i, 5) for i, r in enumerate("ABC")]
+            for g in groups:
+                s.add_request(g)
+            engine = CheckedEngine(s)
+            engine.run(max_steps=80)
+            assert_all_free(s)
+            results.append(
+                (
+                    [(g.seqs[0].status, list(g.seqs[0].output_token_ids)) for g in groups],
+                    s.num_preemptions,
+                )
+            )
+        assert results[0] == results[1], (
+            f"{num_blocks} blocks of 4: statuses, tokens and preemptions must equal the reference's: "
+            f"got {results[0]}, the reference {results[1]}"
+        )

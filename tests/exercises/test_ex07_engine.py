@@ -171,7 +171,7 @@ def _steps(draw):
     return block_size, group, lengths, chunks, draw(st.integers(0, 2**16))
 
 
-@pytest.mark.exercise("ch07.ex3", points=2, uses=("ch07.ex2",))
+@pytest.mark.exercise("ch07.ex3", points=2, uses=("ch07.ex2", "ch07.ex9"))
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -198,6 +198,117 @@ def test_prefill_attention_matches_causal_sdpa_on_random_chunkings(impl, step):
             f"chunk {c} of {len(chunks)} ({n} new tokens, context {length}, block size {block_size}, "
             f"group {group}): max error {err:.2e}"
         )
+
+
+# ---------------------------------------------------------------- ch07.ex9: the packed layout, checked
+
+
+def _layout(chunks, contexts, *, width=3, block_size=4, heads=4, kv_heads=2, head_dim=HEAD_DIM):
+    """A packed step's tensors: ``chunks[c]`` query rows and ``contexts[c]`` tokens for chunk ``c``."""
+    query = torch.zeros(sum(chunks), heads, head_dim)
+    cache = torch.zeros(6, block_size, kv_heads, head_dim)
+    tables = torch.zeros(len(contexts), width, dtype=torch.int32)
+    starts = torch.tensor([0, *torch.tensor(chunks, dtype=torch.int64).cumsum(0).tolist()])
+    return [query, cache, cache.clone(), tables, starts.int(), torch.tensor(contexts).int()]
+
+
+def _spans(mod, args):
+    before = _snapshot(*args)
+    got = mod.prefill_layout(*args)
+    _unchanged(before, args)
+    return [tuple(int(x) for x in span) for span in got]
+
+
+def _refused(mod, args, what):
+    before = _snapshot(*args)
+    with pytest.raises(ValueError):
+        mod.prefill_layout(*args)
+        pytest.fail(f"{what}: must raise ValueError")
+    _unchanged(before, args)
+
+
+@pytest.mark.exercise("ch07.ex9", points=2)
+def test_layout_spans_of_valid_steps(impl):
+    mod = impl("ex07_engine")
+    # blocks of 4, tables of 3 blocks: a context of 12 tokens fills its table exactly
+    cases = {
+        "one whole prompt": ([5], [5]),
+        "a chunk after a cached prefix, an empty chunk, a full table": ([3, 0, 12], [7, 4, 12]),
+        "three decodes": ([1, 1, 1], [12, 1, 9]),
+        "empty chunks first and last": ([0, 2, 0], [3, 2, 12]),
+    }
+    for what, (chunks, contexts) in cases.items():
+        starts = [0]
+        for n in chunks:
+            starts.append(starts[-1] + n)
+        want = [(starts[c], starts[c + 1], contexts[c]) for c in range(len(chunks))]
+        got = _spans(mod, _layout(chunks, contexts))
+        assert got == want, f"{what}: (first, stop, context) per chunk must be {want}, got {got}"
+
+
+@pytest.mark.exercise("ch07.ex9", points=2)
+@pytest.mark.parametrize("position", range(3), ids=lambda p: f"chunk {p}")
+def test_layout_refuses_a_bad_chunk_at_every_position(impl, position):
+    mod = impl("ex07_engine")
+    good_chunks, good_contexts = [2, 3, 1], [5, 3, 9]
+    assert _spans(mod, _layout(good_chunks, good_contexts)) == [
+        (0, 2, 5),
+        (2, 5, 3),
+        (5, 6, 9),
+    ]
+    for what, chunk, context in (
+        ("a chunk longer than its context (its first token before position 0)", 4, 3),
+        ("a context longer than its table (3 blocks of 4 tokens)", 1, 13),
+    ):
+        chunks, contexts = list(good_chunks), list(good_contexts)
+        chunks[position], contexts[position] = chunk, context
+        _refused(mod, _layout(chunks, contexts), f"chunk {position}: {what}")
+    sizes = [2, 3, 1]
+    sizes[
+        position
+    ] = -1  # offsets that step back once: chunk `position` has -1 rows, the others are fine
+    args = _layout([max(n, 0) for n in sizes], [9, 9, 9])
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    args[0], args[4] = torch.zeros(starts[-1], 4, HEAD_DIM), torch.tensor(starts, dtype=torch.int32)
+    _refused(mod, args, f"offsets {starts}: chunk {position} has a negative length")
+
+
+@pytest.mark.exercise("ch07.ex9", points=2)
+def test_layout_refuses_offsets_that_do_not_partition_the_rows(impl):
+    mod = impl("ex07_engine")
+    for what, starts in (
+        ("offsets that do not start at 0", [1, 3, 6]),
+        ("offsets that stop short of T = 6", [0, 3, 5]),
+        ("offsets past T = 6", [0, 3, 7]),
+    ):
+        args = _layout([3, 3], [3, 3])
+        args[4] = torch.tensor(starts, dtype=torch.int32)
+        _refused(mod, args, what)
+    for what, starts, tables in (
+        ("one offset too few", [0, 6], 2),
+        ("one table row too few", [0, 3, 6], 1),
+    ):
+        args = _layout([3, 3], [3, 3])
+        args[4] = torch.tensor(starts, dtype=torch.int32)
+        args[3] = args[3][:tables]
+        _refused(mod, args, what)
+
+
+@pytest.mark.exercise("ch07.ex9", points=2)
+def test_layout_refuses_shapes_that_disagree(impl):
+    mod = impl("ex07_engine")
+    args = _layout([2], [2], heads=6, kv_heads=4)
+    _refused(mod, args, "6 query heads over 4 KV heads (not a multiple)")
+    args = _layout([2], [2])
+    args[2] = torch.zeros(6, 4, 2, HEAD_DIM + 1)
+    _refused(mod, args, "a value cache of another head_dim than the key cache")
+    args = _layout([2], [2])
+    args[0] = torch.zeros(2, 4, HEAD_DIM * 2)
+    _refused(mod, args, "a query head_dim that is not the cache's")
+    args = _layout([2], [2], heads=8, kv_heads=2)
+    assert _spans(mod, args) == [(0, 2, 2)]
 
 
 # ---------------------------------------------------------------- ch07.ex4: top-k and top-p

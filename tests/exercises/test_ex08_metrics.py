@@ -219,3 +219,127 @@ def test_random_runs(impl, seed):
         run.append(_times(ex, arrival, tokens))
     slo = {"slo_ttft": 0.5, "slo_tpot": 0.04}
     _compare(ex.latency_report(run, **slo), _reference(run, **slo), f"random run {seed}")
+
+
+# ============================================================ ch08.ex3: kv_capacity
+
+
+def _windows(final_lens, block_size, budget_blocks):
+    """Plainly: from every start add requests until the next one does not fit; keep budget-closed windows."""
+    blocks = [-(-int(n) // block_size) for n in final_lens]
+    out = []
+    for i in range(len(blocks)):
+        if sum(blocks[i:]) < budget_blocks:
+            continue
+        used = count = 0
+        for b in blocks[i:]:
+            if used + b > budget_blocks:
+                break
+            used, count = used + b, count + 1
+        out.append(count)
+    return out
+
+
+def _capacity_checked(ex, lens, block_size, budget_blocks, static_len, what):
+    lens = np.asarray(lens)
+    kept = lens.copy()
+    got = ex.kv_capacity(lens, block_size, budget_blocks, static_len)
+    assert np.array_equal(lens, kept) and lens.dtype == kept.dtype, (
+        f"{what}: kv_capacity must not change final_lens"
+    )
+    assert isinstance(got, dict) and set(got) == {
+        "static",
+        "paged",
+        "static_token_share",
+        "paged_token_share",
+    }, f"{what}: the keys must be static, paged, static_token_share, paged_token_share; got {got}"
+    want = _windows(lens, block_size, budget_blocks)
+    paged = np.asarray(got["paged"])
+    assert paged.dtype == np.int64 and paged.tolist() == want, (
+        f"{what}: requests at once from each start whose window the budget closes: got "
+        f"{paged.tolist()[:12]} ({paged.dtype}), expected {want[:12]} ({len(want)} windows)"
+    )
+    blocks = -(-lens // block_size)
+    assert int(got["static"]) == budget_blocks * block_size // static_len, (
+        f"{what}: static holds {budget_blocks * block_size // static_len}, got {got['static']}"
+    )
+    assert got["static_token_share"] == pytest.approx(lens.sum() / (len(lens) * static_len))
+    assert got["paged_token_share"] == pytest.approx(lens.sum() / (blocks.sum() * block_size)), (
+        f"{what}: paged token share is the tokens over the slots of every request's blocks"
+    )
+    return got
+
+
+@pytest.mark.exercise("ch08.ex3", points=2)
+def test_capacity_by_hand(impl):
+    # blocks of 4 tokens; lengths 5, 3, 8, 1, 12 hold 2, 1, 2, 1, 3 blocks; a budget of 4 blocks (16 slots).
+    ex = impl("ex08_metrics")
+    got = _capacity_checked(ex, [5, 3, 8, 1, 12], 4, 4, 10, "by hand")
+    assert got["paged"].tolist() == [2, 3, 2, 2], (
+        "from request 0: 2 + 1 blocks, the next 2 would make 5; from 1: 1 + 2 + 1 fill the 4 blocks "
+        "exactly (a request that fits exactly counts); from 3: 1 + 3, exactly to the trace's end (its "
+        "blocks from there reach the budget, so the budget closes it); from 4: 3 blocks to the end, less "
+        "than the budget (cut short by the trace, not counted)"
+    )
+    assert got["static"] == 1 and got["static_token_share"] == pytest.approx(29 / 50)
+    assert got["paged_token_share"] == pytest.approx(29 / 36)
+
+
+@pytest.mark.exercise("ch08.ex3", points=2)
+@pytest.mark.parametrize("position", range(5), ids=lambda p: f"at position {p}")
+def test_a_request_larger_than_the_budget_at_every_position(impl, position):
+    ex = impl("ex08_metrics")
+    lens = [4, 4, 4, 4, 4]
+    lens[position] = (
+        21  # 6 blocks of 4 in a budget of 5 blocks: it fits with nobody, alone included
+    )
+    got = _capacity_checked(ex, lens, 4, 5, 8, f"the 21-token request at position {position}")
+    assert len(got["paged"]) == position + 1 and got["paged"][position] == 0, (
+        "the windows up to the large request reach the budget, those after it do not (4 blocks left); "
+        f"the one that starts at the request larger than the budget holds 0: got {got['paged'].tolist()}"
+    )
+
+
+@pytest.mark.exercise("ch08.ex3", points=2)
+@pytest.mark.parametrize("block_size", [1, 3, 16], ids=lambda b: f"block {b}")
+def test_capacity_on_random_traces(impl, block_size):
+    ex = impl("ex08_metrics")
+    rng = np.random.default_rng(block_size)
+    for trial in range(20):
+        n = int(rng.integers(1, 40))
+        lens = rng.integers(1, 60, size=n)
+        budget = int(rng.integers(1, 40))
+        _capacity_checked(
+            ex, lens, block_size, budget, int(rng.integers(1, 80)), f"random trace {trial}"
+        )
+
+
+@pytest.mark.exercise("ch08.ex3", points=1)
+def test_a_trace_the_budget_holds_whole_has_no_window(impl):
+    ex = impl("ex08_metrics")
+    got = _capacity_checked(ex, [3, 3, 3], 4, 10, 4, "3 requests of 1 block, a budget of 10 blocks")
+    assert len(got["paged"]) == 0, "every window runs off the trace's end: none is counted"
+
+
+@pytest.mark.exercise("ch08.ex3", points=2)
+def test_a_million_requests_at_once(impl):
+    import time
+
+    ex = impl("ex08_metrics")
+    rng = np.random.default_rng(0)
+    lens = np.minimum(rng.lognormal(6.0, 0.8, size=1_000_000).astype(np.int64) + 1, 4096)
+    start = time.perf_counter()
+    got = ex.kv_capacity(lens, 16, 7000, 4096)
+    seconds = time.perf_counter() - start
+    assert seconds < 3.0, (
+        f"a million requests (windows of about 170) took {seconds:.1f} s: count every window at once "
+        "with NumPy, O(n log n), no Python loop over the requests"
+    )
+    blocks = -(-lens // 16)
+    cum = np.concatenate(([0], np.cumsum(blocks)))
+    for i in (0, 1, 123_456, 999_000 - 3000):  # spot checks against the plain count
+        count, used = 0, 0
+        while used + blocks[i + count] <= 7000:
+            used, count = used + blocks[i + count], count + 1
+        assert got["paged"][i] == count, f"start {i}: {count} requests fit, got {got['paged'][i]}"
+    assert len(got["paged"]) == int(np.sum(cum[:-1] + 7000 <= cum[-1]))

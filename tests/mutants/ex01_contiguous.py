@@ -1,5 +1,12 @@
 """Planted wrong answers for ``solutions/ex01_contiguous.py`` (``python -m paged course mutants``)."""
 
+from paged_course.grading.mutants import variant
+
+
+def _compact(old: str, new: str) -> str:
+    return variant("ex01_contiguous.py", "ch01.ex7", old, new)
+
+
 MUTANTS = {
     "ch01.ex4": {
         "best fit: the smallest hole that holds the run": """
@@ -105,5 +112,26 @@ MUTANTS = {
                     merged.append([lo, hi])
             self.holes = merged
         """,
+    },
+    "ch01.ex7": {
+        "copies listed from the top down (a copy overwrites a run not copied yet)": _compact(
+            "return moves", "return moves[::-1]"
+        ),
+        "every run listed, in place or not": _compact(
+            "if start != top:\n        moves.append((start, top, size))",
+            "moves.append((start, top, size))",
+        ),
+        "an empty hole left when the runs fill the pool": _compact(
+            "self.holes = [[top, self.num_slots]] if top < self.num_slots else []",
+            "self.holes = [[top, self.num_slots]]",
+        ),
+        "runs kept under their old starts": _compact("self.runs = runs", "pass"),
+        "the runs taken in the dict's order, not by address": _compact(
+            "for start in sorted(self.runs):", "for start in list(self.runs):"
+        ),
+        "a walk over every slot of the pool to find the runs": _compact(
+            "for start in sorted(self.runs):",
+            "for start in [s for s in range(self.num_slots) if s in self.runs]:",
+        ),
     },
 }

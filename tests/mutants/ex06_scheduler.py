@@ -1,5 +1,16 @@
 """Planted wrong answers for ``solutions/ex06_scheduler.py`` (``python -m paged course mutants ch06``)."""
 
+from paged_course.grading.mutants import variant
+
+
+def _never(old: str, new: str) -> str:
+    return variant("ex06_scheduler.py", "ch06.ex8", old, new)
+
+
+def _recompute(old: str, new: str) -> str:
+    return variant("ex06_scheduler.py", "ch06.ex9", old, new)
+
+
 MUTANTS = {
     "ch06.ex1": {
         "no budget cap (a chunk over the budget)": """
@@ -536,5 +547,45 @@ MUTANTS = {
                 self.running.append(seq)
                 budget -= self._mark_scheduled(seq, n, out)
         """,
+    },
+    "ch06.ex8": {
+        "a prompt of exactly max_model_len tokens ignored": _never(
+            "if tokens > cfg.max_model_len:", "if tokens >= cfg.max_model_len:"
+        ),
+        "the free blocks of this moment instead of an empty pool (later taken for never)": _never(
+            "if needed > bm.num_gpu_blocks - bm.watermark_blocks:",
+            "if needed > bm.get_num_free_gpu_blocks() - bm.watermark_blocks:",
+        ),
+        "the watermark forgotten (a prompt admission can never take is kept waiting)": _never(
+            "if needed > bm.num_gpu_blocks - bm.watermark_blocks:",
+            "if needed > bm.num_gpu_blocks:",
+        ),
+        "the sequences the request has now, not the n samples it will fork": _never(
+            "tokens, seats = len(seq), self._seats(seq)",
+            "tokens, seats = len(seq), len(seq.group.seqs)",
+        ),
+        "only the first chunk must fit the pool": _never(
+            "needed = -(-tokens // bm.block_size)",
+            "needed = -(-min(tokens, cfg.max_num_batched_tokens) // bm.block_size)",
+        ),
+        "blocks rounded down (a partial last block forgotten)": _never(
+            "needed = -(-tokens // bm.block_size)", "needed = tokens // bm.block_size"
+        ),
+    },
+    "ch06.ex9": {
+        "the victim waits at the back (new prompts overtake it)": _recompute(
+            "self.waiting.appendleft(seq)", "self.waiting.append(seq)"
+        ),
+        "its computed tokens kept (the next admission skips them)": _recompute(
+            "seq.reset_for_recompute()", "seq.status = SequenceStatus.WAITING"
+        ),
+        "never exhausted (a victim that can never return waits forever)": _recompute(
+            "if not self.block_manager.can_ever_fit(len(seq)):", "if False:"
+        ),
+        "the prompt, not the whole sequence, must fit again": _recompute(
+            "if not self.block_manager.can_ever_fit(len(seq)):",
+            "if not self.block_manager.can_ever_fit(seq.num_prompt_tokens):",
+        ),
+        "its blocks kept (the pool leaks them)": _recompute("self.block_manager.free(seq)\n", ""),
     },
 }

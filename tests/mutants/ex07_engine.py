@@ -1,5 +1,12 @@
 """Planted wrong answers for ``solutions/ex07_engine.py`` (``python -m paged course mutants``)."""
 
+from paged_course.grading.mutants import variant
+
+
+def _layout(old: str, new: str) -> str:
+    return variant("ex07_engine.py", "ch07.ex9", old, new)
+
+
 _ATTEND = """
     group = num_heads // num_kv_heads
     q = query.float().view(n, num_kv_heads, group, head_dim)
@@ -234,6 +241,34 @@ MUTANTS = {
         ),
         "the first sample's extra tokens dropped: n > 1 returns one output": _swap(
             _UPDATE_STEP, "        for token in tokens[1:]:", "        for token in []:"
+        ),
+    },
+    "ch07.ex9": {
+        "offsets never checked to increase (a chunk of negative length passes)": _layout(
+            "if not 0 <= stop - first <= length <= capacity:",
+            "if not stop - first <= length <= capacity:",
+        ),
+        "a context that fills its table exactly refused": _layout(
+            "if not 0 <= stop - first <= length <= capacity:",
+            "if not 0 <= stop - first <= length < capacity:",
+        ),
+        "an empty chunk refused": _layout(
+            "if not 0 <= stop - first <= length <= capacity:",
+            "if not 0 < stop - first <= length <= capacity:",
+        ),
+        "a chunk longer than its context passes (only the table is checked)": _layout(
+            "if not 0 <= stop - first <= length <= capacity:",
+            "if not (0 <= stop - first and length <= capacity):",
+        ),
+        "only the first chunk checked": _layout(
+            "for c, (first, stop, length) in enumerate(spans):",
+            "for c, (first, stop, length) in enumerate(spans[:1]):",
+        ),
+        "the offsets' ends never compared with T": _layout(
+            "if starts[0] != 0 or starts[-1] != num_tokens:", "if starts[0] != 0:"
+        ),
+        "GQA's head ratio not checked": _layout(
+            "if num_heads % num_kv_heads:", "if num_heads < num_kv_heads:"
         ),
     },
 }

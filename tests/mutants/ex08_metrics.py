@@ -7,6 +7,10 @@ def _report(old: str, new: str) -> str:
     return variant("ex08_metrics.py", "ch08.ex2", old, new)
 
 
+def _capacity(old: str, new: str) -> str:
+    return variant("ex08_metrics.py", "ch08.ex3", old, new)
+
+
 MUTANTS = {
     "ch08.ex1": {
         "nearest rank instead of interpolation": """
@@ -57,5 +61,44 @@ MUTANTS = {
             "itl.extend(later - earlier for earlier, later in zip(times, times[1:]))",
             "itl.extend(later - earlier for earlier, later in zip((request.arrival, *times), times))",
         ),
+    },
+    "ch08.ex3": {
+        "a window that fills the budget exactly loses its last request (side='left')": _capacity(
+            'side="right"', 'side="left"'
+        ),
+        "windows the trace's end cuts short counted too": _capacity(
+            '"paged": fit[ends <= cum[-1]].astype(np.int64),', '"paged": fit.astype(np.int64),'
+        ),
+        "only windows that run past the budget (an exact fill to the trace's end dropped)": _capacity(
+            "fit[ends <= cum[-1]]", "fit[ends < cum[-1]]"
+        ),
+        "blocks rounded down (a partial last block holds nothing)": _capacity(
+            "blocks = -(-final_lens.astype(np.int64) // block_size)",
+            "blocks = final_lens.astype(np.int64) // block_size",
+        ),
+        "paged share over the budget's slots, not the slots of the requests' blocks": _capacity(
+            '"paged_token_share": tokens / float(cum[-1] * block_size),',
+            '"paged_token_share": tokens / float(budget_blocks * block_size),',
+        ),
+        "a Python loop over the starts, each window summed again": """
+            blocks = -(-final_lens.astype(np.int64) // block_size)
+            fit = []
+            for i in range(len(blocks)):
+                if blocks[i:].sum() < budget_blocks:
+                    continue
+                used = count = 0
+                for b in blocks[i:]:
+                    if used + b > budget_blocks:
+                        break
+                    used, count = used + b, count + 1
+                fit.append(count)
+            tokens = float(final_lens.sum())
+            return {
+                "static": budget_blocks * block_size // static_len,
+                "paged": np.array(fit, dtype=np.int64),
+                "static_token_share": tokens / (len(blocks) * static_len),
+                "paged_token_share": tokens / float(blocks.sum() * block_size),
+            }
+        """,
     },
 }

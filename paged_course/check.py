@@ -174,6 +174,15 @@ def _test_file(exercise: str) -> Path:
     return (marking or files)[0]
 
 
+def _region_file(exercise: str, impl: str) -> str:
+    """``impl/exNN_topic.py``: the file that holds region ``exercise`` (found by its marker in solutions/)."""
+    marker = re.compile(rf"# BEGIN SOLUTION {re.escape(exercise)}\b")
+    for path in sorted((ROOT / "solutions").glob("ex*.py")):
+        if marker.search(path.read_text()):
+            return f"{impl}/{path.name}"
+    return f"{impl}/"
+
+
 def _folder(impl: str) -> Path:
     return ROOT / impl  # an absolute path (a folder of planted wrong answers) stays itself
 
@@ -284,9 +293,15 @@ def check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> bool
     every graded test of ``exercise`` passed."""
     impl = impl or impl_package()
     r = run_check(exercise, impl, timeout)
-    if r.ok:
-        on = " on solutions/, the reference answers" if impl == "solutions" else ""
-        print(f"{exercise} passes{on}: {r.total} of {r.total} checks")
+    if r.ok and impl == "solutions":
+        print(
+            f"{exercise} passes on solutions/, the reference answers: {r.total} of {r.total} checks"
+        )
+    elif r.ok:
+        mine = "your " if impl == "exercises" else ""
+        print(
+            f"{exercise} passes: {r.total} of {r.total} checks, on {mine}{_region_file(exercise, impl)}"
+        )
     elif r.total == 0:
         print(f"{exercise}: no graded checks found")
     elif r.unfinished and r.unfinished.startswith(exercise + ":"):

@@ -42,6 +42,13 @@ def test_check_passes_on_the_reference_and_names_an_unwritten_stub(capsys):
     assert "is not written yet" in out and "carries on with the reference" in out
 
 
+def test_a_passing_check_names_the_file_it_ran(tmp_path, capsys):
+    folder = tmp_path / "impl"
+    shutil.copytree(ROOT / "solutions", folder)
+    assert check(EX, impl=str(folder)) is True
+    assert capsys.readouterr().out.strip().endswith(f"checks, on {folder}/{FILE}")
+
+
 def test_check_shows_the_first_failing_case_in_plain_words(wrong, capsys):
     assert check(EX, impl=str(wrong)) is False
     out = capsys.readouterr().out

@@ -48,7 +48,8 @@
 # budget, no block handed out twice, a preemption only when memory ran short, every victim's blocks freed,
 # every request ending with the same tokens as the reference's), not the reference's exact steps. The chapter then
 # goes on with your method when it passes, and with the reference (saying so in one line) when it does not.
-# Stuck? `solution("ch06.exK")` prints the reference answer, where your copy of the course ships it.
+# Stuck? `hint("ch06.exK")` gives a nudge, a second call a stronger one; `solution("ch06.exK")` prints the
+# reference answer, where your copy of the course ships it.
 
 # %%
 import sys
@@ -72,7 +73,14 @@ from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.models import load_default
 from paged_course.capstone import origins
-from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
+from paged_course.check import (  # noqa: F401
+    check,
+    exercise_module,
+    hint,
+    learner_or_reference,
+    run_check,
+    solution,
+)
 from paged_course.predict import reveal
 from paged_course.sim.kv_check import CheckedEngine
 from paged_course.sim.scheduling import (
@@ -978,11 +986,18 @@ for n in (64, 256):
 # chunk, preempt and recompute. The tokens must equal those of the reference engine.
 
 # %%
-your_part = exercise_module("ex06_scheduler")
-your_part = (
-    learner_or_reference(list(STEP_METHODS), your_part.Scheduler, Scheduler)
-    if your_part
-    else Scheduler
+# The engine takes your whole Scheduler or none of it: yours only when all its steps pass.
+your_module = exercise_module("ex06_scheduler")
+still_failing = [step for step in STEP_METHODS if not run_check(step)] if your_module else []
+your_part = your_module.Scheduler if your_module and not still_failing else Scheduler
+if your_module is None:
+    verdict = "your file does not import, so it runs on the reference Scheduler"
+elif still_failing:
+    verdict = f"still failing: {', '.join(still_failing)}, so it runs on the reference Scheduler"
+else:
+    verdict = "all pass, so it runs on yours"
+print(
+    f"the engine uses your Scheduler only when all its steps ({', '.join(STEP_METHODS)}) pass; {verdict}"
 )
 demo_prompts = [list(range(40 + i, 58 + 4 * i)) for i in range(6)]
 demo_params = SamplingParams(max_tokens=24, ignore_eos=True)

@@ -426,13 +426,14 @@ _ = check("ch06.ex3")
 _ = check("ch06.ex9")
 
 # %% [markdown]
-# Your steps 1-3 at work on a tiny memory: five blocks of 4 tokens. Requests A (prompt 6, 6 new tokens) and
-# B (prompt 5, 6 new tokens) arrive at step 0, C (prompt 3, 3 new tokens) at step 1. Each coloured cell is a
+# Your steps 1-3 and 3b (`ch06.ex1`, `ch06.ex2`, `ch06.ex3`, and `ch06.ex9`'s recompute) at work on a tiny
+# memory: five blocks of 4 tokens. Requests A (prompt 6, 6 new tokens) and B (prompt 5, 6 new tokens) arrive
+# at step 0, C (prompt 3, 3 new tokens) at step 1. Each coloured cell is a
 # token whose K/V is in the pool, hatched cells are slots reserved in a request's last block. Step through
 # it with the widget (each click is one `schedule()` call plus a fake model), or read the static strip below it.
 
 # %%
-Yours123 = your_scheduler("ch06.ex1", "ch06.ex2", "ch06.ex3")
+Yours123 = your_scheduler("ch06.ex1", "ch06.ex2", "ch06.ex3", "ch06.ex9")
 
 
 def tiny(mode="recompute", cpu=0):
@@ -714,7 +715,10 @@ for name, steps in traces.items():
 # v0 with chunked prefill and v1 differ only in a step that preempts. With the pool cut to 7 blocks, A and B
 # grow until C, the newest, is preempted (step 5). v1 then admits nobody in that step; v0 admits new prompts
 # into the budget left, and C, at the front of the waiting queue, is admitted again at once, only to be
-# preempted again in the next step (`x 6`: preempted, then 6 prompt tokens computed again):
+# preempted again in the next step. The figure labels such a step `x 6` and the printed line below it
+# `pre+P6`: both mean preempted, then admitted again in the same step with 6 prompt tokens computed again.
+# In the printed lines `P8` is a prompt chunk of 8 tokens, `D` a decode, `pre` a preemption, `wait` a step in
+# the waiting queue, `.` not arrived yet or finished:
 
 # %%
 tight = {

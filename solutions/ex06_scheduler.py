@@ -239,12 +239,13 @@ class Scheduler(ReferenceScheduler):
         """
         cfg, bm = self.config, self.block_manager
         # BEGIN SOLUTION ch06.ex8 -- a limit no amount of waiting lifts: its length, its seats, an empty pool
-        # HINT: Which limits would still stop this sequence if every other request finished now? The free blocks
-        # HINT+ of this moment are not one of them. How many blocks does the *whole* prompt need, and how many
-        # HINT+ may an admission take from an empty pool?
-        # HINT: Compare len(seq) with max_model_len (longer only), self._seats(seq) with max_num_seqs, and
-        # HINT+ ceil(len(seq) / block_size) with num_gpu_blocks - watermark_blocks; return the first reason
-        # HINT+ with its numbers, else None.
+        # HINT: The pool rule is not about get_num_free_gpu_blocks(): what is free today says "later". Measure
+        # HINT+ the prompt against the whole pool, block_manager.num_gpu_blocks, less the watermark_blocks that
+        # HINT+ an admission must leave free even when nothing else runs.
+        # HINT: Three checks in the docstring's order, each returning its reason at once. Mind the edges: a
+        # HINT+ prompt of exactly max_model_len runs; seats count the forks to come (a helper knows them); a
+        # HINT+ partly filled last block still takes a whole block (round up). A pool reason names all three of
+        # HINT+ its numbers.
         tokens, seats = len(seq), self._seats(seq)
         if tokens > cfg.max_model_len:
             return f"prompt of {tokens} tokens is longer than max_model_len={cfg.max_model_len}"
@@ -283,11 +284,13 @@ class Scheduler(ReferenceScheduler):
         ``kv_cache_manager.free``, ``num_computed_tokens = 0``, ``self.waiting.prepend_request``).
         """
         # BEGIN SOLUTION ch06.ex9 -- blocks back, KV forgotten; front of waiting, or exhausted if it never fits again
-        # HINT: The victim was admitted before anyone still waiting: where in waiting keeps first come, first served?
-        # HINT+ What must it forget so that its next admission computes every token again? And what if even an
-        # HINT+ empty pool could no longer take it?
-        # HINT: Free its blocks first; if block_manager.can_ever_fit(len(seq)) fails, finish it with the exhausted
-        # HINT+ status and _no_room_reason's message in out.exhausted; else reset it and put it at the front.
+        # HINT: It waits at the front of waiting (appendleft), not the back: it was admitted before every prompt
+        # HINT+ still waiting, and victims come newest first, so each one put at the front lands ahead of the
+        # HINT+ younger victim before it, and arrival order holds without any sorting.
+        # HINT: Order matters: blocks back first, then ask the block manager whether its length, prompt and
+        # HINT+ output so far, could ever fit an empty pool. If not, end it with self.finish (the exhausted status,
+        # HINT+ into out.exhausted) and stop; if so, Sequence has a method that forgets what was computed and
+        # HINT+ sets it waiting.
         self.block_manager.free(seq)
         if not self.block_manager.can_ever_fit(len(seq)):
             reason = self._no_room_reason(seq, "sequence")

@@ -31,24 +31,24 @@ which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` inde
 3. ``_preempt`` (ch06.ex3): by swap when ``config.preemption_mode == "swap"`` and the CPU pool has room
    (``block_manager.swap_out`` returns the pairs, not ``None``), else by recompute; the swap with its
    bookkeeping (below).
+3b. ``_recompute`` (ch06.ex9): preemption by recompute: the victim's blocks back, its KV forgotten, and
+   where it waits (or, grown past an empty pool, how it ends). ``_preempt`` and ``_schedule_swapped``
+   call it.
 4. ``_schedule_swapped`` (ch06.ex4): swapped sequences come back oldest first (``self.swapped`` is
    sorted by arrival), while a seat is free, the budget allows and ``swap_in(seq, n)`` returns pairs.
 5. ``_schedule_waiting`` (ch06.ex5): waiting sequences first come, first served; each must fit the
    seats (``max_num_seqs``), the budget and the watermark (``allocate_slots(seq, n, computed)`` returns
    blocks, not ``None``); the first that does not fit stops admission. Tokens found in the prefix cache
    (``get_computed_blocks``, looked up once per admission) cost no budget.
-6. ``_never_reason`` (ch06.ex8): whether a new request can ever run. ``add_request`` (reference plumbing)
+5b. ``_never_reason`` (ch06.ex8): whether a new request can ever run. ``add_request`` (reference plumbing)
    asks once, at arrival; a request that never can (over ``max_model_len``, ``n`` over ``max_num_seqs``, a
    prompt that does not fit beside the watermark in an empty pool) never reaches ``waiting`` and is listed,
    with the reason, in the next step's ``out.ignored``.
-7. ``_recompute`` (ch06.ex9): preemption by recompute: the victim's blocks back, its KV forgotten, and
-   where it waits (or, grown past an empty pool, how it ends). ``_preempt`` and ``_schedule_swapped``
-   call it.
 
 Helpers you can use (reference plumbing): ``self._mark_scheduled(seq, n, out)`` lists ``seq``'s next
 ``n`` tokens in ``out``, marks them computed and returns ``n``; ``self._exhaust(seq, out)``;
-``self._recompute(seq, out)`` (step 7; each step is checked with the reference's other methods, so an
-unwritten step never fails another one's checks); ``self._seats(seq)`` /
+``self._recompute(seq, out)`` (step 3b, ch06.ex9; each step is checked with the reference's other
+methods, so an unwritten step never fails another one's checks); ``self._seats(seq)`` /
 ``self._num_seats()`` (seats, counting a request's forks to come); ``self._rank`` (arrival order key).
 Block manager calls (each gives what it can now or returns ``None``, changing nothing):
 ``allocate_slots(seq, n)`` (a ``NewBlocks``; its ``copies`` are copy-on-write pairs),

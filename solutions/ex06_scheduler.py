@@ -28,24 +28,24 @@ which v1 dropped: v1 preempts by recompute only and runs ``n > 1`` as ``n`` inde
 3. ``_preempt`` (ch06.ex3): by swap when ``config.preemption_mode == "swap"`` and the CPU pool has room
    (``block_manager.swap_out`` returns the pairs, not ``None``), else by recompute; the swap with its
    bookkeeping (below).
+3b. ``_recompute`` (ch06.ex9): preemption by recompute: the victim's blocks back, its KV forgotten, and
+   where it waits (or, grown past an empty pool, how it ends). ``_preempt`` and ``_schedule_swapped``
+   call it.
 4. ``_schedule_swapped`` (ch06.ex4): swapped sequences come back oldest first (``self.swapped`` is
    sorted by arrival), while a seat is free, the budget allows and ``swap_in(seq, n)`` returns pairs.
 5. ``_schedule_waiting`` (ch06.ex5): waiting sequences first come, first served; each must fit the
    seats (``max_num_seqs``), the budget and the watermark (``allocate_slots(seq, n, computed)`` returns
    blocks, not ``None``); the first that does not fit stops admission. Tokens found in the prefix cache
    (``get_computed_blocks``, looked up once per admission) cost no budget.
-6. ``_never_reason`` (ch06.ex8): whether a new request can ever run. ``add_request`` (reference plumbing)
+5b. ``_never_reason`` (ch06.ex8): whether a new request can ever run. ``add_request`` (reference plumbing)
    asks once, at arrival; a request that never can (over ``max_model_len``, ``n`` over ``max_num_seqs``, a
    prompt that does not fit beside the watermark in an empty pool) never reaches ``waiting`` and is listed,
    with the reason, in the next step's ``out.ignored``.
-7. ``_recompute`` (ch06.ex9): preemption by recompute: the victim's blocks back, its KV forgotten, and
-   where it waits (or, grown past an empty pool, how it ends). ``_preempt`` and ``_schedule_swapped``
-   call it.
 
 Helpers you can use (reference plumbing): ``self._mark_scheduled(seq, n, out)`` lists ``seq``'s next
 ``n`` tokens in ``out``, marks them computed and returns ``n``; ``self._exhaust(seq, out)``;
-``self._recompute(seq, out)`` (step 7; each step is checked with the reference's other methods, so an
-unwritten step never fails another one's checks); ``self._seats(seq)`` /
+``self._recompute(seq, out)`` (step 3b, ch06.ex9; each step is checked with the reference's other
+methods, so an unwritten step never fails another one's checks); ``self._seats(seq)`` /
 ``self._num_seats()`` (seats, counting a request's forks to come); ``self._rank`` (arrival order key).
 Block manager calls (each gives what it can now or returns ``None``, changing nothing):
 ``allocate_slots(seq, n)`` (a ``NewBlocks``; its ``copies`` are copy-on-write pairs),
@@ -239,12 +239,13 @@ class Scheduler(ReferenceScheduler):
         """
         cfg, bm = self.config, self.block_manager
         # BEGIN SOLUTION ch06.ex8 -- a limit no amount of waiting lifts: its length, its seats, an empty pool
-        # HINT: Which limits would still stop this sequence if every other request finished now? The free blocks
-        # HINT+ of this moment are not one of them. How many blocks does the *whole* prompt need, and how many
-        # HINT+ may an admission take from an empty pool?
-        # HINT: Compare len(seq) with max_model_len (longer only), self._seats(seq) with max_num_seqs, and
-        # HINT+ ceil(len(seq) / block_size) with num_gpu_blocks - watermark_blocks; return the first reason
-        # HINT+ with its numbers, else None.
+        # HINT: The pool rule is not about get_num_free_gpu_blocks(): what is free today says "later". Measure
+        # HINT+ the prompt against the whole pool, block_manager.num_gpu_blocks, less the watermark_blocks that
+        # HINT+ an admission must leave free even when nothing else runs.
+        # HINT: Three checks in the docstring's order, each returning its reason at once. Mind the edges: a
+        # HINT+ prompt of exactly max_model_len runs; seats count the forks to come (a helper knows them); a
+        # HINT+ partly filled last block still takes a whole block (round up). A pool reason names all three of
+        # HINT+ its numbers.
         tokens, seats = len(seq), self._seats(seq)
         if tokens > cfg.max_model_len:
             return f"prompt of {tokens} tokens is longer than max_model_len={cfg.max_model_len}"
@@ -283,11 +284,13 @@ class Scheduler(ReferenceScheduler):
         ``kv_cache_manager.free``, ``num_computed_tokens = 0``, ``self.waiting.prepend_request``).
         """
         # BEGIN SOLUTION ch06.ex9 -- blocks back, KV forgotten; front of waiting, or exhausted if it never fits again
-        # HINT: The victim was admitted before anyone still waiting: where in waiting keeps first come, first served?
-        # HINT+ What must it forget so that its next admission computes every token again? And what if even an
-        # HINT+ empty pool could no longer take it?
-        # HINT: Free its blocks first; if block_manager.can_ever_fit(len(seq)) fails, finish it with the exhausted
-        # HINT+ status and _no_room_reason's message in out.exhausted; else reset it and put it at the front.
+        # HINT: It waits at the front of waiting (appendleft), not the back: it was admitted before every prompt
+        # HINT+ still waiting, and victims come newest first, so each one put at the front lands ahead of the
+        # HINT+ younger victim before it, and arrival order holds without any sorting.
+        # HINT: Order matters: blocks back first, then ask the block manager whether its length, prompt and
+        # HINT+ output so far, could ever fit an empty pool. If not, end it with self.finish (the exhausted status,
+        # HINT+ into out.exhausted) and stop; if so, Sequence has a method that forgets what was computed and
+        # HINT+ sets it waiting.
         self.block_manager.free(seq)
         if not self.block_manager.can_ever_fit(len(seq)):
             reason = self._no_room_reason(seq, "sequence")

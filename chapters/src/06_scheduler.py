@@ -48,7 +48,8 @@
 # budget, no block handed out twice, a preemption only when memory ran short, every victim's blocks freed,
 # every request ending with the same tokens as the reference's), not the reference's exact steps. The chapter then
 # goes on with your method when it passes, and with the reference (saying so in one line) when it does not.
-# Stuck? `solution("ch06.exK")` prints the reference answer, where your copy of the course ships it.
+# Stuck? `hint("ch06.exK")` gives a nudge, a second call a stronger one; `solution("ch06.exK")` prints the
+# reference answer, where your copy of the course ships it.
 
 # %%
 import sys
@@ -72,7 +73,14 @@ from paged.engine.llm import LLM
 from paged.engine.parts import Parts
 from paged.models import load_default
 from paged_course.capstone import origins
-from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
+from paged_course.check import (  # noqa: F401
+    check,
+    exercise_module,
+    hint,
+    learner_or_reference,
+    run_check,
+    solution,
+)
 from paged_course.predict import reveal
 from paged_course.sim.kv_check import CheckedEngine
 from paged_course.sim.scheduling import (
@@ -418,13 +426,14 @@ _ = check("ch06.ex3")
 _ = check("ch06.ex9")
 
 # %% [markdown]
-# Your steps 1-3 at work on a tiny memory: five blocks of 4 tokens. Requests A (prompt 6, 6 new tokens) and
-# B (prompt 5, 6 new tokens) arrive at step 0, C (prompt 3, 3 new tokens) at step 1. Each coloured cell is a
+# Your steps 1-3 and 3b (`ch06.ex1`, `ch06.ex2`, `ch06.ex3`, and `ch06.ex9`'s recompute) at work on a tiny
+# memory: five blocks of 4 tokens. Requests A (prompt 6, 6 new tokens) and B (prompt 5, 6 new tokens) arrive
+# at step 0, C (prompt 3, 3 new tokens) at step 1. Each coloured cell is a
 # token whose K/V is in the pool, hatched cells are slots reserved in a request's last block. Step through
 # it with the widget (each click is one `schedule()` call plus a fake model), or read the static strip below it.
 
 # %%
-Yours123 = your_scheduler("ch06.ex1", "ch06.ex2", "ch06.ex3")
+Yours123 = your_scheduler("ch06.ex1", "ch06.ex2", "ch06.ex3", "ch06.ex9")
 
 
 def tiny(mode="recompute", cpu=0):
@@ -706,7 +715,10 @@ for name, steps in traces.items():
 # v0 with chunked prefill and v1 differ only in a step that preempts. With the pool cut to 7 blocks, A and B
 # grow until C, the newest, is preempted (step 5). v1 then admits nobody in that step; v0 admits new prompts
 # into the budget left, and C, at the front of the waiting queue, is admitted again at once, only to be
-# preempted again in the next step (`x 6`: preempted, then 6 prompt tokens computed again):
+# preempted again in the next step. The figure labels such a step `x 6` and the printed line below it
+# `pre+P6`: both mean preempted, then admitted again in the same step with 6 prompt tokens computed again.
+# In the printed lines `P8` is a prompt chunk of 8 tokens, `D` a decode, `pre` a preemption, `wait` a step in
+# the waiting queue, `.` not arrived yet or finished:
 
 # %%
 tight = {
@@ -978,11 +990,18 @@ for n in (64, 256):
 # chunk, preempt and recompute. The tokens must equal those of the reference engine.
 
 # %%
-your_part = exercise_module("ex06_scheduler")
-your_part = (
-    learner_or_reference(list(STEP_METHODS), your_part.Scheduler, Scheduler)
-    if your_part
-    else Scheduler
+# The engine takes your whole Scheduler or none of it: yours only when all its steps pass.
+your_module = exercise_module("ex06_scheduler")
+still_failing = [step for step in STEP_METHODS if not run_check(step)] if your_module else []
+your_part = your_module.Scheduler if your_module and not still_failing else Scheduler
+if your_module is None:
+    verdict = "your file does not import, so it runs on the reference Scheduler"
+elif still_failing:
+    verdict = f"still failing: {', '.join(still_failing)}, so it runs on the reference Scheduler"
+else:
+    verdict = "all pass, so it runs on yours"
+print(
+    f"the engine uses your Scheduler only when all its steps ({', '.join(STEP_METHODS)}) pass; {verdict}"
 )
 demo_prompts = [list(range(40 + i, 58 + 4 * i)) for i in range(6)]
 demo_params = SamplingParams(max_tokens=24, ignore_eos=True)

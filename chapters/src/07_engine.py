@@ -291,7 +291,8 @@ print(
 #
 # Four parts of the step above are still the reference's: the attention of **prompt chunks**, the
 # **sampler**, the **preparation of the step's inputs** and the **update** after it. You write them in
-# `exercises/ex07_engine.py`, with the engine's interfaces.
+# `exercises/ex07_engine.py`, with the engine's interfaces. Stuck? `hint("ch07.exK")` gives a nudge, a second
+# call a stronger one; `solution("ch07.exK")` prints the reference answer, where your copy of the course ships it.
 #
 # **Prefill attention over the paged pool.** With chunked prefill (chapter 06) a prompt is computed in pieces,
 # and a prompt that hits the prefix cache starts after its cached blocks. So a chunk of `n` new tokens is the
@@ -316,7 +317,7 @@ print(
 # chunkings.
 
 # %%
-from paged_course.check import check  # noqa: E402
+from paged_course.check import check, hint, solution  # noqa: E402, F401
 
 _ = check("ch07.ex9")
 

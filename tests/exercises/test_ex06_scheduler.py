@@ -816,11 +816,24 @@ def _reason(cls, seq_group, **cfg):
 @pytest.mark.parametrize(
     "rule, runs, never, cfg",
     [
-        ("length", make("ok", 32, 1), make("long", 33, 1), dict(num_gpu_blocks=64)),
-        ("seats", make("ok", 4, 1, n=4), make("wide", 4, 1, n=5), dict(num_gpu_blocks=64)),
-        ("pool", make("ok", 24, 1), make("big", 25, 1), dict(num_gpu_blocks=8, watermark=0.25)),
+        pytest.param(
+            "length", make("ok", 32, 1), make("long", 33, 1), dict(num_gpu_blocks=64), id="length"
+        ),
+        pytest.param(
+            "seats",
+            make("ok", 4, 1, n=4),
+            make("wide", 4, 1, n=5),
+            dict(num_gpu_blocks=64),
+            id="seats",
+        ),
+        pytest.param(
+            "pool",
+            make("ok", 24, 1),
+            make("big", 25, 1),
+            dict(num_gpu_blocks=8, watermark=0.25),
+            id="pool",
+        ),
     ],
-    ids=lambda x: x if isinstance(x, str) else "",
 )
 def test_each_limit_at_its_edge(impl, rule, runs, never, cfg):
     ex = impl("ex06_scheduler")
@@ -833,12 +846,26 @@ def test_each_limit_at_its_edge(impl, rule, runs, never, cfg):
     )
     reason, _ = _reason(cls, never, **cfg)
     want = {
-        "length": ("33", "32", "max_model_len"),
-        "seats": ("5", "4", "max_num_seqs"),
-        "pool": ("7", "8", "2"),  # blocks needed, blocks in the pool, blocks the watermark keeps
+        "length": {
+            "33": "the prompt's tokens",
+            "32": "max_model_len",
+            "max_model_len": "the limit's name",
+        },
+        "seats": {"5": "the seats (n)", "4": "max_num_seqs", "max_num_seqs": "the limit's name"},
+        "pool": {
+            "7": "blocks needed",
+            "8": "blocks in the pool",
+            "2": "blocks the watermark keeps",
+        },
     }[rule]
-    assert isinstance(reason, str) and all(w in reason for w in want), (
-        f"{rule}: one step past the limit can never run; the reason must name {', '.join(want)}, "
+    missing = [
+        f"{w} ({what})"
+        for w, what in want.items()
+        if not isinstance(reason, str) or w not in reason
+    ]
+    assert not missing, (
+        f"{rule}: one step past the limit can never run; the reason must name "
+        f"{', '.join(f'{w} ({what})' for w, what in want.items())}; missing {', '.join(missing)}, "
         f"got {reason!r}"
     )
 
@@ -869,9 +896,10 @@ def test_a_busy_pool_is_later_not_never(impl):
     engine.step()
     free_before = s.block_manager.get_num_free_gpu_blocks()
     s.add_request(b)
-    assert b.seqs[0].status is S.WAITING and list(s.waiting) == [b.seqs[0]], (
-        f"B needs 3 blocks, {free_before} are free now, 8 in the pool: it must wait (later), not be "
-        f"ignored (never); got {b.seqs[0].status.value}"
+    got = (b.seqs[0].status.value, ids(s.waiting))
+    assert got == ("waiting", ["B"]) and s.waiting[0] is b.seqs[0], (
+        f"B needs 3 blocks, {free_before} of the pool's 8 {'is' if free_before == 1 else 'are'} free now: "
+        f"it must wait (later), not be ignored (never); got status {got[0]}, waiting {got[1]}"
     )
     assert s.block_manager.get_num_free_gpu_blocks() == free_before, (
         "asking whether a request can ever run must not allocate anything"
@@ -981,19 +1009,28 @@ def test_a_recomputed_victim_waits_at_the_front_with_nothing_computed(impl, posi
     s.running.remove(victim)
     out = SchedulerOutputs()
     s._recompute(victim, out)
-    assert list(s.waiting) == [victim, *waiting], (
+    assert ids(s.waiting) == ids([victim, *waiting]) and s.waiting[0] is victim, (
         f"the victim (admitted before every waiting prompt) must wait at the front of waiting: got "
         f"{ids(s.waiting)}, expected {ids([victim, *waiting])}"
     )
-    assert victim.status is S.WAITING and victim.num_computed_tokens == 0, (
-        f"a recomputed sequence waits with nothing computed: got {victim.status.value}, "
-        f"{victim.num_computed_tokens} computed tokens"
+    got = (victim.status.value, victim.num_computed_tokens)
+    assert got == ("waiting", 0), (
+        f"a recomputed sequence waits with nothing computed (seq.reset_for_recompute()): expected "
+        f"status waiting and 0 computed tokens, got status {got[0]} and {got[1]} computed tokens"
     )
-    assert list(victim.token_ids) == tokens, "its tokens (prompt and output so far) are all kept"
-    assert not s.block_manager.has_blocks(victim), "its blocks go back to the pool"
-    assert s.block_manager.get_num_free_gpu_blocks() == free + held, (
-        f"{held} blocks freed: {free} + {held} free expected, got "
-        f"{s.block_manager.get_num_free_gpu_blocks()}"
+    assert list(victim.token_ids) == tokens, (
+        f"its tokens (prompt and output so far) are all kept: {len(tokens)} expected, got "
+        f"{len(victim.token_ids)}"
+    )
+    still = (
+        len(s.block_manager.get_block_table(victim)) if s.block_manager.has_blocks(victim) else 0
+    )
+    assert still == 0, (
+        f"its blocks go back to the pool (block_manager.free): it held {held}, still holds {still}"
+    )
+    free_now = s.block_manager.get_num_free_gpu_blocks()
+    assert free_now == free + held, (
+        f"{held} blocks freed: {free} + {held} = {free + held} free expected, got {free_now}"
     )
     assert not out.exhausted and not out.preempted, (
         "a victim that can come back is not exhausted (and counting preemptions is _preempt's job)"
@@ -1013,7 +1050,7 @@ def test_victims_newest_first_keep_waiting_in_arrival_order(impl):
     for seq in victims:
         s._recompute(seq, out)
     want = [victims[1], victims[0], *waiting]
-    assert list(s.waiting) == want, (
+    assert ids(s.waiting) == ids(want) and all(a is b for a, b in zip(s.waiting, want)), (
         f"two victims, the newest first: waiting must be {ids(want)} (arrival order), got {ids(s.waiting)}"
     )
 
@@ -1039,16 +1076,26 @@ def test_a_victim_grown_past_an_empty_pool_ends_exhausted(impl):
     s.running.remove(seq)
     out = SchedulerOutputs()
     s._recompute(seq, out)
-    assert seq.status is S.FINISHED_KV_EXHAUSTED and ids(out.exhausted) == ["G"], (
+    got = (seq.status.value, ids(out.exhausted))
+    assert got == (S.FINISHED_KV_EXHAUSTED.value, ["G"]), (
         f"14 tokens need 4 blocks; an admission may take 3 of the 4 (watermark): it can never come back "
-        f"and must end finished_kv_exhausted in out.exhausted, got {seq.status.value}, "
-        f"exhausted {ids(out.exhausted)}"
+        f"and must end {S.FINISHED_KV_EXHAUSTED.value} in out.exhausted, got status {got[0]}, "
+        f"exhausted {got[1]}"
     )
-    assert (seq.finish_message or "").startswith(
-        "KV cache exhausted: "
-    ) and "14" in seq.finish_message
-    assert not s.waiting and not s.has_unfinished_requests(), "it never waits; its request is over"
-    assert s.block_manager.get_num_free_gpu_blocks() == 4, "its blocks go back to the pool"
+    message = seq.finish_message or ""
+    assert message.startswith("KV cache exhausted: ") and "14" in message, (
+        f"its finish message is 'KV cache exhausted: ' + self._no_room_reason(seq, 'sequence') (which "
+        f"names its 14 tokens), got {message!r}"
+    )
+    waiting, unfinished = ids(s.waiting), s.has_unfinished_requests()
+    assert not waiting and not unfinished, (
+        f"it never waits; its request is over: got waiting {waiting}, unfinished requests: {unfinished}"
+    )
+    free_now = s.block_manager.get_num_free_gpu_blocks()
+    assert free_now == 4, (
+        f"its 4 blocks go back to the pool (block_manager.free): 4 free expected, got {free_now} "
+        f"({4 - free_now} still held)"
+    )
 
 
 @pytest.mark.exercise("ch06.ex9", points=2)
@@ -1060,13 +1107,17 @@ def test_a_victim_that_fits_an_empty_pool_exactly_waits(impl):
     s.running.remove(seq)
     out = SchedulerOutputs()
     s._recompute(seq, out)
-    assert list(s.waiting) == [seq] and seq.status is S.WAITING and not out.exhausted, (
-        f"12 tokens fit the 3 blocks an admission may take: it must wait, got {seq.status.value}"
+    got = (ids(s.waiting), seq.status.value, ids(out.exhausted))
+    assert got == (["G"], "waiting", []) and s.waiting[0] is seq, (
+        f"12 tokens fit the 3 blocks an admission may take: it must wait, got waiting {got[0]}, status "
+        f"{got[1]}, exhausted {got[2]}"
     )
     engine = CheckedEngine(s)
     engine.run(max_steps=30)
-    assert seq.status is S.FINISHED_LENGTH and len(seq.output_token_ids) == 8, (
-        "readmitted, it is prefilled again and generates its 8 tokens"
+    got = (seq.status.value, len(seq.output_token_ids))
+    assert got == (S.FINISHED_LENGTH.value, 8), (
+        f"readmitted, it is prefilled again and generates its 8 tokens: got status {got[0]}, "
+        f"{got[1]} tokens"
     )
     assert_all_free(s)
 
@@ -1087,7 +1138,7 @@ def test_runs_with_recompute_preemption_end_as_with_the_reference(impl):
             assert_all_free(s)
             results.append(
                 (
-                    [(g.seqs[0].status, list(g.seqs[0].output_token_ids)) for g in groups],
+                    [(g.seqs[0].status.value, list(g.seqs[0].output_token_ids)) for g in groups],
                     s.num_preemptions,
                 )
             )

@@ -44,8 +44,9 @@
 # `exercises/ex05_block_manager.py`, the methods of `BlockSpaceManager` (the engine part `block_manager`). After each build step a cell
 # `check("ch05.exK")` runs that step's graded tests on your file and prints the first failing case in
 # words. The chapter then goes on with your piece when it passes, and with the reference (saying so in
-# one line) when it does not, so every cell runs before you write anything. Stuck? `solution("ch05.exK")`
-# prints the reference answer, where your copy of the course ships it. The reference code is
+# one line) when it does not, so every cell runs before you write anything. Stuck? `hint("ch05.exK")`
+# gives a nudge, a second call a stronger one; `solution("ch05.exK")` prints the reference answer, where
+# your copy of the course ships it. The reference code is
 # `paged/core/prefix_cache.py` and `paged/core/block_manager.py`.
 
 # %%
@@ -73,7 +74,13 @@ from paged.worker.kv_cache import KVCache
 from paged_course.bench.prefix import allocation_cost, shared_prompt_savings
 from paged_course.capstone import origins
 from paged_course.engine_views import slots
-from paged_course.check import check, exercise_module, learner_or_reference, solution  # noqa: F401
+from paged_course.check import (  # noqa: F401
+    check,
+    exercise_module,
+    hint,
+    learner_or_reference,
+    solution,
+)
 from paged_course.predict import reveal
 from paged_course.reference import write_kv_checked
 from paged_course.viz.blocks import draw_pool, draw_prefix_savings, prefix_savings_widget, rows_for

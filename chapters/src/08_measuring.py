@@ -239,7 +239,8 @@ else:
 # hundreds of requests and there are a million starts, so walking each window is hundreds of millions of steps;
 # find every window's end at once. Second, which windows count: near the end of the trace a window stops because
 # the requests run out, not because the budget is full, and such a window says nothing about the budget. The
-# docstring states the contract, ties included.
+# docstring states the contract, ties included. Stuck? `hint("ch08.ex3")` gives a nudge, a second call a
+# stronger one; `solution("ch08.ex3")` prints the reference answer, where your copy of the course ships it.
 
 # %%
 _ = check("ch08.ex3")

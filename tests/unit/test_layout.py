@@ -9,6 +9,7 @@ from the source with ``ast`` (imports inside functions count too: a lazy import 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,3 +131,20 @@ def test_the_engine_stays_within_its_line_budget():
         "docstrings, comments, blanks: not code"
     )
     assert not lines.problems(counts), lines.problems(counts)
+
+
+def test_every_chapter_with_check_cells_offers_its_hints():
+    """A chapter that checks regions imports ``hint`` and tells the learner about it: a learner who types
+    ``hint("ch05.ex2")`` must get a nudge, not a NameError."""
+    missing = []
+    for src in sorted((ROOT / "chapters" / "src").glob("[0-9][0-9]_*.py")):
+        text = src.read_text()
+        if "check(" not in text:
+            continue
+        imported = re.search(r"from paged_course\.check import \(?[^)]*\bhint\b", text)
+        told = re.search(r"`hint\(\"ch\d\d\.ex", text)
+        if not (imported and told):
+            missing.append(
+                f"{src.name}: import {'ok' if imported else 'missing'}, prose {'ok' if told else 'missing'}"
+            )
+    assert not missing, missing

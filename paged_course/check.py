@@ -174,11 +174,15 @@ def _test_file(exercise: str) -> Path:
     return (marking or files)[0]
 
 
+def _begin(exercise: str) -> re.Pattern:
+    """The ``# BEGIN SOLUTION chNN.exK`` line of region ``exercise`` (any line of a text: ``re.M``)."""
+    return re.compile(rf"^\s*# BEGIN SOLUTION {re.escape(exercise)}\b", re.M)
+
+
 def _region_file(exercise: str, impl: str) -> str:
     """``impl/exNN_topic.py``: the file that holds region ``exercise`` (found by its marker in solutions/)."""
-    marker = re.compile(rf"# BEGIN SOLUTION {re.escape(exercise)}\b")
     for path in sorted((ROOT / "solutions").glob("ex*.py")):
-        if marker.search(path.read_text()):
+        if _begin(exercise).search(path.read_text()):
             return f"{impl}/{path.name}"
     return f"{impl}/"
 
@@ -392,7 +396,7 @@ def solution(exercise: str) -> None:
     lines, inside = [], False
     for path in files:
         for line in path.read_text().splitlines():
-            if re.match(rf"^\s*# BEGIN SOLUTION {re.escape(exercise)}\b", line):
+            if _begin(exercise).match(line):
                 inside = True
                 lines.append(f"# {path.relative_to(ROOT)}")
             elif inside and re.match(r"^\s*# END SOLUTION", line):

@@ -252,13 +252,17 @@ def _isolated():
         os.environ.update(environ)
 
 
-def run_check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> CheckResult:
+def run_check(
+    exercise: str, impl: str | None = None, timeout: float = 10.0, stop_at_first: bool = False
+) -> CheckResult:
     """Run exercise ``exercise``'s graded tests on ``impl`` (default ``impl_package()``) in this process;
-    the result is reused while the files stay byte for byte the same. The process is left as it was."""
+    the result is reused while the files stay byte for byte the same. The process is left as it was.
+    ``stop_at_first``: stop at the first failing test (``pytest -x``; the mutation check, which only
+    needs one), so ``passed`` counts the tests run before it."""
     import pytest
 
     impl = impl or impl_package()
-    key = (exercise, impl, _contents(impl))
+    key = (exercise, impl, _contents(impl), stop_at_first)
     if key in _cache:
         return _cache[key]
     result = CheckResult(exercise)
@@ -281,6 +285,7 @@ def run_check(exercise: str, impl: str | None = None, timeout: float = 10.0) -> 
         "no:hypothesispytest",  # unused here; loading them cost the first check 6 s
         "-W",
         "ignore::pytest.PytestAssertRewriteWarning",
+        *(["-x"] if stop_at_first else []),
     ]
     with _isolated():
         if str(ROOT) not in sys.path:

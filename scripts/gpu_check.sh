@@ -86,7 +86,7 @@ run_part() {
 }
 
 run_part doctor 30 "$PYTHON" -m paged doctor
-run_part tests 120 "$PYTHON" -m pytest tests -m gpu -q -p no:cacheprovider --junitxml "$OUT/gpu-tests.xml"
+run_part tests 120 "$PYTHON" -m pytest tests -m gpu -n 0 -q -p no:cacheprovider --junitxml "$OUT/gpu-tests.xml"
 [ -f "$OUT/tests.log" ] && mv "$OUT/tests.log" "$OUT/gpu-tests.log"
 run_part kernel 200 "$PYTHON" -m paged bench kernel $QUICK_FLAG --out "$OUT"
 run_part roofline 20 "$PYTHON" -m paged bench kernel --roofline --out "$OUT"

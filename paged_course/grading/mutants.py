@@ -9,9 +9,10 @@ points), ``tests/mutants/exNN_topic.py`` keeps plausible wrong answers as data::
 
 Each mutant replaces the region's body (indentation is fixed up), in a copy of ``solutions/``; the
 region's graded tests then run against that copy (``--impl DIR``, in this process) and must fail: the
-mutant is *killed*. The last line printed is ``mutants: K of M killed``; the exit status is 1 unless
-every mutant is killed and every graded region has at least ``MIN_MUTANTS`` of them. ``--jobs N`` splits
-the chapters over N processes (a chapter's mutants stay in one process; their lines print per chapter).
+mutant is *killed* (the run stops at its first failing test: one is enough, and the line printed names
+it). The last line printed is ``mutants: K of M killed``; the exit status is 1 unless every mutant is
+killed and every graded region has at least ``MIN_MUTANTS`` of them. ``--jobs N`` splits the chapters
+over N processes (a chapter's mutants stay in one process; their lines print per chapter).
 """
 
 from __future__ import annotations
@@ -118,13 +119,16 @@ def run(chapters: list[str] | None = None) -> tuple[int, int, list[str]]:
                     folder = Path(tmp) / f"{ex_id.replace('.', '_')}_{k}"
                     shutil.copytree(ROOT / "solutions", folder)
                     (folder / file_name).write_text(apply(source, ex_id, code))
-                    result = run_check(ex_id, impl=str(folder))
+                    result = run_check(ex_id, impl=str(folder), stop_at_first=True)
                     total += 1
                     killed += not result.ok
-                    verdict = "killed" if not result.ok else "SURVIVED"
-                    print(
-                        f"  {ex_id:<9} {verdict:<8} {label} ({result.passed}/{result.total} checks pass)"
+                    by = next((t for t, o in result.outcomes.items() if o == "failed"), "")
+                    verdict = (
+                        f"killed by {by or 'an error before any check ran'}"
+                        if not result.ok
+                        else "SURVIVED every check"
                     )
+                    print(f"  {ex_id:<9} {label}: {verdict}")
                     if result.ok:
                         problems.append(f"{ex_id}: the mutant '{label}' passes every graded test")
     return killed, total, problems

@@ -111,6 +111,9 @@ class _Collector:
             i.nodeid.split("::")[-1]: tuple(i.get_closest_marker("exercise").kwargs.get("uses", ()))
             for i in keep
         }
+        self._params = {
+            i.nodeid.split("::")[-1]: i.callspec.params for i in keep if hasattr(i, "callspec")
+        }
 
     def pytest_runtest_logreport(self, report):
         if report.when != "call" and report.passed:
@@ -122,7 +125,7 @@ class _Collector:
         elif name not in self.result.outcomes or self.result.outcomes[name] == "passed":
             self.result.outcomes[name] = "failed"
             if not self.result.first_failure:
-                self.result.first_failure = describe_failure(name, report)
+                self.result.first_failure = describe_failure(name, report, self._params.get(name))
                 self.result.uses = self._uses.get(name, ())
                 stub = re.search(
                     r"NotImplementedError: (ch\d\d\.ex\d+[a-z]?): (.*)", report.longreprtext
@@ -131,31 +134,65 @@ class _Collector:
                     self.result.unfinished = f"{stub.group(1)}: {stub.group(2).strip()}"
 
 
-def describe_failure(name: str, report) -> str:
-    """The first failing case in words: the check's name, its message (the broken invariant), got/expected."""
+def describe_failure(name: str, report, params: dict | None = None) -> str:
+    """The first failing case in words: the check's name and case (``params``: the test's parameters by
+    name), its message (the broken invariant), got/expected, where two long values differ, and the line of
+    the learner's file that raised, when one did."""
     case = re.sub(r"^test_", "", re.sub(r"\[.*\]$", "", name)).replace("_", " ")
-    params = re.search(r"\[(.*)\]$", name)
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1]
     if "Timeout" in report.longreprtext and "Timeout (>" in report.longreprtext:
         text = "timed out (an infinite loop?)"
-    lines = [f"check '{case}'" + (f" with {params.group(1)}" if params else "")]
-    message, _, comparison = text.partition("\nassert ")
-    lines.append("  " + message.removeprefix("AssertionError: ").strip())
+    lines = [f"check '{case}'" + _case(name, params)]
+    message, _, comparison = ("\n" + text if text.startswith("assert ") else text).partition(
+        "\nassert "
+    )
+    if message.strip():
+        lines.append("  " + message.removeprefix("AssertionError: ").strip())
+    raised_at = _raised_in_exercise(report)
+    if raised_at:
+        lines.append(f"  raised in {raised_at}")
     got_expected = re.match(r"(.+?) == (.+)", comparison.splitlines()[0]) if comparison else None
     if got_expected:
         lines.append(f"  got      {got_expected.group(1)}\n  expected {got_expected.group(2)}")
-    elif comparison:
+    elif comparison and comparison.splitlines()[0].strip() != "False":  # the message said it all
         lines.append("  assert " + comparison.splitlines()[0])
-    # pytest shortens long values ('[0, 1, 2, ...]'); its next line says where they differ
-    where = [
-        x.strip()
-        for x in comparison.splitlines()[1:]
-        if x.strip().startswith(("At index", "Left contains", "Right contains"))
-    ]
-    if where:
-        lines.append(f"  ({where[0][0].lower()}{where[0][1:]})")
+    # pytest shortens long values ('[0, 1, 2, ...]'); its next lines say where they differ
+    for line in comparison.splitlines()[1:]:
+        differ = re.match(r"\s*(At index .*|(Left|Right) contains (.*))", line)
+        if differ:
+            side = {"Left": "got", "Right": "expected"}.get(differ.group(2))
+            said = f"{side} has {differ.group(3)}" if side else differ.group(1)
+            lines.append(f"  ({said[0].lower()}{said[1:]})")
+            break
     return "\n".join(lines)
+
+
+def _case(name: str, params: dict | None) -> str:
+    """`` with bs=4, shared=True`` from the test's parameters (short values by name, else pytest's id)."""
+    shown = {k: repr(v) for k, v in (params or {}).items()}
+    if shown and all(len(v) <= 40 for v in shown.values()):
+        return " with " + ", ".join(f"{k}={v}" for k, v in shown.items())
+    ids = re.search(r"\[(.*)\]$", name)
+    return f" with {ids.group(1)}" if ids else ""
+
+
+def _raised_in_exercise(report) -> str:
+    """``exercises/ex05_prefix_cache.py, line 120: return table[-1]``: the deepest traceback line in an
+    exercise file (``exNN_*.py``), ``""`` when the error did not pass through one (a test's own assert on
+    a value the learner's code returned)."""
+    entries = getattr(getattr(report.longrepr, "reprtraceback", None), "reprentries", None) or []
+    for entry in reversed(entries):
+        loc = getattr(entry, "reprfileloc", None)
+        if loc is not None and re.fullmatch(r"ex\d\d_\w+\.py", Path(loc.path).name):
+            # a long entry marks its line with ">"; a short one (pytest's style for the frames in
+            # between) is that line alone, with a line of carets under the call
+            marked = [x[1:] for x in entry.lines if x.startswith(">")]
+            code = [x for x in entry.lines if x.strip().strip("^~") and not x.startswith("E ")]
+            source = (marked or code[:1] or [""])[0].strip()
+            where = f"{Path(loc.path).parent.name}/{Path(loc.path).name}, line {loc.lineno}"
+            return where + (f": {source}" if source else "")
+    return ""
 
 
 def _test_file(exercise: str) -> Path:
@@ -285,6 +322,7 @@ def run_check(
         "no:hypothesispytest",  # unused here; loading them cost the first check 6 s
         "-W",
         "ignore::pytest.PytestAssertRewriteWarning",
+        "--color=no",  # a notebook's kernel may ask for colour (FORCE_COLOR): the verdict is plain text
         *(["-x"] if stop_at_first else []),
     ]
     with _isolated():

@@ -193,3 +193,91 @@ def test_a_failing_case_names_where_two_long_values_differ():
         "  expected [0, 1, 2, 3, 4, 5, ...]",
         "  (at index 59 diff: 59 != 99)",
     ]
+
+
+def _report(message: str, entries=()):
+    """A stand-in for pytest's failed report: the crash message and the traceback's entries."""
+    longrepr = types.SimpleNamespace(
+        reprcrash=types.SimpleNamespace(message=message),
+        reprtraceback=types.SimpleNamespace(reprentries=list(entries)),
+    )
+    return types.SimpleNamespace(longrepr=longrepr, longreprtext=message)
+
+
+def test_an_assert_without_a_message_still_shows_got_and_expected_in_words():
+    report = _report(
+        "assert [6] == [6, 3]\n  \n  Right contains one more item: 3\n  Use -v to get more diff"
+    )
+    assert describe_failure("test_lookup[4]", report, {"block_size": 4}).splitlines() == [
+        "check 'lookup' with block_size=4",
+        "  got      [6]",
+        "  expected [6, 3]",
+        "  (expected has one more item: 3)",
+    ]
+
+
+def test_a_case_is_named_by_its_parameters_or_by_pytest_id_when_they_are_long():
+    report = _report("AssertionError: one holder fewer\nassert 2 == 1")
+    named = describe_failure("test_free[4-True]", report, {"bs": 4, "shared": True})
+    assert named.splitlines()[0] == "check 'free' with bs=4, shared=True"
+    long = describe_failure("test_free[big]", report, {"table": list(range(30))})
+    assert long.splitlines()[0] == "check 'free' with big"
+    assert describe_failure("test_free", report).splitlines()[0] == "check 'free'"
+    plain = _report("AssertionError: token 0: its key must sit at slot 2\nassert False")
+    assert describe_failure("test_write", plain).splitlines() == [
+        "check 'write'",
+        "  token 0: its key must sit at slot 2",
+    ], "'assert False' under a message adds nothing"
+
+
+def test_an_error_raised_in_the_learners_file_names_its_line():
+    def entry(path, lineno, source):
+        return types.SimpleNamespace(
+            reprfileloc=types.SimpleNamespace(path=path, lineno=lineno, message="IndexError"),
+            lines=["    def f(table):", f">       {source}", "E       IndexError"],
+        )
+
+    report = _report(
+        "IndexError: list index out of range",
+        [
+            entry("/c/tests/exercises/test_ex05_prefix_cache.py", 40, "got = cow(table)"),
+            entry("/c/exercises/ex05_prefix_cache.py", 120, "last = table.block_ids[-1]"),
+            entry("/c/tests/exercises/test_ex05_prefix_cache.py", 12, "raise AssertionError"),
+        ],
+    )
+    assert describe_failure("test_cow", report).splitlines() == [
+        "check 'cow'",
+        "  IndexError: list index out of range",
+        "  raised in exercises/ex05_prefix_cache.py, line 120: last = table.block_ids[-1]",
+    ]
+    returned = _report(
+        "AssertionError: one holder fewer\nassert 2 == 1",
+        [entry("/c/tests/exercises/test_ex05_prefix_cache.py", 40, "assert got == 1")],
+    )
+    assert "raised in" not in describe_failure("test_cow", returned), "a test's own assert"
+
+
+def test_a_crash_in_a_real_learner_file_is_located_and_printed_without_colour(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # what a notebook's kernel may set; pytest would colour
+    monkeypatch.setenv("PY_COLORS", "1")
+    folder = tmp_path / "impl"
+    shutil.copytree(ROOT / "solutions", folder)
+    source = (folder / FILE).read_text()
+    (folder / FILE).write_text(
+        mutants.apply(source, "ch02.ex2", 'raise IndexError("list index out of range")')
+    )
+    assert check("ch02.ex2", impl=str(folder)) is False
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out, out
+    assert f"raised in impl/{FILE}, line " in out and 'raise IndexError("list' in out, out
+    assert check(EX, impl=str(folder)) is True  # the other regions are still the reference's
+    capsys.readouterr()
+    wrong_diff = tmp_path / "diff"
+    shutil.copytree(ROOT / "solutions", wrong_diff)
+    code = mutants.load_mutants()[FILE][EX]
+    (wrong_diff / FILE).write_text(mutants.apply(source, EX, next(iter(code.values()))))
+    assert check(EX, impl=str(wrong_diff)) is False
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out and "Use -v" not in out, out

@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # LLM routed its arguments to the config sections once, course-only accessors and reprs left, the
 # lazy exports were listed by module, forward_logits read its input ids from the metadata and the
 # loader fetched the model and tokenizer through one helper),
-# a ratchet that only goes down; the target is 3,000. No module over 300.
-TOTAL_LIMIT = 3077
+# a ratchet that only goes down; the target is 3,000. One step up, on purpose: 3,093 after
+# BlockAllocator.allocate / free got back their one-block fast paths (as allocate_many(1) /
+# free_many((b,)) they ran 6.5x slower in `bench allocator`, 163 -> 1,067 ns per block). No module
+# over 300.
+TOTAL_LIMIT = 3093
 MODULE_LIMIT = 300
 _SKIP = {
     tokenize.COMMENT,

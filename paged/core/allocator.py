@@ -78,7 +78,14 @@ class BlockAllocator:
 
     def allocate(self) -> int:
         """Take the front of the free queue; its count becomes 1. Returns its id."""
-        return self.allocate_many(1)[0]
+        if self._num_dead:  # entries left behind by ``take`` to skip: the general path
+            return self.allocate_many(1)[0]
+        try:  # one block, the hot case: no list to build (allocate_many(1) costs 2x)
+            block_id = self._queue.popleft()
+        except IndexError:
+            raise NoFreeBlocksError(1, 0) from None
+        self._ref_counts[block_id] = 1
+        return block_id
 
     def allocate_many(self, n: int) -> list[int]:
         """The ``n`` blocks at the front of the free queue, in order, all or nothing (vLLM v1
@@ -102,7 +109,16 @@ class BlockAllocator:
 
     def free(self, block_id: int) -> None:
         """Drop one reference; at zero the block goes to the back of the free queue."""
-        self.free_many((block_id,))
+        refs = self._ref_counts  # checked inline: free_many((b,)) costs this hot path 5x
+        try:
+            count = refs[block_id] if type(block_id) is int and block_id >= 0 else 0
+        except IndexError:  # past the end of the pool
+            count = 0
+        if not count:
+            self._check(block_id, "free")  # raises, naming what is wrong
+        refs[block_id] = count - 1
+        if count == 1:
+            self._queue.append(block_id)
 
     def free_many(self, block_ids) -> None:
         """``free`` each id in order (a sequence frees its tail first: pass its ids reversed), all or nothing.

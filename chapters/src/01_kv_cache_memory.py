@@ -885,4 +885,7 @@ for bs in (1, 4, 16, 64, 256):
 #   preempts the last running request and puts it back in the waiting queue.
 
 # %%
-print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")
+print(
+    f"time since the set-up cell ran: {time.perf_counter() - chapter_start:.1f} s "
+    "(reading and editing time included)"
+)

@@ -627,4 +627,7 @@ for cls in dict.fromkeys((BlockAllocator, Allocator)):
 #   watermark in `can_allocate`).
 
 # %%
-print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")
+print(
+    f"time since the set-up cell ran: {time.perf_counter() - chapter_start:.1f} s "
+    "(reading and editing time included)"
+)

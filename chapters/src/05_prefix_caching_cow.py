@@ -93,29 +93,32 @@ STEP_METHODS = {
 }
 
 
-def yours(exercises, name, reference):
-    """Your `name` when the regions `exercises` pass their checks, else `reference` (one line says so)."""
+def yours(exercise, name, reference):
+    """Your `name` when region `exercise` passes its checks, else `reference` (one line says which)."""
     module = exercise_module("ex05_prefix_cache")
     if module is None:
         print(f"using the reference for {name}")
         return reference
-    return learner_or_reference(exercises, getattr(module, name, reference), reference)
+    chosen = learner_or_reference(exercise, getattr(module, name, reference), reference)
+    if chosen is not reference:
+        print(f"using your {name} ({exercise} passes)")
+    return chosen
 
 
 def your_cache(*steps):
     """The reference PrefixCache with the methods of build steps `steps` taken from your file, each one
-    that passes its checks (the others stay the reference's, one line says which)."""
+    that passes its checks (the others stay the reference's, one line says which); the reference class
+    itself when none passes."""
     module, methods = exercise_module("ex05_prefix_cache"), {}
     for step in steps:
         if module is not None and learner_or_reference(step, True, False):
             methods[STEP_METHODS[step]] = vars(module.PrefixCache)[STEP_METHODS[step]]
-    return type("YourPrefixCache", (PrefixCache,), methods)
+    return type("YourPrefixCache", (PrefixCache,), methods) if methods else PrefixCache
 
 
 torch.manual_seed(0)
-torch.set_num_threads(
-    1
-)  # tiny shapes: one thread is faster than several on a shared CPU, and steadier
+# tiny shapes: one thread is faster than several on a shared CPU, and steadier
+torch.set_num_threads(1)
 chapter_start = time.perf_counter()
 
 # %% [markdown]
@@ -683,12 +686,16 @@ print(
     f"caching off: {cost['us_off']:.0f} us | caching on ({cost['cached_tokens']} tokens cached): "
     f"{cost['us_on']:.0f} us | ratio {cost['ratio']:.1f}x"
 )
+print(
+    f"the table: {cost['blocks']} blocks; with caching on {cost['hit_blocks']} of them come from the "
+    f"cache and {cost['registered_blocks']} new full blocks are registered"
+)
 
 # %% [markdown]
-# With caching off, allocation only pops 125 block ids. With caching on, Python checks and takes 93
-# cached blocks and registers 31 new ones, so it costs many times as much (the ratio above), yet still a
-# fraction of a millisecond, against the milliseconds it takes a model to compute the 1,488 tokens it no
-# longer has to.
+# With caching off, allocation only pops one block id per block of the table. With caching on, Python
+# checks and takes the cached blocks and registers the new full ones (the counts above), so it costs
+# many times as much (the ratio above), yet still a fraction of a millisecond, against the milliseconds
+# it takes a model to compute the cached tokens it no longer has to.
 
 # %% [markdown]
 # ## 9. Build steps 7 to 10: the block manager
@@ -759,7 +766,8 @@ MANAGER_STEPS = {
 
 def your_manager(*steps):
     """Your `BlockSpaceManager` when every step of `steps` passes its checks; else the reference manager
-    with the methods of the steps that pass (one line says which steps stay the reference's)."""
+    with the methods of the steps that pass (one line says which steps stay the reference's); the
+    reference class itself when none passes."""
     module = exercise_module("ex05_block_manager")
     if module is None:
         print("using the reference block manager")
@@ -767,10 +775,12 @@ def your_manager(*steps):
     passing = [step for step in steps if learner_or_reference(step, True, False)]
     if len(passing) == len(steps):
         return module.BlockSpaceManager
+    if not passing:
+        return BlockSpaceManager
     own = vars(module.BlockSpaceManager)
     methods = {MANAGER_STEPS[step]: own[MANAGER_STEPS[step]] for step in passing}
-    if methods:  # the file's given helpers that its regions call
-        methods.update({name: own[name] for name in ("allocate_slots", "forget_swap_copies")})
+    # the file's given helpers that its regions call
+    methods.update({name: own[name] for name in ("allocate_slots", "forget_swap_copies")})
     return type("YourBlockManager", (BlockSpaceManager,), methods)
 
 
@@ -812,12 +822,12 @@ print(
 # them. Four chat requests share a system prompt, each asks for two
 # samples (`n=2`, temperature 0.8, a fixed seed), so the engine hits the cache for the system prompt's
 # full blocks and copies the forks' shared partial blocks. The tokens must equal the reference engine's.
+# As in the cells above, each of your build steps that passes its checks brings its method; the others
+# stay the reference's (one line names each), and `parts:` prints the classes the engine ran.
 
 # %%
 your_parts = Parts(
-    prefix_cache=yours(
-        ["ch05.ex1", "ch05.ex2", "ch05.ex3", "ch05.ex4"], "PrefixCache", PrefixCache
-    ),
+    prefix_cache=your_cache("ch05.ex1", "ch05.ex2", "ch05.ex3", "ch05.ex4"),
     copy_on_write=yours("ch05.ex6", "copy_on_write", reference_copy_on_write),
     block_manager=your_manager("ch05.ex7", "ch05.ex8", "ch05.ex9", "ch05.ex10"),
 )
@@ -905,4 +915,7 @@ for q, out in zip(questions[:2], your_outs):
 #   parallel sampling: `vllm/engine/output_processor/single_step.py` in 0.6.3.
 
 # %%
-print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")
+print(
+    f"time since the set-up cell ran: {time.perf_counter() - chapter_start:.0f} s "
+    "(reading and editing time included)"
+)

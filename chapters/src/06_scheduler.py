@@ -122,9 +122,8 @@ def your_scheduler(*steps):
     return type("YourScheduler", (Scheduler,), methods)
 
 
-torch.set_num_threads(
-    1
-)  # a tiny model: one thread is faster than several on a shared CPU, and steadier
+# a tiny model: one thread is faster than several on a shared CPU, and steadier
+torch.set_num_threads(1)
 chapter_start = time.perf_counter()
 
 # %% [markdown]
@@ -1074,4 +1073,7 @@ print({k: your_stats[k] for k in ("preemptions", "recomputes", "prefill_chunks",
 #   `vllm/engine/output_processor/single_step.py`.
 
 # %%
-print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")
+print(
+    f"time since the set-up cell ran: {time.perf_counter() - chapter_start:.0f} s "
+    "(reading and editing time included)"
+)

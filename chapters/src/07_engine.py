@@ -530,9 +530,8 @@ from paged_course.bench.engine import agreement, bench_model, make_workload, run
 from paged_course.viz.measure import plot_concurrency  # noqa: E402
 
 threads = torch.get_num_threads()
-torch.set_num_threads(
-    1
-)  # on a shared machine extra threads wait on each other; one keeps the comparison fair
+# on a shared machine extra threads wait on each other; one keeps the comparison fair
+torch.set_num_threads(1)
 bench = bench_model()
 run_paged(bench, make_workload(2, (8, 8), (2, 2)))  # warm-up
 sweep = []
@@ -644,4 +643,7 @@ print(
 #   same-length requests, does not show it); the fragmentation article's A100 numbers stay its own (E11).
 
 # %%
-print(f"chapter ran in {time.perf_counter() - chapter_start:.0f} s")
+print(
+    f"time since the set-up cell ran: {time.perf_counter() - chapter_start:.0f} s "
+    "(reading and editing time included)"
+)

@@ -717,4 +717,7 @@ else:
 #   shipped until 0.10.2.
 
 # %%
-print(f"chapter ran in {time.perf_counter() - chapter_start:.1f} s")
+print(
+    f"time since the set-up cell ran: {time.perf_counter() - chapter_start:.1f} s "
+    "(reading and editing time included)"
+)

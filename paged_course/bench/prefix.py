@@ -5,9 +5,9 @@
    fresh random suffix, so exactly the 93 full blocks of the shared 1,500-token prefix hit (1,488
    tokens). What is timed: ``allocate_slots`` alone, the request's block keys already computed (the scheduler
    hashes a prompt's full blocks once, kept on the sequence, as vLLM v1 does: ``seq.block_hashes``); so the
-   timed work is 93 dict lookups with token checks, taking the 93 hit blocks, 32 new blocks and
-   registering 31 newly full ones. Also printed: the same allocation of a prompt never hashed before
-   (hashing its 124 full blocks inside ``allocate_slots``).
+   timed work is 93 dict lookups with token checks, taking the 93 hit blocks and 32 new ones and
+   registering those 32 (2,000 tokens fill all 125 blocks). Also printed: the same allocation of a
+   prompt never hashed before (hashing its 125 full blocks inside ``allocate_slots``).
 2. Savings (seed claim C5, error E4): 100 requests hold the same system prompt plus a 50-token question
    of their own, all at once. Blocks in use with caching vs without, for several system-prompt
    lengths; and the prefill tokens computed, whose ratio bounds the prompt-phase speed-up.
@@ -44,7 +44,9 @@ def allocation_cost(
     """Microseconds for ``allocate_slots`` of a ``prompt_len`` prompt, caching on (prefix cached) vs off.
 
     ``us_on``: the request's block keys computed beforehand (when it is added); ``us_on_with_hashing``:
-    a prompt never seen, hashed inside ``allocate_slots``. Best of ``repeats`` each, interleaved.
+    a prompt never seen, hashed inside ``allocate_slots``. Best of ``repeats`` each, interleaved. Also
+    ``blocks`` (the prompt's table), ``hit_blocks`` (taken from the cache) and ``registered_blocks``
+    (its full blocks that were not hits, which allocation registers), caching on.
     """
     rng = random.Random(seed)
     prefix = [rng.randrange(1, 32_000) for _ in range(cached_len)]
@@ -80,11 +82,16 @@ def allocation_cost(
                 manager.allocate_slots(seq)
                 best[case] = min(best[case], time.perf_counter() - t0)
                 cached[case] = seq.num_cached_tokens
+                if case == "us_on":
+                    blocks = len(manager.get_block_table(seq))
                 manager.free(seq)
     finally:
         gc.enable()
     result = {case: seconds * 1e6 for case, seconds in best.items()}
     result["cached_tokens"] = cached["us_on"]
+    result["blocks"] = blocks
+    result["hit_blocks"] = cached["us_on"] // block_size
+    result["registered_blocks"] = prompt_len // block_size - result["hit_blocks"]
     result["ratio"] = result["us_on"] / result["us_off"]
     result["ratio_with_hashing"] = result["us_on_with_hashing"] / result["us_off"]
     return result

@@ -135,7 +135,9 @@ def test_first_fit_not_best_fit_and_exact_fits_at_every_position(impl, position)
         assert [starts[0], starts[0] + 5] not in pool.holes and len(pool.holes) == 2, (
             f"an exact fit removes its hole: {pool.holes}"
         )
-    assert len(pool.runs) == len(before[1]) + 1 and pool.runs[got] == 5
+    assert len(pool.runs) == len(before[1]) + 1 and pool.runs[got] == 5, (
+        f"holes of {sizes} slots: allocate(5) adds exactly one run, of 5 slots at {got}: runs {pool.runs}"
+    )
 
 
 @pytest.mark.exercise("ch01.ex4", points=2)
@@ -144,7 +146,7 @@ def test_external_fragmentation_returns_none_and_changes_nothing(impl):
     pool = _pool(impl, 60, {10: 10, 30: 10, 50: 10})
     before = _state(pool)
     hole_lists = [id(h) for h in pool.holes]
-    assert pool.free_slots == 30 and pool.largest_hole == 10
+    assert pool.free_slots == 30 and pool.largest_hole == 10, "set-up: 3 holes of 10 slots"
     assert pool.allocate(11) is None, (
         "30 slots are free but no hole holds 11: allocate returns None"
     )
@@ -162,7 +164,7 @@ def test_allocate_reads_each_hole_once_at_most(impl):
     pool = _pool(impl, 30_000, {3 * k + 2: 1 for k in range(10_000)})  # 10,000 holes of 2 slots
     pool.holes = CountingList(pool.holes)
     CountingList.reads = 0
-    assert pool.allocate(3) is None
+    assert pool.allocate(3) is None, "10,000 holes of 2 slots: a run of 3 fits in none (None)"
     assert CountingList.reads <= len(pool.holes) + 2, (
         f"allocate read {CountingList.reads} holes of {len(pool.holes)}: one pass at most"
     )
@@ -259,7 +261,10 @@ def test_random_traces_match_the_slot_model(impl, seed):
         assert pool.holes == _model_holes(free), (
             f"seed {seed}, step {step}, after {what}: holes {pool.holes}, expected {_model_holes(free)}"
         )
-        assert pool.free_slots == sum(free)
+        assert pool.free_slots == sum(free), (
+            f"seed {seed}, step {step}, after {what}: {pool.free_slots} free slots, the holes hold "
+            f"{sum(free)}"
+        )
 
 
 # ---------------------------------------------------------------- ch01.ex7: compaction
@@ -329,15 +334,22 @@ def test_compact_overlapping_moves_in_a_safe_order(impl):
     # the run below it; copying the higher runs first would overwrite runs not yet copied
     pool = _pool(impl, 64, {1: 12, 14: 12, 27: 12, 40: 12})
     moves = _compacted(pool, "runs of 12 after holes of 1")
-    assert [new for _, new, _ in moves] == [0, 12, 24, 36]
+    assert [new for _, new, _ in moves] == [0, 12, 24, 36], (
+        "runs of 12 at 1, 14, 27, 40 move down to 0, 12, 24, 36, lowest first: a copy overlaps the run "
+        f"above it only after that run has moved; moves {moves}"
+    )
 
 
 @pytest.mark.exercise("ch01.ex7", points=1)
 def test_compact_a_full_pool_an_empty_pool_and_a_packed_one(impl):
     full = _pool(impl, 12, {0: 4, 4: 8})
-    assert _compacted(full, "a full pool") == [] and full.holes == []
+    assert _compacted(full, "a full pool") == [] and full.holes == [], (
+        "a full pool (runs 0-3, 4-11 of 12 slots): no move and no hole"
+    )
     empty = _pool(impl, 12, {})
-    assert _compacted(empty, "an empty pool") == [] and empty.holes == [[0, 12]]
+    assert _compacted(empty, "an empty pool") == [] and empty.holes == [[0, 12]], (
+        "an empty pool of 12 slots: no move, one hole [0, 12]"
+    )
     packed = _pool(impl, 12, {0: 4, 4: 3})
     assert _compacted(packed, "runs already at the bottom") == [], "nothing to copy"
 

@@ -79,7 +79,7 @@ def _pool(cls, n: int, queue: list[int], counts: dict[int, int]):
     a = cls(n)
     a._free.ids = list(queue)
     a._ref_counts = [counts.get(b, 0) for b in range(n)]
-    assert sorted(queue + list(counts)) == list(range(n))
+    assert sorted(queue + list(counts)) == list(range(n)), "test set-up: each block free or held"
     return a
 
 
@@ -132,11 +132,11 @@ class Model:
 def test_a_fresh_queue_holds_every_id_in_order(impl, n):
     q = impl("ex02_allocator").FreeBlockQueue(n)
     assert list(q) == list(range(n)), "a fresh queue holds 0 .. n-1, front first"
-    assert len(q) == n
+    assert len(q) == n, f"a fresh queue of {n} blocks has length {n}"
     assert [q.popleft() for _ in range(n)] == list(range(n)), (
         "popleft hands out the front: 0, 1, 2, ..."
     )
-    assert len(q) == 0 and list(q) == []
+    assert len(q) == 0 and list(q) == [], f"after {n} poplefts the queue of {n} is empty"
     with pytest.raises(IndexError):
         q.popleft()
 
@@ -352,7 +352,9 @@ def test_freed_blocks_join_the_back_in_the_order_given(checked_cls):
     a.free(3)
     a.free(3)
     assert list(a._free) == [5, 4, 1, 0, 3], "the last holder's free returns the block"
-    assert a.num_free_blocks == 5 and a.num_used_blocks == 1
+    assert a.num_free_blocks == 5 and a.num_used_blocks == 1, (
+        "6 blocks, 5 in the free queue: 5 free, 1 used (block 2, still held once)"
+    )
     a.free_many(())
     assert list(a._free) == [5, 4, 1, 0, 3], "an empty list frees nothing"
 

@@ -195,7 +195,9 @@ def _write_case(block_size, seed, dtype=torch.float32, num_kv_heads=2, head_dim=
 def test_write_kv_stores_each_token_at_its_slot(impl, block_size):
     ex = impl("ex03_block_tables")
     key_cache, value_cache, key, value, slots = _write_case(block_size, seed=block_size)
-    assert ex.write_kv(key_cache, value_cache, key, value, slots) is None
+    assert ex.write_kv(key_cache, value_cache, key, value, slots) is None, (
+        f"block size {block_size}: write_kv writes into the caches in place and returns None"
+    )
     written = set()
     for i, slot in enumerate(slots.tolist()):
         if slot < 0:
@@ -290,7 +292,7 @@ def test_gather_kv_ignores_unused_table_entries(impl, dtype):
     key_cache, value_cache, tables, context_lens, clean = _pool(
         [3, 9, 1], 2, 8, 4, seed=5, dtype=dtype
     )
-    assert (tables >= key_cache.shape[0]).any() and (tables < 0).any()
+    assert (tables >= key_cache.shape[0]).any() and (tables < 0).any(), "test set-up: stale entries"
     key, value, valid = ex.gather_kv(key_cache, value_cache, tables, context_lens)
     assert key.dtype == dtype and value.dtype == dtype, f"gathered K/V keep the cache dtype {dtype}"
     for s, n in enumerate([3, 9, 1]):

@@ -231,13 +231,19 @@ def test_computed_blocks_is_one_pure_lookup(impl):
     assert m.prefix_cache.lookups - lookups == 1, (
         f"get_computed_blocks made {m.prefix_cache.lookups - lookups} prefix-cache lookups, expected one"
     )
-    assert len(got) == 2
+    assert len(got) == 2, (
+        f"tokens 1..11 then 3 (12 tokens, blocks of {bs}): its first 2 blocks are cached, so 2 computed "
+        f"blocks; got {got}"
+    )
     assert state(m, [seq]) == before, (
         "get_computed_blocks changed the manager, the cache (its hit counters included) or the sequence"
     )
     whole = seq_of(prompt[: 2 * bs], bs)  # every full block is cached: only the cap trims
     lookups = m.prefix_cache.lookups
-    assert m.get_computed_blocks(whole) == got[:1]
+    assert m.get_computed_blocks(whole) == got[:1], (
+        f"a prompt cached in full ({2 * bs} tokens, blocks of {bs}): its last token must be computed, so "
+        "only its first block counts as computed"
+    )
     assert m.prefix_cache.lookups - lookups == 1, (
         "a prompt cached in full: still one lookup (its cap leaves the last token out)"
     )
@@ -277,7 +283,7 @@ def test_admission_watermark_counts_free_cached_hits(impl, idle_hits):
         )
         seq = seq_of(head[: 2 * bs] + [60] * (2 * bs + 1), bs)  # hits 2 blocks, needs 3 fresh
         computed = m.get_computed_blocks(seq)
-        assert len(computed) == 2
+        assert len(computed) == 2, f"set-up ({fill} busy blocks): the prompt hits its 2 head blocks"
         free = m.get_num_free_gpu_blocks()
         fits = free - 3 - idle_hits >= m.watermark_blocks
         seen.add(fits)
@@ -292,7 +298,10 @@ def test_admission_watermark_counts_free_cached_hits(impl, idle_hits):
             assert state(m, [seq]) == before, f"{where}: a refused admission changed the state"
         else:
             check_invariants(m, where)
-            assert m.get_num_free_gpu_blocks() >= m.watermark_blocks
+            assert m.get_num_free_gpu_blocks() >= m.watermark_blocks, (
+                f"{where}: the admission left {m.get_num_free_gpu_blocks()} free blocks, below the "
+                "watermark (a free cached hit it takes costs a free block too)"
+            )
     assert seen == {True, False}, "the trial must cross the watermark"
 
 
@@ -368,7 +377,9 @@ def test_admission_refuses_a_swapped_out_sequence(impl):
     before = state(m, [seq])
     with pytest.raises(ValueError):
         m.allocate_slots(seq)
-    assert state(m, [seq]) == before
+    assert state(m, [seq]) == before, (
+        "admitting a swapped-out sequence raises ValueError and changes nothing (no block, no hit)"
+    )
 
 
 @pytest.mark.exercise("ch05.ex8", points=2)
@@ -438,7 +449,10 @@ def test_growth_copies_a_shared_last_block_at_every_fill(impl, bs):
                 assert len(got.copies) == 1 and got.copies[0][0] == shared, (
                     f"{where}: the shared partial block {shared} is copied: copies {got.copies}"
                 )
-                assert m.get_block_table(child)[-1] == got.copies[0][1] != shared
+                assert m.get_block_table(child)[-1] == got.copies[0][1] != shared, (
+                    f"{where}: the child's table ends in its private copy {got.copies[0][1]}, not in "
+                    f"the shared block {shared}"
+                )
                 assert got.block_ids == [], f"{where}: the copy is not an appended block"
             else:
                 assert got.copies == [], f"{where}: a full shared block is never copied"
@@ -568,7 +582,9 @@ def test_freed_blocks_stay_cached_until_reused(impl):
     again = seq_of(prompt + [5], bs)
     assert m.get_computed_blocks(again) == blocks, "a freed sequence's full blocks stay hit-able"
     m.allocate_slots(again)
-    assert m.get_block_table(again)[:3] == blocks
+    assert m.get_block_table(again)[:3] == blocks, (
+        f"re-admitted (12 tokens + 1, blocks of 4): its 3 full blocks are the freed, cached {blocks}"
+    )
     check_invariants(m, "re-admitted")
 
 
@@ -578,11 +594,13 @@ def test_free_gives_a_swapped_out_sequence_its_cpu_blocks_back(impl):
     m = manager(cls, 4, 8, cpu=6)
     seq = seq_of(list(range(10)), 4)
     m.allocate_slots(seq)
-    assert m.swap_out(seq) is not None
+    assert m.swap_out(seq) is not None, "set-up: 10 tokens (3 blocks) swap out to 6 CPU blocks"
     m.free(seq)
     assert m.get_num_free_cpu_blocks() == 6, "free returns a swapped-out sequence's CPU blocks"
-    assert not m.has_blocks(seq)
-    assert m.get_num_free_gpu_blocks() == 8
+    assert not m.has_blocks(seq), "a freed, swapped-out sequence holds no blocks"
+    assert m.get_num_free_gpu_blocks() == 8, (
+        "the swap-out gave the GPU blocks back: free leaves all 8 GPU blocks free"
+    )
 
 
 @pytest.mark.exercise("ch05.ex10", points=2)

@@ -255,7 +255,9 @@ def test_each_block_is_hashed_once_as_the_sequence_grows(impl, bs):
     assert calls == [tuple(seq.token_ids[i * bs : (i + 1) * bs]) for i in range(full)], (
         "blocks are hashed in order, each as a tuple of its tokens"
     )
-    assert len(seq.block_hashes) == full
+    assert len(seq.block_hashes) == full, (
+        f"{len(seq)} tokens in blocks of {bs}: one key per full block on the sequence, {full} in all"
+    )
 
 
 @pytest.mark.exercise("ch05.ex1", points=1)
@@ -276,7 +278,9 @@ def test_existing_keys_are_kept_and_extended(impl):
 def test_lookup_hash_collision_is_a_miss(impl):
     ex = impl("ex05_prefix_cache")
     cls = mix(ex, "lookup")
-    assert weak(ROOT_KEY, (1, 2, 3, 4)) == weak(ROOT_KEY, (4, 3, 2, 1))
+    assert weak(ROOT_KEY, (1, 2, 3, 4)) == weak(ROOT_KEY, (4, 3, 2, 1)), (
+        "test data: the keys collide"
+    )
     cache = cache_with(cls, 4, weak, [([1, 2, 3, 4, 9], [5, 2])])
     assert cache.lookup(seq_of([4, 3, 2, 1, 9], 4), 1) == [], (
         "hash collision: the key matches but the tokens differ, so it is a miss"
@@ -300,7 +304,10 @@ def test_lookup_chained_keys(impl):
     assert cache.lookup(seq_of([1, 2, 3, 4, 1, 2, 3, 4, 0], 4), 2) == [6], (
         "chained keys: [1,2,3,4,1,2,3,4] hits exactly one block"
     )
-    assert cache.lookup(seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0], 4), 2) == [6, 3]
+    assert cache.lookup(seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0], 4), 2) == [6, 3], (
+        "chained keys: the cached [1,2,3,4,5,6,7,8] asked again (9 tokens, blocks of 4, max_blocks 2) "
+        "hits both its blocks, in table order"
+    )
 
 
 @pytest.mark.exercise("ch05.ex2", points=2)
@@ -314,7 +321,10 @@ def test_lookup_never_more_than_max_blocks(impl):
     assert cache.lookup(seq, 0) == [] and cache.lookup(seq, -1) == [], (
         "max_blocks 0 (or below): no hit"
     )
-    assert cache.lookup(seq_of(list(range(1, 14)), 4), 9) == [7, 1, 4]
+    assert cache.lookup(seq_of(list(range(1, 14)), 4), 9) == [7, 1, 4], (
+        "max_blocks is a cap, not a count: tokens 1..13 in blocks of 4 (3 full blocks, all cached) "
+        "with max_blocks 9 hit the 3 cached blocks and stop there"
+    )
 
 
 @pytest.mark.exercise("ch05.ex2", points=2)
@@ -347,8 +357,11 @@ def test_lookup_changes_nothing(impl):
         )
 
     before = snapshot()
-    for _ in range(2):
-        assert cache.lookup(seq_of([1, 2, 3, 4, 5, 6, 7, 8, 9], 4), 2) == [0, 1]
+    for call in (1, 2):
+        assert cache.lookup(seq_of([1, 2, 3, 4, 5, 6, 7, 8, 9], 4), 2) == [0, 1], (
+            f"call {call}: tokens 1..9 in blocks of 4, max_blocks 2, hit the cached blocks [0, 1] "
+            "on every call (a lookup takes nothing out of the cache)"
+        )
     assert snapshot() == before, (
         "lookup is pure: the block manager takes the blocks and records the query"
     )
@@ -391,7 +404,7 @@ def test_lookup_matches_the_reference_on_random_caches(impl, seed):
 def test_lookup_in_the_block_manager_agrees_with_the_reference(impl, seed):
     ex = impl("ex05_prefix_cache")
     hits, _, _ = lockstep(mix(ex, "lookup"), ref_copy_on_write, seed, 4 if seed else 2, 12, weak)
-    assert hits > 0
+    assert hits > 0, "the trace must contain prefix-cache hits (test data)"
 
 
 @pytest.mark.exercise("ch05.ex2", points=2)
@@ -402,7 +415,7 @@ def test_lookup_in_the_engine_serves_each_token_its_own_prefix(impl):
     assert got == want, (
         "same requests, same tokens, same hit rate as with the reference prefix cache"
     )
-    assert want[1] > 0
+    assert want[1] > 0, "the reference run must hit the cache (test data)"
 
 
 @pytest.mark.exercise("ch05.ex2", points=1)
@@ -451,7 +464,10 @@ def test_insert_registers_chained_entries(impl, bs):
         uids.append(entry.uid)
     assert len(set(uids)) == 3 and min(uids) >= 1, "every entry gets a fresh uid (>= 1)"
     assert len(cache) == 3 and table[3] not in cache, "the partial block is not cached"
-    assert RefCache.lookup(cache, seq_of(tokens + [0], bs), 3) == table[:3]
+    assert RefCache.lookup(cache, seq_of(tokens + [0], bs), 3) == table[:3], (
+        f"after insert, the same {3 * bs + 1} tokens (blocks of {bs}) plus one must hit the 3 registered "
+        f"blocks {table[:3]}: each entry's key, tokens and parent uid chain the one before"
+    )
 
 
 @pytest.mark.exercise("ch05.ex3", points=2)
@@ -459,7 +475,9 @@ def test_insert_keeps_existing_entries_and_chains_after_shared_hits(impl):
     ex = impl("ex05_prefix_cache")
     cache = mix(ex, "insert")(4, weak)
     first = seq_of([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
-    assert cache.insert(first, [2, 5, 7], 0, 2) == 2
+    assert cache.insert(first, [2, 5, 7], 0, 2) == 2, (
+        "insert returns the entries it added: blocks 0 and 1 of 9 tokens in blocks of 4, none cached: 2"
+    )
     old = {b: cache._by_block[b] for b in (2, 5)}
     first.append_token_id(10), first.append_token_id(11), first.append_token_id(12)
     assert cache.insert(first, [2, 5, 7], 0, 3) == 1, (
@@ -469,15 +487,16 @@ def test_insert_keeps_existing_entries_and_chains_after_shared_hits(impl):
     assert sum(len(v) for v in cache._by_key.values()) == 3, "no duplicate entry for a cached block"
     # a second sequence that hit blocks 2 and 5 and computes its own third block in block 4
     second = seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 1], 4)
-    assert cache.insert(second, [2, 5, 4], 2, 3) == 1
+    assert cache.insert(second, [2, 5, 4], 2, 3) == 1, (
+        "a sequence that hit blocks 2 and 5 registers its own third block only (blocks 2 to 3): 1 entry"
+    )
     assert cache._by_block[4].parent_uid == old[5].uid, (
         "a new block chains the entry of the hit before it"
     )
-    assert RefCache.lookup(cache, seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 1], 4), 3) == [
-        2,
-        5,
-        4,
-    ]
+    again = seq_of([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 1], 4)
+    assert RefCache.lookup(cache, again, 3) == [2, 5, 4], (
+        "the second prompt asked again hits all 3 of its blocks: block 4 chains the shared hits 2, 5"
+    )
 
 
 @pytest.mark.exercise("ch05.ex3", points=2)
@@ -488,7 +507,9 @@ def test_insert_stops_where_the_parent_is_not_cached(impl):
     assert cache.insert(seq, [0, 1, 2], 1, 3) == 0 and len(cache) == 0, (
         "block 0 is not cached: its children cannot be (a chain is only as long as its cached head)"
     )
-    assert cache.insert(seq, [0, 1, 2], 0, 2) == 2
+    assert cache.insert(seq, [0, 1, 2], 0, 2) == 2, (
+        "blocks 0 and 1 of tokens 1..12 in blocks of 4, nothing cached yet: 2 new entries"
+    )
     RefCache.evict(cache, 1)
     assert cache.insert(seq, [0, 1, 2], 2, 3) == 0 and 2 not in cache, (
         "block 1 was evicted: block 2 is not cached"
@@ -502,7 +523,7 @@ def test_insert_in_the_block_manager_agrees_with_the_reference(impl, seed):
     hits, _, _ = lockstep(
         mix(ex, "insert"), ref_copy_on_write, seed, (2, 4, 4)[seed], 12, (weak, strong, weak)[seed]
     )
-    assert hits > 0
+    assert hits > 0, "the trace must contain prefix-cache hits (test data)"
 
 
 @pytest.mark.exercise("ch05.ex3", points=2)
@@ -530,7 +551,9 @@ def test_evict_forgets_that_block_only(impl):
     assert [e.block_id for e in cache._by_key.get(key, [])] == [6], (
         "the other block under the same key stays cached"
     )
-    assert RefCache.lookup(cache, seq_of([1, 2, 3, 4, 0], 4), 1) == [6]
+    assert RefCache.lookup(cache, seq_of([1, 2, 3, 4, 0], 4), 1) == [6], (
+        "block 3 evicted: [1,2,3,4,0] hits block 6, which holds the same first block"
+    )
     assert cache.evict(3) is False and cache.evict(99) is False, (
         "evicting a block that is not cached returns False"
     )
@@ -573,7 +596,10 @@ def test_evict_takes_constant_time(impl):
         f"2,000 evictions took {seconds:.2f} s in a cache of {BIG_CACHE} entries: evict finds the entry "
         "through the block map, it never scans the cache"
     )
-    assert len(cache) == BIG_CACHE - 2000
+    assert len(cache) == BIG_CACHE - 2000, (
+        f"each of the 2,000 evictions of a cached block removes exactly its entry: "
+        f"{BIG_CACHE} - 2000 entries left"
+    )
 
 
 # ================================================================ ch05.ex5: the eviction order (LRU)
@@ -608,7 +634,10 @@ def test_eviction_order_shared_head_stays_longest(impl):
     )
     for s in (c, a, b):
         m.free(s)
-    assert got == [x for x in m.gpu_allocator.free_queue() if x in m.prefix_cache]
+    want = [x for x in m.gpu_allocator.free_queue() if x in m.prefix_cache]
+    assert got == want, (
+        "after C, A, B finish, the block manager's free queue (its cached blocks) is the predicted order"
+    )
 
 
 @pytest.mark.exercise("ch05.ex5", points=1)
@@ -665,7 +694,9 @@ def test_eviction_order_predicts_the_block_manager(impl, seed):
         before = {b for b in range(m.num_gpu_blocks) if b in m.prefix_cache}
         m.allocate_slots(filler)
         evicted += [b for b in m.get_block_table(filler) if b in before]
-    assert evicted == want
+    assert evicted == want, (
+        f"seed {seed}: new data takes cached blocks in free-queue order: evicted {evicted}, queue {want}"
+    )
 
 
 # ================================================================ ch05.ex6: copy-on-write
@@ -678,8 +709,14 @@ def _shared_table(bs, num_blocks, num_tokens, holders):
     return alloc, BlockTable(bs, ids, num_tokens)
 
 
-def _no_allocate():
-    raise AssertionError("allocate() was called although no copy is needed")
+def _no_allocate(case):
+    """An ``allocate`` for a table that needs no copy: calling it fails the check, naming the case (the
+    test's own assert after the call would never be reached)."""
+
+    def allocate():
+        raise AssertionError(f"{case}: no copy is needed, yet copy_on_write called allocate()")
+
+    return allocate
 
 
 @pytest.mark.exercise("ch05.ex6", points=1)
@@ -698,7 +735,9 @@ def test_cow_copies_a_shared_partial_last_block(impl, bs):
         "the shared block loses exactly one holder (the sibling keeps it)"
     )
     assert alloc.ref_count(head) == 2, "full blocks stay shared"
-    assert table.num_tokens == bs + 2
+    assert table.num_tokens == bs + 2, (
+        f"copy-on-write swaps a block, not tokens: the table still holds {bs + 2} tokens (blocks of {bs})"
+    )
 
 
 @pytest.mark.exercise("ch05.ex6", points=2)
@@ -714,14 +753,15 @@ def test_cow_never_copies_a_full_or_private_block(impl):
         alloc, table = _shared_table(bs, blocks, tokens, holders)
         before = (list(table.block_ids), [alloc.ref_count(b) for b in table.block_ids])
         what = "full" if tokens % bs == 0 else "private"
-        assert ex.copy_on_write(table, alloc, _no_allocate) == [], (
-            f"a {what} last block ({tokens} tokens in blocks of {bs}, {holders} holders): no copy"
-        )
+        holding = f"{holders} holder" + "s" * (holders > 1)
+        case = f"a {what} last block ({tokens} tokens in blocks of {bs}, {holding})"
+        assert ex.copy_on_write(table, alloc, _no_allocate(case)) == [], f"{case}: no copy"
         assert (table.block_ids, [alloc.ref_count(b) for b in table.block_ids]) == before, (
-            "nothing changes"
+            f"{case}: nothing changes (block ids and reference counts)"
         )
-    assert ex.copy_on_write(BlockTable(4), BlockAllocator(4), _no_allocate) == [], (
-        "no blocks: nothing to copy"
+    case = "an empty table (no blocks)"
+    assert ex.copy_on_write(BlockTable(4), BlockAllocator(4), _no_allocate(case)) == [], (
+        f"{case}: nothing to copy"
     )
 
 

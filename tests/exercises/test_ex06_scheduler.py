@@ -296,7 +296,9 @@ def test_a_long_prompt_runs_in_chunks(impl, threshold, chunks):
     assert got == chunks, (
         f"a 40-token prompt, budget 16, threshold {threshold}: chunks {got}, expected {chunks}"
     )
-    assert g.seqs[0].status is S.FINISHED_LENGTH and len(g.seqs[0].output_token_ids) == 2
+    assert g.seqs[0].status is S.FINISHED_LENGTH and len(g.seqs[0].output_token_ids) == 2, (
+        f"threshold {threshold}: the chunked 40-token prompt still finishes with its 2 tokens"
+    )
 
 
 @pytest.mark.exercise("ch06.ex1", points=2)
@@ -316,8 +318,11 @@ def test_threshold_leaves_budget_to_decodes_and_other_prompts(impl):
     assert plan(first) == [("A", 0, 2), ("long", 0, 8), ("B", 0, 3)], (
         "the threshold caps the long prompt's chunk at 8, so B still fits the 16-token budget"
     )
-    assert plan(second) == [("A", 2, 1), ("long", 8, 8), ("B", 3, 1)]
-    assert set(assert_invariants(mix(ex, "_chunk"), range(12))) >= {"chunked"}
+    assert plan(second) == [("A", 2, 1), ("long", 8, 8), ("B", 3, 1)], (
+        "step 2: A and B decode one token each, the long prompt takes its next chunk of 8 (threshold)"
+    )
+    seen = set(assert_invariants(mix(ex, "_chunk"), range(12)))
+    assert seen >= {"chunked"}, f"the random runs must chunk a prompt: {seen}"
 
 
 @pytest.mark.exercise("ch06.ex1", points=2)
@@ -464,7 +469,9 @@ def test_a_sequence_without_budget_keeps_running_at_every_position(impl):
             f"budget {budget}: running is {kept} after the step, expected ['A', 'B', 'C'] with their "
             "blocks: a sequence the budget does not reach computes nothing this step but keeps running"
         )
-        assert not out.preempted
+        assert not out.preempted, (
+            f"budget {budget}: a sequence the budget does not reach is skipped, not preempted"
+        )
 
 
 @pytest.mark.exercise("ch06.ex2", points=3)
@@ -491,7 +498,9 @@ def _preempting_run(cls, mode, num_cpu_blocks=8):
 def test_recompute_frees_resets_and_requeues_at_the_front(impl):
     ex = impl("ex06_scheduler")
     s, engine, (a, b, c), out = _preempting_run(mix(ex, "_preempt"), "recompute", 0)
-    assert ids(out.preempted) == ["C", "B"]
+    assert ids(out.preempted) == ["C", "B"], (
+        "out of blocks: the newest first, C then B, are preempted"
+    )
     for g in (b, c):
         seq = g.seqs[0]
         assert seq.status is S.WAITING and seq.num_computed_tokens == 0, (
@@ -499,10 +508,16 @@ def test_recompute_frees_resets_and_requeues_at_the_front(impl):
         )
         assert not s.block_manager.has_blocks(seq), "preempted by recompute: its blocks are freed"
     assert ids(s.waiting) == ["B", "C"], "victims go back to the front of waiting, oldest first"
-    assert (s.num_preemptions, s.num_recomputes, s.num_swap_outs) == (2, 2, 0)
-    assert out.blocks_to_swap_out == [] and s.block_manager.get_num_free_gpu_blocks() == 1
+    assert (s.num_preemptions, s.num_recomputes, s.num_swap_outs) == (2, 2, 0), (
+        "(preemptions, recomputes, swap-outs): 2 victims, both recomputed, none swapped"
+    )
+    assert out.blocks_to_swap_out == [] and s.block_manager.get_num_free_gpu_blocks() == 1, (
+        "recompute copies no block to the CPU, and the victims' blocks are back in the pool: 1 free"
+    )
     engine.run()
-    assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in (a, b, c))
+    assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in (a, b, c)), (
+        "after recompute, A, B and C all finish"
+    )
     assert_all_free(s)
 
 
@@ -510,7 +525,9 @@ def test_recompute_frees_resets_and_requeues_at_the_front(impl):
 def test_swap_moves_the_blocks_and_queues_by_arrival(impl):
     ex = impl("ex06_scheduler")
     s, engine, (a, b, c), out = _preempting_run(mix(ex, "_preempt"), "swap")
-    assert ids(out.preempted) == ["C", "B"]
+    assert ids(out.preempted) == ["C", "B"], (
+        "out of blocks: the newest first, C then B, are preempted"
+    )
     for g in (b, c):
         seq = g.seqs[0]
         assert seq.status is S.SWAPPED and seq.num_computed_tokens == 4, (
@@ -522,10 +539,14 @@ def test_swap_moves_the_blocks_and_queues_by_arrival(impl):
     assert len(out.blocks_to_swap_out) == 2 and s.block_manager.get_num_free_cpu_blocks() == 6, (
         "the victims' blocks go to the CPU pool: one (gpu, cpu) pair per block in blocks_to_swap_out"
     )
-    assert (s.num_preemptions, s.num_recomputes, s.num_swap_outs) == (2, 0, 2)
+    assert (s.num_preemptions, s.num_recomputes, s.num_swap_outs) == (2, 0, 2), (
+        "(preemptions, recomputes, swap-outs): 2 victims, both swapped out"
+    )
     engine.run()  # the checked engine proves the swapped K/V come back intact
-    assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in (a, b, c))
-    assert s.num_swap_ins == 2
+    assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in (a, b, c)), (
+        "after the swap, A, B and C all finish"
+    )
+    assert s.num_swap_ins == 2, "both swapped victims come back by swap-in (2 swap-ins)"
     assert_all_free(s)
 
 
@@ -540,7 +561,9 @@ def test_swap_falls_back_to_recompute_when_the_cpu_pool_is_full(impl):
     s.add_request(b)
     CheckedEngine(s).run(max_steps=30)
     assert s.num_swap_outs == 0 and s.num_recomputes == 1, "no room on the CPU: recompute instead"
-    assert all(len(g.seqs[0].output_token_ids) == 6 for g in (a, b))
+    assert all(len(g.seqs[0].output_token_ids) == 6 for g in (a, b)), (
+        "A and B each still generate their 6 tokens"
+    )
     assert_all_free(s)
 
 
@@ -568,7 +591,9 @@ def test_a_swapped_out_request_comes_back_after_the_other_finishes(impl):
         and len(engine.log[6].blocks_to_swap_in) == 2
     ), "B comes back (its 2 blocks copied in) as soon as A is done and the pool has room"
     assert plan(engine.log[6]) == [("B", 8, 1)], "swapped back in: it continues where it stopped"
-    assert s.num_swap_ins == 1 and a.seqs[0].output_token_ids == b.seqs[0].output_token_ids
+    assert s.num_swap_ins == 1 and a.seqs[0].output_token_ids == b.seqs[0].output_token_ids, (
+        "one swap-in (B), and B's tokens equal A's (same prompt): its K/V came back intact"
+    )
     assert_all_free(s)
 
 
@@ -581,13 +606,15 @@ def test_swapped_come_back_oldest_first(impl):
         s.add_request(g)
     engine = CheckedEngine(s)
     engine.step()
-    assert ids(engine.step().preempted) == ["D", "C"]
+    assert ids(engine.step().preempted) == ["D", "C"], "set-up: D then C (newest first) swap out"
     engine.run(max_steps=80)
     back = [r for o in engine.log for r in ids(o.swapped_in) if r in "CD"]
     assert back[:2] == ["C", "D"], (
         "swapped sequences return oldest first (C before D, though D left first)"
     )
-    assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in groups)
+    assert all(g.seqs[0].status is S.FINISHED_LENGTH for g in groups), (
+        "A, B, C and D all finish after their swaps"
+    )
     assert_all_free(s)
 
 
@@ -612,11 +639,16 @@ def test_a_swapped_sequence_that_cannot_return_alone_is_recomputed(impl):
     s.add_request(b)
     engine = CheckedEngine(s)
     engine.run(max_steps=40)
-    assert [i for i, o in enumerate(engine.log) if o.preempted] == [4] and s.num_swap_outs == 1
+    assert [i for i, o in enumerate(engine.log) if o.preempted] == [4] and s.num_swap_outs == 1, (
+        "set-up: B is swapped out once, at step 4, when A needs its second block"
+    )
     assert [i for i, o in enumerate(engine.log) if o.exhausted] == [8] and s.num_swap_ins == 0, (
         "while A runs, B waits in swapped; once nothing runs and B still does not fit, it is recomputed"
     )
-    assert a.seqs[0].status is S.FINISHED_LENGTH and b.seqs[0].status is S.FINISHED_KV_EXHAUSTED
+    assert a.seqs[0].status is S.FINISHED_LENGTH and b.seqs[0].status is S.FINISHED_KV_EXHAUSTED, (
+        f"A finishes; B, which can never fit beside the watermark, ends "
+        f"{S.FINISHED_KV_EXHAUSTED.value}: got {a.seqs[0].status.value}, {b.seqs[0].status.value}"
+    )
     assert_all_free(s)
 
 
@@ -662,9 +694,8 @@ def test_a_younger_swapped_sequence_never_overtakes_one_that_does_not_fit(impl):
         s._preempt(g.seqs[0], SchedulerOutputs())
     bm = s.block_manager
     filler = Sequence(10_000, [1] * 12, 4)
-    assert (
-        bm.allocate_slots(filler) is not None
-    )  # 3 of the 5 free blocks: C (3 to come back) no longer fits
+    # 3 of the 5 free blocks: C (3 to come back) no longer fits
+    assert bm.allocate_slots(filler) is not None, "set-up: a 12-token filler takes 3 free blocks"
     out = SchedulerOutputs()
     s._schedule_swapped(out, 16)
     assert not out.swapped_in and ids(s.swapped) == ["C", "D"], (
@@ -677,7 +708,7 @@ def test_a_younger_swapped_sequence_never_overtakes_one_that_does_not_fit(impl):
 def test_swap_in_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
     seen = assert_invariants(mix(ex, "_schedule_swapped"), range(40))
-    assert "swapped_in" in seen
+    assert "swapped_in" in seen, f"the random runs must swap a sequence in: {seen}"
 
 
 # ================================================================ ch06.ex5: admission, first come first served
@@ -731,13 +762,15 @@ def test_the_watermark_keeps_blocks_free_at_admission(impl):
     assert ids(out.ignored) == ["big"] and "keeps 10" in big.seqs[0].finish_message, (
         "a prompt that never fits beside the watermark is ignored with its reason, and does not block the queue"
     )
-    assert plan(out) == [("fits", 0, 90)]
+    assert plan(out) == [("fits", 0, 90)], (
+        "'fits' (90 tokens) is admitted whole past the ignored one"
+    )
     s.add_request(make("more", 1, 1, bs=1))
     assert [r for r, _, _ in plan(engine.step())] == ["fits"], (
         "watermark: admitting 'more' would leave fewer than 10 of 100 blocks free, so it waits"
     )
     engine.run()
-    assert s.num_preemptions == 0
+    assert s.num_preemptions == 0, "admissions that keep the watermark never force a preemption"
     assert_all_free(s)
 
 
@@ -754,7 +787,7 @@ def test_a_prompt_larger_than_the_cache_does_not_block_the_queue(impl):
         ids(first.ignored) == ["A"]
         and a.seqs[0].status is S.FINISHED_IGNORED
         and a.seqs[0].finish_message
-    )
+    ), "A's 20 tokens never fit 16 slots: it is ignored at once, with a finish message"
     assert plan(first) == [("B", 0, 3)], "B must not wait behind a prompt that can never run"
     engine.run()
     assert_all_free(s)
@@ -800,7 +833,7 @@ def test_one_prefix_lookup_per_admission(impl):
 def test_admission_holds_the_invariants_on_random_runs(impl):
     ex = impl("ex06_scheduler")
     seen = assert_invariants(mix(ex, "_schedule_waiting"), range(40))
-    assert seen >= {"preempted", "ignored"}
+    assert seen >= {"preempted", "ignored"}, f"the random runs must preempt and ignore: {seen}"
 
 
 # ---------------------------------------------------------------- ch06.ex8: a request that can never run
@@ -1072,7 +1105,7 @@ def test_a_victim_grown_past_an_empty_pool_ends_exhausted(impl):
     ex = impl("ex06_scheduler")
     cls = mix(ex, "_recompute")
     s, seq = _grown(cls, 11, 8, 3)  # 11 prompt tokens + 3 sampled = 14 tokens, 4 blocks held
-    assert len(seq) == 14 and len(s.block_manager.get_block_table(seq)) == 4
+    assert len(seq) == 14 and len(s.block_manager.get_block_table(seq)) == 4, "set-up: 14 tokens"
     s.running.remove(seq)
     out = SchedulerOutputs()
     s._recompute(seq, out)
@@ -1103,7 +1136,7 @@ def test_a_victim_that_fits_an_empty_pool_exactly_waits(impl):
     ex = impl("ex06_scheduler")
     cls = mix(ex, "_recompute")
     s, seq = _grown(cls, 9, 8, 3)  # 9 + 3 = 12 tokens: 3 blocks, exactly what an admission may take
-    assert len(seq) == 12
+    assert len(seq) == 12, "set-up: 12 tokens"
     s.running.remove(seq)
     out = SchedulerOutputs()
     s._recompute(seq, out)

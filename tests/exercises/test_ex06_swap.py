@@ -335,14 +335,19 @@ def test_swap_out_refuses_when_the_cpu_pool_is_short_and_changes_nothing(impl, b
             kv = Kv(m)
             parent, child = forks(m, kv, bs, 2 * bs + 1, bs + 1)  # shares 2 full blocks, 2 private
             if sibling_first:
-                assert (
-                    kv.swap_out(parent) is not None
-                )  # copies the 2 shared blocks and its last one
+                # copies the 2 shared blocks and its last one
+                assert kv.swap_out(parent) is not None, (
+                    f"block size {bs}: the parent (3 blocks) swaps out to 8 free CPU blocks"
+                )
             used = 8 - m.get_num_free_cpu_blocks()
             blocker = seq_of([5] * (8 - used - free) * bs, bs)
             if 8 - used - free:
                 kv.grow(blocker, len(blocker))
-                assert kv.swap_out(blocker) is not None  # takes CPU blocks: `free` are left
+                # takes CPU blocks: `free` are left
+                assert kv.swap_out(blocker) is not None, (
+                    f"block size {bs}: a sequence of {len(blocker)} tokens swaps out to the "
+                    f"{8 - used} free CPU blocks"
+                )
             needed = len(m.block_tables[child.seq_id]) - (2 if sibling_first else 0)
             before = state(m)
             pairs = kv.swap_out(child)
@@ -360,7 +365,7 @@ def test_swap_out_refuses_when_the_cpu_pool_is_short_and_changes_nothing(impl, b
                     f"{where}: a swap-out that returned None changed the state"
                 )
             check_invariants(m, kv, [parent, child, blocker], where)
-    assert seen == {True, False}
+    assert seen == {True, False}, "the trial must cross the CPU pool's limit"
 
 
 @pytest.mark.exercise("ch06.ex6", points=1)

@@ -81,7 +81,7 @@ def _check_step(impl, tables, contexts, queries, block_size, keep=None, width=No
     want_host, want_layout = reference_prepare(
         tables, contexts, queries, block_size, keep, None, tokens, width
     )
-    assert layout == want_layout
+    assert layout == want_layout, "the layout (offsets and widths in the buffer) is the reference's"
     meta = AttentionMetadata.from_buffer(host, layout)
     width = layout.width
     keep_list = list(range(len(tables))) if keep is None else keep
@@ -94,7 +94,9 @@ def _check_step(impl, tables, contexts, queries, block_size, keep=None, width=No
     assert meta.query_start.tolist() == offsets, "query_start"
     assert meta.context_lens.tolist() == contexts, "context_lens"
     assert meta.block_tables.tolist() == padded, "padded block tables"
-    assert torch.equal(host, want_host)
+    assert torch.equal(host, want_host), (
+        "the host buffer equals the reference's byte for byte (padding included)"
+    )
 
 
 @pytest.mark.exercise("ch07.ex6", points=1)
@@ -156,8 +158,12 @@ def test_the_slot_mapping_part_given_is_the_one_used(impl):
     meta = AttentionMetadata.from_buffer(host, layout)
     assert calls == [(tables, [6, 5, 2], queries, 4)], "slot_mapping called with the new tokens"
     want = [1000 + s for s in reference_slot_mapping(tables, [6, 5, 2], queries, 4)]
-    assert meta.slot_mapping.tolist() == want
-    assert meta.keep.tolist() == [3, 5]
+    assert meta.slot_mapping.tolist() == want, (
+        "the slots are those the given slot_mapping returns (here shifted by 1000), not recomputed"
+    )
+    assert meta.keep.tolist() == [3, 5], (
+        "queries 4, 1, 1 with rows 0 and 2 kept: the last token of each, rows 3 and 5"
+    )
 
 
 @pytest.mark.exercise("ch07.ex6", points=1)
@@ -215,8 +221,12 @@ def test_stops_at_exactly_max_tokens(impl):
     for max_tokens in (1, 2, 5):
         seq = _seq(max_tokens=max_tokens)
         statuses = _feed(impl, seq, [50 + i for i in range(max_tokens)])
-        assert statuses == [S.RUNNING] * (max_tokens - 1) + [S.FINISHED_LENGTH], max_tokens
-        assert seq.output_token_ids == [50 + i for i in range(max_tokens)]
+        assert statuses == [S.RUNNING] * (max_tokens - 1) + [S.FINISHED_LENGTH], (
+            f"max_tokens {max_tokens}: running until output token {max_tokens}, which finishes it"
+        )
+        assert seq.output_token_ids == [50 + i for i in range(max_tokens)], (
+            f"max_tokens {max_tokens}: every fed token is appended, the last one included"
+        )
         assert seq.num_computed_tokens == 0, "update_sequence changes only the tokens and status"
 
 
@@ -225,8 +235,12 @@ def test_stops_at_exactly_max_model_len(impl):
     for prompt_len in (3, 7):
         seq = _seq(prompt_len=prompt_len, max_tokens=50)
         statuses = _feed(impl, seq, [60, 61, 62, 63], max_model_len=prompt_len + 3)
-        assert statuses[:3] == [S.RUNNING, S.RUNNING, S.FINISHED_LENGTH]
-        assert len(seq) == prompt_len + 3 + 1  # nobody feeds a finished sequence; we did, to see
+        assert statuses[:3] == [S.RUNNING, S.RUNNING, S.FINISHED_LENGTH], (
+            f"prompt {prompt_len}, max_model_len {prompt_len + 3}: the 3rd output token reaches it "
+            "and finishes the sequence (length)"
+        )
+        # nobody feeds a finished sequence; we did, to see
+        assert len(seq) == prompt_len + 3 + 1, "update_sequence appends every token it is given"
 
 
 @pytest.mark.exercise("ch07.ex7", points=2)
@@ -241,7 +255,9 @@ def test_stop_tokens_and_eos_are_appended_and_win_over_length(impl):
         tokens = [50, 51, 52][:where] + [2]
         assert _feed(impl, seq, tokens)[-1] is S.FINISHED_STOPPED, "EOS (in group.stop_token_ids)"
     seq = _seq(prompt_len=5, max_tokens=9, stop=[7])
-    assert _feed(impl, seq, [50, 7], max_model_len=7)[-1] is S.FINISHED_STOPPED
+    assert _feed(impl, seq, [50, 7], max_model_len=7)[-1] is S.FINISHED_STOPPED, (
+        "a stop token that also reaches max_model_len (5 + 2 = 7) ends as stopped: the stop is checked first"
+    )
     seq = _seq(max_tokens=3)
     assert _feed(impl, seq, [7, 2, 7]) == [S.RUNNING, S.RUNNING, S.FINISHED_LENGTH], (
         "tokens that are not the request's stop tokens do not stop it"

@@ -127,7 +127,9 @@ def test_a_small_run_by_hand(impl):
     assert report["itl"]["mean"] == pytest.approx(2.0) and report["itl"]["p50"] == pytest.approx(
         1.0
     ), f"ITL: A's gaps 1, 1, 4; got {report['itl']}"
-    assert report["requests"] == 3 and report["output_tokens"] == 5
+    assert report["requests"] == 3 and report["output_tokens"] == 5, (
+        "3 requests (C without a token counts too), 5 output tokens (A 4, B 1)"
+    )
     assert report["throughput"] == pytest.approx(5 / 7), (
         "5 tokens from the first arrival (0) to the last token (7)"
     )
@@ -146,7 +148,9 @@ def test_tpot_is_per_request_not_the_mean_gap(impl):
         f"mean TPOT over the 2 requests is 1.05 s; got {report['tpot']['mean']} (the mean ITL is "
         f"{(10 * 0.1 + 2.0) / 11:.3f})"
     )
-    assert report["itl"]["mean"] == pytest.approx((10 * 0.1 + 2.0) / 11)
+    assert report["itl"]["mean"] == pytest.approx((10 * 0.1 + 2.0) / 11), (
+        "mean ITL weighs each of the 11 gaps once: (10 * 0.1 + 2.0) / 11 s"
+    )
 
 
 @pytest.mark.exercise("ch08.ex2", points=2)
@@ -263,7 +267,9 @@ def _capacity_checked(ex, lens, block_size, budget_blocks, static_len, what):
     assert int(got["static"]) == budget_blocks * block_size // static_len, (
         f"{what}: static holds {budget_blocks * block_size // static_len}, got {got['static']}"
     )
-    assert got["static_token_share"] == pytest.approx(lens.sum() / (len(lens) * static_len))
+    assert got["static_token_share"] == pytest.approx(lens.sum() / (len(lens) * static_len)), (
+        f"{what}: static token share is the tokens over {static_len} reserved slots per request"
+    )
     assert got["paged_token_share"] == pytest.approx(lens.sum() / (blocks.sum() * block_size)), (
         f"{what}: paged token share is the tokens over the slots of every request's blocks"
     )
@@ -281,8 +287,12 @@ def test_capacity_by_hand(impl):
         "blocks from there reach the budget, so the budget closes it); from 4: 3 blocks to the end, less "
         "than the budget (cut short by the trace, not counted)"
     )
-    assert got["static"] == 1 and got["static_token_share"] == pytest.approx(29 / 50)
-    assert got["paged_token_share"] == pytest.approx(29 / 36)
+    assert got["static"] == 1 and got["static_token_share"] == pytest.approx(29 / 50), (
+        "static: 16 slots hold 1 request of 10; 29 tokens over 5 x 10 reserved slots"
+    )
+    assert got["paged_token_share"] == pytest.approx(29 / 36), (
+        "paged: 29 tokens over the 9 blocks x 4 slots they take"
+    )
 
 
 @pytest.mark.exercise("ch08.ex3", points=2)
@@ -342,4 +352,7 @@ def test_a_million_requests_at_once(impl):
         while used + blocks[i + count] <= 7000:
             used, count = used + blocks[i + count], count + 1
         assert got["paged"][i] == count, f"start {i}: {count} requests fit, got {got['paged'][i]}"
-    assert len(got["paged"]) == int(np.sum(cum[:-1] + 7000 <= cum[-1]))
+    want = int(np.sum(cum[:-1] + 7000 <= cum[-1]))
+    assert len(got["paged"]) == want, (
+        f"one count per start whose window the budget of 7000 blocks closes: {want} starts"
+    )

@@ -237,5 +237,8 @@ def test_the_engine_runs_on_your_block_manager_like_the_reference(impl):
             f"{where}: {dict(zip(keys, your_stats))} on your manager, {dict(zip(keys, ref_stats))} on "
             "the reference's"
         )
-        assert ref_stats[0] > 0 and ref_stats[1] > 0 and your_stats[-1] == 0
+        assert ref_stats[0] > 0 and ref_stats[1] > 0 and your_stats[-1] == 0, (
+            f"{where}: set-up: the workload hits the prefix cache (hit rate {ref_stats[0]}) and copies "
+            f"on write ({ref_stats[1]} copies); every block must be back at the end ({your_stats[-1]} used)"
+        )
         assert (ref_stats[2] > 0) == (blocks == 9), f"{where}: preemptions {ref_stats[2]}"

@@ -113,9 +113,17 @@ def test_sequence_kv_of_a_prefix_and_in_half_precision(impl):
         13,
     ):  # a sequence read only up to a prefix: the table is longer than needed
         key, value = mod.sequence_kv(key_cache, value_cache, tables[0], length)
-        assert key.dtype == torch.float16
-        assert torch.equal(key, clean[0][0][:length].half())
-        assert torch.equal(value, clean[0][1][:length].half())
+        assert key.dtype == torch.float16, (
+            f"float16 caches give float16 K/V: the first {length} of 13 tokens came back {key.dtype}"
+        )
+        assert torch.equal(key, clean[0][0][:length].half()), (
+            f"the first {length} of 13 tokens (block size 4, a longer table): key position p must be the "
+            "one its table puts at position p"
+        )
+        assert torch.equal(value, clean[0][1][:length].half()), (
+            f"the first {length} of 13 tokens (block size 4, a longer table): value position p must be "
+            "the one its table puts at position p"
+        )
 
 
 # ---------------------------------------------------------------- ch07.ex3: one chunk's attention
@@ -134,7 +142,10 @@ def test_attend_chunk_is_causal_from_the_chunk_offset(impl, group):
         before = _snapshot(q, k, v)
         out = mod.attend_chunk(q, k, v, SCALE)
         want = _causal_reference(q, k, v, SCALE)
-        assert out.dtype == q.dtype and tuple(out.shape) == tuple(q.shape)
+        assert out.dtype == q.dtype and tuple(out.shape) == tuple(q.shape), (
+            f"chunk of {n} tokens ending a sequence of {length} (group {group}): the output has the "
+            f"query's dtype and shape {q.dtype} {list(q.shape)}, got {out.dtype} {list(out.shape)}"
+        )
         err = (out.double() - want).abs().max().item()
         assert err < 1e-5, (
             f"chunk of {n} tokens ending a sequence of {length} (group {group}): max error {err:.2e}"
@@ -150,9 +161,15 @@ def test_attend_chunk_in_half_precision_with_large_scores(impl):
     k = (torch.randn(20, 2, HEAD_DIM, generator=gen) * 8).half()
     v = torch.randn(20, 2, HEAD_DIM, generator=gen).half()
     out = mod.attend_chunk(q, k, v, 1.0)  # scores in the hundreds: fp16 softmax would overflow
-    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert out.dtype == torch.float16 and torch.isfinite(out).all(), (
+        f"float16 q/k with scores in the hundreds: the output must be float16 and finite (no fp16 "
+        f"overflow in the softmax), got {out.dtype} with {int((~torch.isfinite(out)).sum())} non-finite"
+    )
     want = _causal_reference(q.float(), k.float(), v.float(), 1.0)
-    assert (out.double() - want).abs().max().item() < 5e-3
+    assert (out.double() - want).abs().max().item() < 5e-3, (
+        f"float16 chunk of 6 tokens over 20 (group 2, scale 1.0): max error "
+        f"{(out.double() - want).abs().max().item():.2e} against float64 SDPA, tolerance 5e-3"
+    )
 
 
 # ---------------------------------------------------------------- the part: every chunk of a step
@@ -255,7 +272,10 @@ def test_layout_refuses_a_bad_chunk_at_every_position(impl, position):
         (0, 2, 5),
         (2, 5, 3),
         (5, 6, 9),
-    ]
+    ], (
+        "chunks of 2, 3, 1 rows over contexts 5, 3, 9 are valid: (first, stop, context) per chunk must "
+        "be [(0, 2, 5), (2, 5, 3), (5, 6, 9)]"
+    )
     for what, chunk, context in (
         ("a chunk longer than its context (its first token before position 0)", 4, 3),
         ("a context longer than its table (3 blocks of 4 tokens)", 1, 13),
@@ -308,7 +328,10 @@ def test_layout_refuses_shapes_that_disagree(impl):
     args[0] = torch.zeros(2, 4, HEAD_DIM * 2)
     _refused(mod, args, "a query head_dim that is not the cache's")
     args = _layout([2], [2], heads=8, kv_heads=2)
-    assert _spans(mod, args) == [(0, 2, 2)]
+    assert _spans(mod, args) == [(0, 2, 2)], (
+        "8 query heads over 2 KV heads (groups of 4) is valid: one chunk of 2 rows over a context of 2, "
+        "span [(0, 2, 2)]"
+    )
 
 
 # ---------------------------------------------------------------- ch07.ex4: top-k and top-p
@@ -368,7 +391,10 @@ def test_filter_top_p_over_what_top_k_left(impl):
     probs, _ = mod.filter_top_k_top_p(logits, torch.tensor([2]), torch.tensor([0.4]))
     assert (probs[0] > 0).sum().item() == 1, "top-p measures the mass over the tokens top-k kept"
     probs, _ = mod.filter_top_k_top_p(logits, torch.tensor([2]), torch.tensor([0.55]))
-    assert (probs[0] > 0).sum().item() == 2
+    assert (probs[0] > 0).sum().item() == 2, (
+        "top_k=2, top_p=0.55: the first token holds ~0.52 of the top 2's mass, under 0.55, so both are "
+        f"kept; {(probs[0] > 0).sum().item()} kept"
+    )
     assert abs(probs[0].sum().item() - 1) < 1e-6, "the kept probabilities are renormalized"
 
 
@@ -440,7 +466,9 @@ def test_sampler_edge_cases_at_every_row(impl):
             params[row] = case
             for draw in range(5):
                 tokens = mod.Sampler(draw).sample(logits, params)
-                assert len(tokens) == num_rows and all(isinstance(t, int) for t in tokens)
+                assert len(tokens) == num_rows and all(isinstance(t, int) for t in tokens), (
+                    f"sample() returns one Python int per row: {num_rows} rows, got {tokens!r}"
+                )
                 assert tokens[row] == top[row], (
                     f"{case} at row {row} of {num_rows} must give the argmax {top[row]}, got {tokens[row]}"
                 )

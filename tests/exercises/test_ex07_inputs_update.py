@@ -192,7 +192,9 @@ def test_a_decode_graphs_fixed_width_buffer_with_padding_rows(impl, tiny):
             for i, s in enumerate(seqs)
         ]
         batch = runner.prepare(scheduled)
-        assert batch.graph is not None and batch.graph.size == 4
+        assert batch.graph is not None and batch.graph.size == 4, (
+            "set-up: 3 decodes that each sample take the graph path, padded to the captured size 4"
+        )
         hosts.append(batch.host)
     assert torch.equal(hosts[1], hosts[0]), "the padded decode buffer differs from the reference's"
 
@@ -339,11 +341,16 @@ def _lockstep(impl, seed, num_gpu_blocks, max_model_len=40):
             f"step {step}: sequences that got a token"
         )
         assert _state(ours) == _state(theirs), f"step {step}: sequences, blocks or queues differ"
-    assert not ours.has_unfinished_requests()
+    assert not ours.has_unfinished_requests(), (
+        "the reference scheduler has finished every request: yours must have none unfinished either"
+    )
     assert sorted(reported[id(ours)]) == sorted(r for r, _, _ in requests), (
         "every request reported once"
     )
-    assert ours.block_manager.get_num_free_gpu_blocks() == num_gpu_blocks
+    assert ours.block_manager.get_num_free_gpu_blocks() == num_gpu_blocks, (
+        f"every request finished: all {num_gpu_blocks} blocks must be free, "
+        f"{ours.block_manager.get_num_free_gpu_blocks()} are"
+    )
     return ours
 
 
@@ -378,20 +385,38 @@ def test_parallel_samples_fork_from_the_parent_before_its_token(impl, position):
     group = next(e.seq.group for e in out.scheduled if e.seq.group.request_id == str(position))
     parent = group.seqs[0]
     assert len(group.seqs) == 3, "n=3: the parent and two children in group.seqs"
-    assert [s.output_token_ids for s in group.seqs] == [[7], [8], [9]]
-    assert all(s.prompt_token_ids == prompts[position] for s in group.seqs)
+    assert [s.output_token_ids for s in group.seqs] == [[7], [8], [9]], (
+        f"request {position} (n=3) sampled [7, 8, 9]: the parent keeps 7, its children get 8 and 9"
+    )
+    assert all(s.prompt_token_ids == prompts[position] for s in group.seqs), (
+        f"a child is a fork of its parent: every sequence of request {position} has the prompt "
+        f"{prompts[position]}"
+    )
     children = group.seqs[1:]
-    assert len({s.seq_id for s in scheduler.running}) == len(scheduler.running) == 5
-    assert all(c in scheduler.running and c.status is S.RUNNING for c in children)
+    assert len({s.seq_id for s in scheduler.running}) == len(scheduler.running) == 5, (
+        f"3 requests, request {position} with n=3: 5 sequences of distinct ids must run, got ids "
+        f"{[s.seq_id for s in scheduler.running]}"
+    )
+    assert all(c in scheduler.running and c.status is S.RUNNING for c in children), (
+        "each child is added to scheduler.running with status RUNNING (scheduler.fork_seq)"
+    )
     table = scheduler.block_manager.block_tables
     assert all(list(table[c.seq_id]) == list(table[parent.seq_id]) for c in children), (
         "each child's block table is its parent's (shared blocks)"
     )
     assert scheduler.block_manager.get_num_free_gpu_blocks() == free, "a fork allocates nothing"
-    assert result.finished == []
-    assert parent in result.sampled and all(c in result.sampled for c in children)
+    assert result.finished == [], (
+        f"max_tokens=4, one token each: no request finishes this step, got "
+        f"{[g.request_id for g in result.finished]}"
+    )
+    assert parent in result.sampled and all(c in result.sampled for c in children), (
+        f"request {position}'s parent and both children got a token: all three are in result.sampled"
+    )
     sampled_ids = [s.seq_id for s in result.sampled]
-    assert sampled_ids.index(children[1].seq_id) < sampled_ids.index(parent.seq_id)
+    assert sampled_ids.index(children[1].seq_id) < sampled_ids.index(parent.seq_id), (
+        f"the children fork (and get their tokens) before the parent's own token: in result.sampled "
+        f"{sampled_ids} child {children[1].seq_id} must come before parent {parent.seq_id}"
+    )
 
 
 @pytest.mark.exercise("ch07.ex8", points=1, uses=("ch07.ex7",))
@@ -405,9 +430,14 @@ def test_finished_sequences_free_their_blocks_at_once(impl):
     scheduler.add_request(SequenceGroup("long", [ignored], SamplingParams()))
     out = scheduler.schedule()
     result = scheduler.update_from_output(out, {e.seq.seq_id: [3] for e in out.scheduled})
-    assert [g.request_id for g in result.finished] == ["long", "0", "2"]
+    assert [g.request_id for g in result.finished] == ["long", "0", "2"], (
+        "finished, in order: the ignored 'long' (13 tokens over max_model_len 12), then requests 0 "
+        "and 2 (max_tokens=1)"
+    )
     assert scheduler.block_manager.get_num_free_gpu_blocks() == 16 - 2, "only request 1's 2 blocks"
-    assert [s.group.request_id for s in scheduler.running] == ["1"]
+    assert [s.group.request_id for s in scheduler.running] == ["1"], (
+        "finished sequences leave scheduler.running at once: only request 1 (max_tokens=5) still runs"
+    )
 
 
 # ------------------------------------------------------------------------ the engine on your parts
@@ -435,7 +465,10 @@ def _serve(model, parts, prompts, params):
             "ignore", MaxModelLenWarning
         )  # request 1 stops at max_model_len on purpose
         outs = llm.generate(prompts, params, use_tqdm=False)
-    assert llm.stats()["kv_blocks_used"] == 0
+    assert llm.stats()["kv_blocks_used"] == 0, (
+        f"every request finished: all 40 KV blocks must be free, {llm.stats()['kv_blocks_used']} "
+        "still used"
+    )
     return [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outs]
 
 
@@ -459,7 +492,10 @@ def test_the_engine_on_your_inputs_and_update_gives_the_reference_tokens(impl, t
     prompts, params = _engine_workload()
     want = _serve(tiny, None, prompts, params)
     mine = Parts(prepare_inputs=learner.prepare_inputs, update=learner.update_from_output)
-    assert _serve(tiny, mine, prompts, params) == want
+    assert _serve(tiny, mine, prompts, params) == want, (
+        "the engine on your prepare_inputs and update_from_output must give the reference parts' "
+        "(tokens, finish reason) for each of the 5 requests"
+    )
     assert any(r == "length" and len(t) < 30 for t, r in want[1]), "max_model_len reached"
 
 
@@ -484,4 +520,7 @@ def test_your_triton_kernel_serves_the_engine_as_its_decode_part(impl, tiny):
         return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
     want = serve(None)
-    assert serve(Parts(decode_attention=ex04.paged_decode)) == want
+    assert serve(Parts(decode_attention=ex04.paged_decode)) == want, (
+        "your paged_decode as the engine's decode_attention: 2 greedy requests of 5 tokens must give "
+        "the reference parts' tokens"
+    )
